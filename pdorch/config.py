@@ -1,0 +1,120 @@
+"""The configuration schema: one frozen dataclass per YAML section (DESIGN.md section 7).
+
+This module only declares the keys, their types and defaults. Loading YAML, validating ranges
+and applying CLI / env overrides lives in `pdorch/config_loader.py`. No torch import here: the
+router and store_client use these types too.
+
+Field metadata: `help` (one line for docs/configuration.md), optional `min` / `max` / `choices`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _key(default, help: str, **rules):
+    """A config key with its documentation and validation rules."""
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    source: str = _key("smollm2", "Model to serve: `smollm2` (the packaged SmolLM2-135M-Instruct) or a "
+                       "Hugging Face Llama-family directory; prepared once into cache_dir")
+    name: str = _key("SmolLM2-135M-Instruct", "Model name served by the API (`model` field)")
+    cache_dir: str = _key("~/.cache/pdorch/models", "Where `pdorch model prepare` writes converted models")
+    device: str = _key("cpu", "torch device of the workers: cpu, cuda, cuda:N")
+    dtype: str = _key("float32", "Compute dtype", choices=["float32", "bfloat16", "float16"])
+    kv_dtype: str = _key("float32", "KV cache dtype (store and transfer bytes scale with it)",
+                         choices=["float32", "bfloat16", "float16"])
+    page_size: int = _key(16, "Tokens per KV page (one page = one store object = one transfer unit)",
+                          min=1, max=1024)
+    max_context_tokens: int = _key(0, "Longest prompt + output in tokens; 0 = the model's own limit", min=0)
+    torch_threads: int = _key(0, "torch threads per worker; 0 = cores divided among local workers", min=0)
+    tp_rank: int = _key(0, "Tensor-parallel rank (part of the store key fingerprint)", min=0)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    enabled: bool = _key(True, "Use the Mooncake store as the L3 KV tier")
+    master_address: str = _key("127.0.0.1:50151", "mooncake_master RPC address host:port")
+    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "Mooncake metadata server URL")
+    protocol: str = _key("tcp", "Transport to the store and between workers", choices=["tcp", "rdma"])
+    device_name: str = _key("", "RDMA device(s), e.g. mlx5_0; empty for tcp")
+    local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store and peers")
+    global_segment_size_mb: int = _key(512, "Memory this worker contributes to the store pool (MiB); "
+                                       "0 = pure client", min=0)
+    local_buffer_size_mb: int = _key(64, "Staging buffer for copying store calls (MiB)", min=1)
+    io_threads: int = _key(1, "Threads running batched store I/O", min=1, max=16)
+    op_timeout_s: float = _key(10.0, "Deadline for one batched store operation", min=0.1)
+    reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
+                                       min=0.1)
+    write_back: bool = _key(True, "Prefill writes newly computed full pages to the store")
+    master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher)", min=1, max=65535)
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    host: str = _key("127.0.0.1", "gRPC listen host")
+    port: int = _key(50161, "gRPC listen port", min=1, max=65535)
+    metrics_port: int = _key(9161, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
+    num_pages: int = _key(512, "KV pool pages (L1 prefix cache lives in the same pool)", min=2)
+    chunk_tokens: int = _key(512, "Prefill token budget per scheduler step (chunked prefill)", min=1)
+    max_queued_requests: int = _key(256, "Requests waiting before new ones are rejected", min=1)
+    prefix_cache: bool = _key(True, "Keep computed pages in the L1 prefix cache")
+    request_timeout_s: float = _key(60.0, "Default deadline when the caller gives none", min=0.1)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    host: str = _key("127.0.0.1", "gRPC listen host")
+    port: int = _key(50171, "gRPC listen port", min=1, max=65535)
+    metrics_port: int = _key(9171, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
+    num_pages: int = _key(1024, "KV pool pages", min=2)
+    max_running_requests: int = _key(32, "Sequences decoded together in one batch", min=1)
+    max_queued_requests: int = _key(256, "Requests waiting for admission before new ones are rejected", min=1)
+    kv_watermark: float = _key(0.95, "Admit a request only while pool usage stays below this fraction",
+                               min=0.1, max=1.0)
+    offload_generated_kv: bool = _key(True, "Write pages filled during decode to the store (next turn hits)")
+    prefill_timeout_s: float = _key(30.0, "Deadline for the prefill call to P", min=0.1)
+    request_timeout_s: float = _key(600.0, "Default whole-request deadline when the caller gives none",
+                                    min=0.1)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = _key("127.0.0.1", "HTTP listen host")
+    port: int = _key(8390, "HTTP listen port", min=1, max=65535)
+    policy: str = _key("cache_aware", "Prefill selection policy",
+                       choices=["cache_aware", "least_load", "round_robin"])
+    cache_index_pages: int = _key(65536, "Page hashes remembered per prefill worker (cache_aware LRU)", min=1)
+    load_imbalance_threshold: int = _key(8, "cache_aware falls back to least load when the best-match "
+                                         "worker has this many more requests than the least loaded", min=0)
+    session_affinity_header: str = _key("", "HTTP header whose value pins a session to one prefill worker")
+    api_key: str = _key("", "Bearer key clients must send; empty = no auth (env PDORCH_ROUTER_API_KEY)")
+    admin_key: str = _key("", "Bearer key for /flush_cache and /workers (env PDORCH_ROUTER_ADMIN_KEY)")
+    max_queued_requests: int = _key(1024, "Requests in flight before the router answers 429", min=1)
+    request_timeout_s: float = _key(600.0, "Whole-request deadline", min=0.1)
+    health_check_interval_s: float = _key(2.0, "Seconds between worker health checks", min=0.1)
+    circuit_breaker_failures: int = _key(3, "Consecutive failures that open a worker's circuit", min=1)
+    circuit_breaker_cooldown_s: float = _key(10.0, "Seconds before an open circuit is retried", min=0.1)
+
+
+@dataclass(frozen=True)
+class DiscoveryConfig:
+    mode: str = _key("static", "How the router finds workers", choices=["static", "etcd"])
+    prefill: tuple[str, ...] = _key(("127.0.0.1:50161",), "static: prefill worker gRPC addresses")
+    decode: tuple[str, ...] = _key(("127.0.0.1:50171",), "static: decode worker gRPC addresses")
+    etcd_endpoints: tuple[str, ...] = _key(("127.0.0.1:2379",), "etcd: endpoints host:port")
+    cluster: str = _key("pdorch", "etcd: key prefix; workers register /{cluster}/workers/{role}/{id}")
+    lease_ttl_s: int = _key(10, "etcd: worker lease TTL (a dead worker disappears within it)", min=1)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)

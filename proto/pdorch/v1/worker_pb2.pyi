@@ -1,0 +1,183 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class CachedTokens(_message.Message):
+    __slots__ = ("device", "host", "store")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    host: int
+    store: int
+    def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ...) -> None: ...
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DECODE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    DEST_PAGE_ADDRS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    decode_segment: str
+    dest_page_addrs: _containers.RepeatedScalarFieldContainer[int]
+    timeout_s: float
+    page_size: int
+    model_fingerprint: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    first_token_id: int
+    prompt_tokens: int
+    cached: CachedTokens
+    transfer_bytes: int
+    transfer_s: float
+    compute_s: float
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., transfer_bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ...) -> None: ...
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FlushResponse(_message.Message):
+    __slots__ = ("pages_freed",)
+    PAGES_FREED_FIELD_NUMBER: _ClassVar[int]
+    pages_freed: int
+    def __init__(self, pages_freed: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_PAGES_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    STORE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    worker_id: str
+    model: str
+    model_fingerprint: str
+    page_size: int
+    total_pages: int
+    free_pages: int
+    queued_requests: int
+    running_requests: int
+    transfer_segment: str
+    store_enabled: bool
+    max_context_tokens: int
+    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("requests_finished", "requests_failed", "prompt_tokens_computed", "prompt_tokens_cached", "generated_tokens", "store_pages_written", "info")
+    REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_CACHED_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORE_PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    requests_finished: int
+    requests_failed: int
+    prompt_tokens_computed: int
+    prompt_tokens_cached: CachedTokens
+    generated_tokens: int
+    store_pages_written: int
+    info: WorkerInfo
+    def __init__(self, requests_finished: _Optional[int] = ..., requests_failed: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., store_pages_written: _Optional[int] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "sampling", "prefill_address", "timeout_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    prefill_address: str
+    timeout_s: float
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prefill_address: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached", "finish_reason", "matched_stop")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_STOP_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    prompt_tokens: int
+    cached: CachedTokens
+    finish_reason: str
+    matched_stop: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,9 @@
+"""Shared pytest fixtures. Each area keeps its fixtures in its own plugin module."""
+
+pytest_plugins = [
+    "tests.fixtures.processes",
+    "tests.fixtures.model",
+    "tests.fixtures.store",
+    "tests.fixtures.workers",
+    "tests.fixtures.router",
+]
