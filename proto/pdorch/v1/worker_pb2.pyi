@@ -133,7 +133,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("requests_finished", "requests_failed", "prompt_tokens_computed", "prompt_tokens_cached", "generated_tokens", "store_pages_written", "info")
+    __slots__ = ("requests_finished", "requests_failed", "prompt_tokens_computed", "prompt_tokens_cached", "generated_tokens", "store_pages_written", "info", "pool_integrity_ok", "pool_integrity_error", "active_pages", "store_pages_loaded", "transfer_bytes", "requests_aborted")
     REQUESTS_FINISHED_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,12 @@ class WorkerStats(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STORE_PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    POOL_INTEGRITY_OK_FIELD_NUMBER: _ClassVar[int]
+    POOL_INTEGRITY_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_PAGES_LOADED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ABORTED_FIELD_NUMBER: _ClassVar[int]
     requests_finished: int
     requests_failed: int
     prompt_tokens_computed: int
@@ -148,7 +154,13 @@ class WorkerStats(_message.Message):
     generated_tokens: int
     store_pages_written: int
     info: WorkerInfo
-    def __init__(self, requests_finished: _Optional[int] = ..., requests_failed: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., store_pages_written: _Optional[int] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ...) -> None: ...
+    pool_integrity_ok: bool
+    pool_integrity_error: str
+    active_pages: int
+    store_pages_loaded: int
+    transfer_bytes: int
+    requests_aborted: int
+    def __init__(self, requests_finished: _Optional[int] = ..., requests_failed: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., store_pages_written: _Optional[int] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., pool_integrity_ok: _Optional[bool] = ..., pool_integrity_error: _Optional[str] = ..., active_pages: _Optional[int] = ..., store_pages_loaded: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., requests_aborted: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "prefill_address", "timeout_s")
