@@ -4,7 +4,10 @@ This module only declares the keys, their types and defaults. Loading YAML, vali
 and applying CLI / env overrides lives in `pdorch/config_loader.py`. No torch import here: the
 router and store_client use these types too.
 
-Field metadata: `help` (one line for docs/configuration.md), optional `min` / `max` / `choices`.
+Field metadata: `help` (one line for docs/configuration.md), optional `min` / `max` / `choices`,
+`format` ("host:port", "device"; see config_values.FORMATS), `required=True` (must not be empty) or
+`required_when=(other_key, value)` (must not be empty when another key of the section has that value).
+A field without a default is required too.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ def _key(default, help: str, **rules):
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model every worker serves, where it is prepared, and the KV page geometry."""
+
     source: str = _key("smollm2", "Model to serve: `smollm2` (the packaged SmolLM2-135M-Instruct) or a "
-                       "Hugging Face Llama-family directory; prepared once into cache_dir")
-    name: str = _key("SmolLM2-135M-Instruct", "Model name served by the API (`model` field)")
+                       "Hugging Face Llama-family directory; prepared once into cache_dir", required=True)
+    name: str = _key("SmolLM2-135M-Instruct", "Model name served by the API (`model` field)",
+                     required=True)
     cache_dir: str = _key("~/.cache/pdorch/models", "Where `pdorch model prepare` writes converted models")
-    device: str = _key("cpu", "torch device of the workers: cpu, cuda, cuda:N")
+    device: str = _key("cpu", "torch device of the workers: cpu, cuda, cuda:N", format="device")
     dtype: str = _key("float32", "Compute dtype", choices=["float32", "bfloat16", "float16"])
     kv_dtype: str = _key("float32", "KV cache dtype (store and transfer bytes scale with it)",
                          choices=["float32", "bfloat16", "float16"])
@@ -36,9 +42,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
+    """The Mooncake store (L3 KV tier) and the transfer engine between workers."""
+
     enabled: bool = _key(True, "Use the Mooncake store as the L3 KV tier")
-    master_address: str = _key("127.0.0.1:50151", "mooncake_master RPC address host:port")
-    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "Mooncake metadata server URL")
+    master_address: str = _key("127.0.0.1:50151", "mooncake_master RPC address host:port",
+                                 format="host:port", required_when=("enabled", True))
+    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "Mooncake metadata server URL",
+                                  required_when=("enabled", True))
     protocol: str = _key("tcp", "Transport to the store and between workers", choices=["tcp", "rdma"])
     device_name: str = _key("", "RDMA device(s), e.g. mlx5_0; empty for tcp")
     local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store and peers")
@@ -55,6 +65,8 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class PrefillConfig:
+    """Prefill workers: gRPC PrefillService, chunked prefill, L1 prefix cache."""
+
     host: str = _key("127.0.0.1", "gRPC listen host")
     port: int = _key(50161, "gRPC listen port", min=1, max=65535)
     metrics_port: int = _key(9161, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
@@ -67,6 +79,8 @@ class PrefillConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    """Decode workers: gRPC DecodeService, continuous-batching decode, generated-KV offload."""
+
     host: str = _key("127.0.0.1", "gRPC listen host")
     port: int = _key(50171, "gRPC listen port", min=1, max=65535)
     metrics_port: int = _key(9171, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
@@ -83,6 +97,8 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class RouterConfig:
+    """The HTTP router: OpenAI / SGLang-native API, worker selection, auth, health checks."""
+
     host: str = _key("127.0.0.1", "HTTP listen host")
     port: int = _key(8390, "HTTP listen port", min=1, max=65535)
     policy: str = _key("cache_aware", "Prefill selection policy",
@@ -102,16 +118,23 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class DiscoveryConfig:
+    """How the router finds workers: a static address list or etcd leases."""
+
     mode: str = _key("static", "How the router finds workers", choices=["static", "etcd"])
-    prefill: tuple[str, ...] = _key(("127.0.0.1:50161",), "static: prefill worker gRPC addresses")
-    decode: tuple[str, ...] = _key(("127.0.0.1:50171",), "static: decode worker gRPC addresses")
-    etcd_endpoints: tuple[str, ...] = _key(("127.0.0.1:2379",), "etcd: endpoints host:port")
+    prefill: tuple[str, ...] = _key(("127.0.0.1:50161",), "static: prefill worker gRPC addresses",
+                                   format="host:port", required_when=("mode", "static"))
+    decode: tuple[str, ...] = _key(("127.0.0.1:50171",), "static: decode worker gRPC addresses",
+                                  format="host:port", required_when=("mode", "static"))
+    etcd_endpoints: tuple[str, ...] = _key(("127.0.0.1:2379",), "etcd: endpoints host:port",
+                                          format="host:port", required_when=("mode", "etcd"))
     cluster: str = _key("pdorch", "etcd: key prefix; workers register /{cluster}/workers/{role}/{id}")
     lease_ttl_s: int = _key(10, "etcd: worker lease TTL (a dead worker disappears within it)", min=1)
 
 
 @dataclass(frozen=True)
 class Config:
+    """The whole configuration: one frozen section object per YAML section."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
