@@ -1,0 +1,42 @@
+"""KVPool: the one pre-allocated KV tensor of a worker, in page-first layout (DESIGN.md section 3).
+
+    tensor[page, layer, 0=K|1=V, kv_head, slot, head_dim]
+
+One page = one contiguous block of `page_nbytes` bytes = one store object = one transfer unit,
+so page `i` lives at `base_ptr + i * page_nbytes` for the store and the transfer engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.arch import ModelArch
+
+
+class KVPool:
+    def __init__(self, arch: ModelArch, num_pages: int, page_size: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"KVPool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+        self.arch = arch
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tensor = torch.zeros((num_pages, arch.num_layers, 2, arch.num_kv_heads, page_size, arch.head_dim),
+                                  dtype=dtype, device=self.device)
+        self.page_nbytes = self.tensor[0].numel() * self.tensor.element_size()
+        self.nbytes = self.page_nbytes * num_pages
+        self.base_ptr = self.tensor.data_ptr()
+
+    def page_addr(self, page_id: int) -> int:
+        if not 0 <= page_id < self.num_pages:
+            raise IndexError(f"page id {page_id} outside the pool (0..{self.num_pages - 1})")
+        return self.base_ptr + page_id * self.page_nbytes
+
+    def page_addrs(self, page_ids) -> list[int]:
+        return [self.page_addr(int(p)) for p in page_ids]
+
+    def layer_view(self, layer: int) -> torch.Tensor:
+        """[num_pages, 2, kv_heads, page_size, head_dim] view of one layer (no copy)."""
+        return self.tensor[:, layer]

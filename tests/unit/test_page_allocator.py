@@ -1,0 +1,113 @@
+"""PageAllocator: exact page ids, ref counts and eviction order; integrity after every scenario."""
+
+import pytest
+
+from engine.page_allocator import OutOfPages, PageAllocator
+
+
+@pytest.fixture
+def alloc():
+    a = PageAllocator(6)
+    yield a
+    a.check_integrity()
+
+
+def test_allocate_hands_out_free_pages_in_order(alloc):
+    assert alloc.allocate(2) == [0, 1]
+    assert alloc.allocate(3) == [2, 3, 4]
+    assert [alloc.ref_count(p) for p in range(6)] == [1, 1, 1, 1, 1, 0]
+    assert alloc.num_available() == 1
+    with pytest.raises(OutOfPages, match="need 2 KV pages, only 1 of 6"):
+        alloc.allocate(2)
+    assert alloc.num_available() == 1  # a failed allocation takes nothing
+
+
+def test_release_uncached_returns_to_free_list_tail_first(alloc):
+    pages = alloc.allocate(3)
+    alloc.release(pages)
+    assert [alloc.ref_count(p) for p in pages] == [0, 0, 0]
+    assert alloc.eviction_order() == [3, 4, 5, 2, 1, 0]
+    assert alloc.allocate(4) == [3, 4, 5, 2]
+
+
+def test_retain_and_release_count_references(alloc):
+    pages = alloc.allocate(2)
+    alloc.retain([0])
+    assert alloc.ref_count(0) == 2
+    alloc.release(pages)
+    assert (alloc.ref_count(0), alloc.ref_count(1)) == (1, 0)
+    assert alloc.eviction_order() == [2, 3, 4, 5, 1]
+    alloc.release([0])
+    with pytest.raises(ValueError, match="already 0"):
+        alloc.release([0])
+    with pytest.raises(ValueError, match="retain of free page 3"):
+        alloc.retain([3])
+
+
+def test_cached_pages_are_evicted_lru_after_free_pages(alloc):
+    a = alloc.allocate(2)              # [0, 1]
+    b = alloc.allocate(2)              # [2, 3]
+    for h, p in zip(["a0", "a1", "b0", "b1"], a + b):
+        assert alloc.cache(h, p) == p
+    alloc.release(a)                   # evictable: 1, 0
+    alloc.release(b)                   # evictable: 1, 0, 3, 2
+    assert alloc.num_cached() == 4 and alloc.num_available() == 6
+    assert alloc.eviction_order() == [4, 5, 1, 0, 3, 2]
+    assert alloc.allocate(3) == [4, 5, 1]     # free first, then the LRU cached page
+    assert alloc.num_evicted == 1
+    assert alloc.page_hash(1) is None and alloc.num_cached() == 3
+    # a1 is gone, so a's chain now matches only its root page
+    assert alloc.match_prefix(["a0", "a1"]) == [0]
+    assert alloc.ref_count(0) == 1
+    assert alloc.eviction_order() == [3, 2]
+
+
+def test_match_prefix_retains_and_stops_at_first_miss(alloc):
+    pages = alloc.allocate(3)
+    for h, p in zip(["h0", "h1", "h2"], pages):
+        alloc.cache(h, p)
+    alloc.release(pages)
+    assert alloc.match_prefix(["h0", "h1", "zz", "h2"]) == [0, 1]
+    assert [alloc.ref_count(p) for p in range(3)] == [1, 1, 0]
+    assert alloc.match_prefix(["h0"]) == [0]
+    assert alloc.ref_count(0) == 2
+    assert alloc.match_prefix(["nope"]) == []
+    alloc.release([0, 1])
+    alloc.release([0])
+    # released pages become most recently used: 2 (untouched) is evicted first
+    assert alloc.eviction_order() == [3, 4, 5, 2, 1, 0]
+
+
+def test_cache_existing_hash_keeps_its_page(alloc):
+    first = alloc.allocate(1)[0]
+    alloc.cache("h", first)
+    dup = alloc.allocate(1)[0]
+    assert alloc.cache("h", dup) == first
+    assert alloc.page_hash(dup) is None
+    alloc.release([dup])
+    assert alloc.eviction_order()[-1] == dup  # uncached: straight back to the free list
+    with pytest.raises(ValueError, match="already cached"):
+        alloc.cache("other", first)
+    with pytest.raises(ValueError, match="nobody holds"):
+        alloc.cache("x", 5)
+    alloc.release([first])
+
+
+def test_flush_frees_evictable_and_uncaches_used(alloc):
+    pages = alloc.allocate(3)
+    for h, p in zip("abc", pages):
+        alloc.cache(h, p)
+    alloc.release(pages[:2])
+    assert alloc.flush() == 3
+    assert alloc.num_cached() == 0 and alloc.match_prefix(["a"]) == []
+    assert alloc.eviction_order() == [3, 4, 5, 1, 0]
+    alloc.release([pages[2]])
+    assert alloc.eviction_order() == [3, 4, 5, 1, 0, 2]
+
+
+def test_check_integrity_detects_corruption():
+    a = PageAllocator(3)
+    a.allocate(1)
+    a._free.append(0)  # page 0 is used and free at once
+    with pytest.raises(AssertionError):
+        a.check_integrity()
