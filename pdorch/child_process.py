@@ -1,0 +1,131 @@
+"""One child process of `pdorch serve`: its own process group, its own log file, stopped by PID.
+
+NOTE: each child leads a new session (so a terminal's Ctrl-C reaches only `pdorch serve`, which
+then stops the children in order) and asks the kernel for SIGTERM when its parent dies
+(PR_SET_PDEATHSIG), so even a SIGKILLed `pdorch serve` leaves no orphans behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+try:  # loaded once here: the hook below runs between fork and exec, no place for dlopen
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the signal handlers of `pdorch serve` still stop children
+    _PRCTL = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Child:
+    """A named child process writing stdout+stderr to `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = Path(log_path)
+        self.env = dict(env) if env is not None else None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            # NOTE: preexec_fn is unsafe only with threads running; `pdorch serve` starts none.
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509
+
+    def exit_code(self) -> int | None:
+        """None while running (or never started); the exit status once it ended (-N = signal N)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        """Send `sig` to the child's whole process group (it and anything it spawned)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self) -> bool:
+        """True while any live process of the child's group exists (the leader may be gone already)."""
+        if self.proc is None:
+            return False
+        self.proc.poll()  # reap the leader so its zombie does not count
+        return _group_has_live_process(self.proc.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _group_has_live_process(pgid: int) -> bool:
+    """Any non-zombie process in process group `pgid`?
+
+    NOTE: killpg(pgid, 0) also succeeds for zombies: an orphaned grandchild that exited stays a
+    zombie until PID 1 reaps it, and some container init processes are slow to. /proc tells them apart.
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no procfs: fall back to the signal probe
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def stop_children(children: Sequence[Child], timeout_s: float = 10.0) -> list[str]:
+    """SIGTERM every group, wait up to timeout_s, SIGKILL what is left; names of the SIGKILLed."""
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(c.group_alive() for c in children):
+        time.sleep(0.05)
+    killed = [c.name for c in children if c.group_alive()]
+    for child in children:
+        if child.group_alive():
+            child.signal_group(signal.SIGKILL)
+    for child in children:
+        if child.proc is not None:
+            try:
+                child.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # NOTE: unkillable (D state); nothing more we can do
+                pass
+    return killed

@@ -1,0 +1,130 @@
+"""The `pdorch` command.
+
+    pdorch serve [--config FILE] [--prefill N] [--decode M] [--set section.key=value ...]
+    pdorch status [--url URL] [--admin-key KEY] [--json]
+    pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
+    pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import yaml
+
+from pdorch.config_loader import (
+    ConfigError,
+    add_config_args,
+    config_from_args,
+    config_to_dict,
+    default_config_path,
+    exit_on_config_error,
+    load_config,
+)
+
+_SECRETS = (("router", "api_key"), ("router", "admin_key"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pdorch", description="Prefill/decode disaggregated LLM serving "
+                                     "with the Mooncake KV store.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run a local cluster: mooncake_master, workers and the router",
+                           description="Run mooncake_master, N prefill and M decode workers and the router "
+                           "as child processes until Ctrl-C. Without --config: the embedded configs/local.yaml.")
+    add_config_args(serve)
+    serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
+    serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
+    serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
+                       help="give up if not ready after S seconds (default 600)")
+
+    status = sub.add_parser("status", help="workers, load and cache hit rates from a running router")
+    add_config_args(status)
+    status.add_argument("--url", help="router URL (default: from the config's router.host/port)")
+    status.add_argument("--admin-key", default=None, help="admin key (default: router.admin_key, "
+                        "e.g. env PDORCH_ROUTER_ADMIN_KEY)")
+    status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+
+    model = sub.add_parser("model", help="model management")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    # NOTE: no own --help: everything after `prepare` goes to engine.prepare, which documents itself.
+    model_sub.add_parser("prepare", add_help=False, help="convert a model once into the cache "
+                         "(smollm2, a .gguf file or a Hugging Face directory)")
+
+    config = sub.add_parser("config", help="validate a config and print the effective values "
+                            "(defaults < file < PDORCH_* env < --set); secrets redacted")
+    add_config_args(config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "model":
+        return _model_prepare(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        cfg = config_from_args(args, default_path=default_config_path())
+    except ConfigError as e:
+        exit_on_config_error(e, "pdorch")
+    if args.command == "serve":
+        return _serve(args, cfg)
+    if args.command == "status":
+        return _status(args, cfg)
+    return _show_config(cfg)
+
+
+def _serve(args, cfg) -> int:
+    from pdorch.launcher import LocalCluster, ServeOptions
+    config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
+    opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout)
+    try:
+        return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
+    except KeyboardInterrupt:  # during model preparation, before any child runs
+        print("\npdorch serve: interrupted", file=sys.stderr)
+        return 130
+
+
+def _status(args, cfg) -> int:
+    from pdorch.status import StatusError, fetch_status, render_status
+    host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "") else cfg.router.host
+    url = args.url or f"http://{host}:{cfg.router.port}"
+    key = args.admin_key if args.admin_key is not None else cfg.router.admin_key
+    try:
+        status = fetch_status(url, key)
+    except StatusError as e:
+        print(f"pdorch status: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    return 0
+
+
+def _model_prepare(rest: list[str]) -> int:
+    from engine import prepare
+    if not any(a == "--cache-dir" or a.startswith("--cache-dir=") for a in rest):
+        try:  # the configured cache dir (env PDORCH_MODEL_CACHE_DIR), which the workers read
+            cfg = load_config(default_config_path())
+        except ConfigError as e:
+            exit_on_config_error(e, "pdorch model prepare")
+        rest = rest + ["--cache-dir", cfg.model.cache_dir]
+    return prepare.main(rest)
+
+
+def _show_config(cfg) -> int:
+    data = config_to_dict(cfg)
+    for section, key in _SECRETS:
+        if data[section][key]:
+            data[section][key] = "<redacted>"
+    print(yaml.safe_dump(data, sort_keys=False), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

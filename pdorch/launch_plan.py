@@ -1,0 +1,138 @@
+"""What `pdorch serve` starts: every child's command line and ports, decided before anything runs.
+
+Pure (no processes, no sockets), so the port and argument arithmetic is unit-tested on its own.
+
+Ports of N prefill and M decode workers on loopback (worker i = base + i):
+
+    prefill-0  prefill.port + 0   metrics prefill.metrics_port + 0   (metrics 0 = disabled stays 0)
+    prefill-1  prefill.port + 1   ...
+    decode-0   decode.port + 0    metrics decode.metrics_port + 0
+
+Children get the user's config file (or the embedded default) plus the user's `--set` flags, then
+the launcher's own `--set` flags (ports, static discovery lists, torch threads) last, because
+the last `--set` wins and flags beat PDORCH_* env vars, which children inherit unchanged.
+NOTE: the effective config is not written to disk: it may hold API keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from urllib.parse import urlsplit
+
+from pdorch.config import Config
+
+
+class PlanError(ValueError):
+    """The configuration cannot be launched locally (e.g. two children on one port)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildSpec:
+    name: str  # "master", "prefill-0", "decode-1", "router"
+    role: str  # "master" | "prefill" | "decode" | "router"
+    argv: tuple[str, ...]
+    host: str  # where its ports listen
+    ports: tuple[tuple[str, int], ...]  # (config key, port) it listens on; ports[0] answers when ready
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    config: Config  # the effective config as the router sees it (ports and discovery filled in)
+    children: tuple[ChildSpec, ...]  # in start order: master, prefill-*, decode-*, router
+    torch_threads: int
+    router_url: str
+
+    def by_role(self, role: str) -> list[ChildSpec]:
+        return [c for c in self.children if c.role == role]
+
+
+def split_host_port(address: str, key: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise PlanError(f"{key}: expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _advertised(host: str) -> str:
+    """The address peers dial for a listen host (a wildcard listen is reached over loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def torch_threads_per_worker(cfg: Config, num_workers: int, cpu_count: int | None = None) -> int:
+    """model.torch_threads, or (0) the machine's cores divided among the local workers, at least 1."""
+    if cfg.model.torch_threads > 0:
+        return cfg.model.torch_threads
+    if cpu_count is None:
+        cpu_count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpu_count // max(1, num_workers))
+
+
+def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_path: str,
+                       user_overrides: tuple[str, ...] = (), python: str = sys.executable,
+                       master_argv: tuple[str, ...] | None = None, cpu_count: int | None = None) -> LaunchPlan:
+    """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
+    ports (None: store disabled or the caller builds it later); raises PlanError."""
+    if num_prefill < 1 or num_decode < 1:
+        raise PlanError(f"--prefill and --decode must be >= 1, got {num_prefill} and {num_decode}")
+    threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
+    base = ("--config", config_path) + tuple(a for o in user_overrides for a in ("--set", o))
+    children: list[ChildSpec] = []
+    if cfg.store.enabled:
+        children.append(_master_spec(cfg, master_argv))
+    addresses: dict[str, list[str]] = {}
+    for role, section, count in (("prefill", cfg.prefill, num_prefill), ("decode", cfg.decode, num_decode)):
+        addresses[role] = []
+        for i in range(count):
+            port = section.port + i
+            metrics = section.metrics_port + i if section.metrics_port else 0
+            for p, key in ((port, f"{role}.port"), (metrics, f"{role}.metrics_port")):
+                if p > 65535:
+                    raise PlanError(f"{key}: {role}-{i} would need port {p}; choose a lower base port")
+            sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}"]
+            argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
+            ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
+            children.append(ChildSpec(f"{role}-{i}", role, argv, section.host, ports))
+            addresses[role].append(f"{_advertised(section.host)}:{port}")
+    discovery = cfg.discovery
+    router_sets: list[str] = []
+    if discovery.mode == "static":  # etcd: the workers register themselves
+        discovery = dataclasses.replace(discovery, prefill=tuple(addresses["prefill"]),
+                                        decode=tuple(addresses["decode"]))
+        router_sets = [f"discovery.prefill={','.join(discovery.prefill)}",
+                       f"discovery.decode={','.join(discovery.decode)}"]
+    router_argv = (python, "-m", "router") + base + tuple(a for s in router_sets for a in ("--set", s))
+    children.append(ChildSpec("router", "router", router_argv, cfg.router.host,
+                              (("router.port", cfg.router.port),)))
+    _check_distinct_ports(children)
+    effective = dataclasses.replace(cfg, discovery=discovery)
+    url = f"http://{_advertised(cfg.router.host)}:{cfg.router.port}"
+    return LaunchPlan(effective, tuple(children), threads, url)
+
+
+def master_ports(cfg: Config) -> tuple[str, int, int, int]:
+    """(host, rpc port, metadata port, metrics port) of the local mooncake_master from `store.*`."""
+    host, rpc = split_host_port(cfg.store.master_address, "store.master_address")
+    url = urlsplit(cfg.store.metadata_server)
+    if url.scheme != "http" or url.port is None:
+        raise PlanError("store.metadata_server: pdorch serve runs the master's HTTP metadata server, so "
+                        f"expected http://host:port/metadata, got {cfg.store.metadata_server!r}")
+    return host, rpc, url.port, cfg.store.master_metrics_port
+
+
+def _master_spec(cfg: Config, master_argv: tuple[str, ...] | None) -> ChildSpec:
+    host, rpc, metadata, metrics = master_ports(cfg)
+    ports = (("store.master_address", rpc), ("store.metadata_server", metadata),
+             ("store.master_metrics_port", metrics))
+    return ChildSpec("master", "master", tuple(master_argv or ()), host, ports)
+
+
+def _check_distinct_ports(children: list[ChildSpec]) -> None:
+    seen: dict[int, str] = {}
+    for child in children:
+        for key, port in child.ports:
+            if port in seen:
+                raise PlanError(f"{key}: port {port} of {child.name} is also {seen[port]}; "
+                                "set the base ports further apart (--set section.port=...)")
+            seen[port] = f"{key} of " + child.name

@@ -1,0 +1,263 @@
+"""`pdorch serve`: run a whole local cluster (master, workers, router) as children, until stopped.
+
+    prepare model -> check ports free -> mooncake_master -> N prefill + M decode workers -> router
+    -> wait for /health_generate -> print URL + curl -> watch children
+    Ctrl-C / SIGTERM: stop all (SIGTERM, deadline, SIGKILL), exit 0.
+    A child dies: stop the rest, show its last log lines, exit 1.
+
+Every wait has a deadline and checks, each tick, for a stop signal and for dead children.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TextIO
+
+from pdorch.child_process import Child, stop_children
+from pdorch.config import Config
+from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, master_ports, plan_local_cluster
+from pdorch.progress import Progress
+
+_TICK_S = 0.2
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class ServeError(RuntimeError):
+    """`pdorch serve` cannot start or keep running; the message says why and where to look."""
+
+
+class _Stopped(Exception):
+    """A stop signal arrived."""
+
+
+class _ChildDied(Exception):
+    def __init__(self, child: Child):
+        super().__init__(child.name)
+        self.child = child
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOptions:
+    num_prefill: int = 1
+    num_decode: int = 1
+    log_dir: str | None = None  # None: a new temp dir
+    startup_timeout_s: float = 600.0
+    stop_timeout_s: float = 10.0
+    prepare: bool = True  # prepare the model first (progress shown) so workers find it cached
+
+
+def curl_example(url: str, model: str, with_api_key: bool) -> str:
+    body = json.dumps({"model": model, "max_tokens": 64, "messages": [
+        {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
+    auth = ' -H "Authorization: Bearer $PDORCH_ROUTER_API_KEY"' if with_api_key else ""
+    return (f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"  -d {shlex.quote(body)}")
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when binding host:port fails.
+
+    NOTE: gRPC servers bind with SO_REUSEPORT, so a second worker on a taken port would start
+    silently and share the traffic; this check is what catches a stale cluster.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host or "0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host if host not in ("0.0.0.0", "") else "127.0.0.1", port)) == 0
+
+
+def _health_ok(url: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class LocalCluster:
+    """The children of one `pdorch serve` run and the loop that watches them."""
+
+    def __init__(self, cfg: Config, config_path: str, user_overrides: tuple[str, ...], opts: ServeOptions,
+                 out: TextIO = sys.stdout, plan: LaunchPlan | None = None):
+        """`plan`: run these children instead of planning them from `cfg` (tests)."""
+        self.cfg, self.config_path, self.user_overrides = cfg, config_path, user_overrides
+        self.opts, self.out = opts, out
+        self.log_dir = Path(opts.log_dir or tempfile.mkdtemp(prefix="pdorch-serve-"))
+        self.children: list[Child] = []
+        self.plan = plan
+        self._signal: int | None = None
+
+    # ------------------------------------------------------------------ entry
+    def run(self) -> int:
+        """Start, wait for ready, watch until a signal (exit 0) or a child's death (exit 1)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._say(f"pdorch serve: logs in {self.log_dir}")
+        try:
+            if self.opts.prepare:
+                self._say(f"[0] model {self.cfg.model.source} (cache {self.cfg.model.cache_dir})")
+                prepare_model_with_progress(self.cfg, self.out)
+            self.plan = self.plan or self._make_plan()
+            self._check_ports_free(self.plan)
+        except (ServeError, PlanError) as e:
+            self._say(f"pdorch serve: {e}")
+            return 2
+        old = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+        try:
+            return self._start_and_watch()
+        except _Stopped:
+            self._say(f"\npdorch serve: {signal.Signals(self._signal).name} received, stopping")
+            return 0
+        except _ChildDied as died:
+            self._report_death(died.child)
+            return 1
+        except ServeError as e:
+            self._say(f"pdorch serve: {e}")
+            return 1
+        finally:
+            self._stop_all()
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+    # ------------------------------------------------------------------ start-up
+    def _make_plan(self) -> LaunchPlan:
+        master_argv = None
+        if self.cfg.store.enabled:
+            from store_client.master import MasterError, MasterProcess  # NOTE: lazy, only serve needs it
+            host, rpc, metadata, metrics = master_ports(self.cfg)
+            try:
+                master = MasterProcess(rpc, metadata, metrics, host=host, log_dir=str(self.log_dir))
+            except MasterError as e:
+                raise ServeError(str(e)) from None
+            master_argv = tuple(master.command())
+        return plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
+                                  self.user_overrides, master_argv=master_argv)
+
+    def _check_ports_free(self, plan: LaunchPlan) -> None:
+        taken = [f"{port} ({key} of {c.name})" for c in plan.children for key, port in c.ports
+                 if port_in_use(c.host, port)]
+        if taken:
+            raise PlanError("ports already in use: " + ", ".join(taken) + "; is another pdorch serve "
+                            "running? Stop it, or move the ports with --set section.key=...")
+
+    def _start_and_watch(self) -> int:
+        plan, t0 = self.plan, time.monotonic()
+        deadline = t0 + self.opts.startup_timeout_s
+        for step, (what, specs) in enumerate(self._stages(plan), 1):
+            started = time.monotonic()
+            for spec in specs:
+                self._spawn(spec, plan.torch_threads)
+            names = ", ".join(f"{s.name} :{s.ports[0][1]}" for s in specs)
+            if specs[0].role == "router":
+                self._wait(f"[{step}] router {plan.router_url}: waiting for /health_generate", deadline,
+                           lambda: _health_ok(plan.router_url + "/health_generate", 30.0))
+            else:
+                self._wait(f"[{step}] {what} {names}: starting", deadline,
+                           lambda specs=specs: all(_port_open(s.host, s.ports[0][1]) for s in specs))
+            self._say(f"[{step}] {what} {names}: ready in {time.monotonic() - started:.1f} s")
+        self._announce_ready(time.monotonic() - t0)
+        while True:
+            self._tick()
+            time.sleep(_TICK_S)
+
+    def _stages(self, plan: LaunchPlan):
+        stages = [("mooncake_master", plan.by_role("master")),
+                  ("workers (loading the model)", plan.by_role("prefill") + plan.by_role("decode")),
+                  ("router", plan.by_role("router"))]
+        return [(what, specs) for what, specs in stages if specs]
+
+    def _spawn(self, spec: ChildSpec, torch_threads: int) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if spec.role in ("prefill", "decode"):
+            # NOTE: BLAS/OpenMP pools ignore torch.set_num_threads at import; pin them too.
+            env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
+        child = Child(spec.name, spec.argv, self.log_dir / f"{spec.name}.log", env)
+        self.children.append(child)
+        child.start()
+
+    def _wait(self, what: str, deadline: float, ready) -> None:
+        progress = Progress(self.out, what)
+        try:
+            while True:
+                self._tick()
+                if ready():
+                    return
+                if time.monotonic() > deadline:
+                    raise ServeError(f"not ready within {self.opts.startup_timeout_s:.0f} s ({what}); "
+                                     f"see the logs in {self.log_dir}")
+                progress.update()
+                time.sleep(_TICK_S)
+        finally:
+            progress.close()
+
+    def _tick(self) -> None:
+        if self._signal is not None:
+            raise _Stopped()
+        for child in self.children:
+            if child.exit_code() is not None:
+                raise _ChildDied(child)
+
+    # ------------------------------------------------------------------ reporting and stop
+    def _announce_ready(self, elapsed_s: float) -> None:
+        plan, cfg = self.plan, self.cfg
+        store = "store on" if cfg.store.enabled else "store off"
+        self._say(f"\npdorch is ready at {plan.router_url} ({self.opts.num_prefill} prefill + "
+                  f"{self.opts.num_decode} decode, {store}, {plan.torch_threads} torch thread(s) per worker; "
+                  f"started in {elapsed_s:.1f} s)\n\nTry it:\n"
+                  f"{curl_example(plan.router_url, cfg.model.name, bool(cfg.router.api_key))}\n\n"
+                  f"Workers and cache hit rates: pdorch status --url {plan.router_url}\n"
+                  f"Logs: {self.log_dir}\nPress Ctrl-C to stop.")
+
+    def _report_death(self, child: Child) -> None:
+        code = child.exit_code()
+        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with {code}"
+        self._say(f"\npdorch serve: {child.name} (pid {child.pid}) {how}; stopping the others. "
+                  f"Last lines of {child.log_path}:")
+        for line in child.log_tail(20).splitlines():
+            self._say(f"  | {line}")
+
+    def _stop_all(self) -> None:
+        if not self.children:
+            return
+        # Router first (stop taking requests), then workers, then the master they write to.
+        ordered = list(reversed(self.children))
+        killed = stop_children(ordered, self.opts.stop_timeout_s)
+        note = f" ({', '.join(killed)} needed SIGKILL)" if killed else ""
+        self._say(f"pdorch serve: stopped {len(ordered)} processes{note}; logs in {self.log_dir}")
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def prepare_model_with_progress(cfg: Config, out: TextIO = sys.stdout) -> Path:
+    """Convert the model once before any worker starts, so the conversion's progress is visible
+    and N workers don't convert it at the same time."""
+    from engine.arch import ModelDirError  # NOTE: lazy; the config-only CLI paths stay light
+    from engine.prepare import prepare_model
+    try:
+        return prepare_model(cfg.model.source, cfg.model.cache_dir,
+                             progress=lambda msg: print(f"  {msg}", file=out, flush=True))
+    except ModelDirError as e:
+        raise ServeError(f"model.source: {e}") from None

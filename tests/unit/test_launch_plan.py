@@ -1,0 +1,97 @@
+"""pdorch.launch_plan: ports, argv and discovery lists of `pdorch serve --prefill N --decode M`."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdorch.config_loader import default_config_path, load_config
+from pdorch.launch_plan import PlanError, master_ports, plan_local_cluster, torch_threads_per_worker
+
+MASTER = ("/bin/mooncake_master", "--rpc_port=50151")
+
+
+def local(**overrides):
+    return load_config(default_config_path(), overrides, environ={})
+
+
+def sets(argv) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+
+def test_two_prefill_three_decode_ports_and_discovery():
+    plan = plan_local_cluster(local(), 2, 3, "/c.yaml", ("router.policy=round_robin",), python="py",
+                              master_argv=MASTER, cpu_count=10)
+    assert [c.name for c in plan.children] == ["master", "prefill-0", "prefill-1", "decode-0", "decode-1",
+                                               "decode-2", "router"]
+    p1 = plan.by_role("prefill")[1]
+    assert p1.argv[:5] == ("py", "-m", "prefill_node", "--config", "/c.yaml")
+    # the user's --set first, the launcher's last (the last one wins)
+    assert sets(p1.argv) == ["router.policy=round_robin", "prefill.port=50162", "prefill.metrics_port=9162",
+                             "model.torch_threads=2"]
+    assert dict(plan.by_role("decode")[2].ports) == {"decode.port": 50173, "decode.metrics_port": 9173}
+    assert plan.config.discovery.prefill == ("127.0.0.1:50161", "127.0.0.1:50162")
+    assert plan.config.discovery.decode == ("127.0.0.1:50171", "127.0.0.1:50172", "127.0.0.1:50173")
+    router = plan.by_role("router")[0]
+    assert router.argv[:3] == ("py", "-m", "router")
+    assert sets(router.argv) == ["router.policy=round_robin",
+                                 "discovery.prefill=127.0.0.1:50161,127.0.0.1:50162",
+                                 "discovery.decode=127.0.0.1:50171,127.0.0.1:50172,127.0.0.1:50173"]
+    assert plan.router_url == "http://127.0.0.1:8390"
+    master = plan.by_role("master")[0]
+    assert master.argv == MASTER and [p for _, p in master.ports] == [50151, 8180, 9103]
+
+
+def test_router_discovery_set_round_trips_through_the_loader():
+    plan = plan_local_cluster(local(), 2, 1, "/c.yaml", master_argv=MASTER, cpu_count=2)
+    overrides = dict(s.split("=", 1) for s in sets(plan.by_role("router")[0].argv))
+    assert load_config(None, overrides, environ={}).discovery == plan.config.discovery
+
+
+def test_store_off_means_no_master_and_disabled_metrics_stay_off():
+    plan = plan_local_cluster(local(**{"store.enabled": "false", "prefill.metrics_port": "0"}), 2, 1, "/c.yaml",
+                              cpu_count=2)
+    assert [c.role for c in plan.children] == ["prefill", "prefill", "decode", "router"]
+    assert all("prefill.metrics_port=0" in sets(c.argv) for c in plan.by_role("prefill"))
+    assert plan.by_role("prefill")[1].ports == (("prefill.port", 50162),)
+
+
+def test_etcd_mode_leaves_discovery_to_the_workers():
+    cfg = local(**{"discovery.mode": "etcd"})
+    plan = plan_local_cluster(cfg, 1, 1, "/c.yaml", master_argv=MASTER, cpu_count=2)
+    assert not any(s.startswith("discovery.") for s in sets(plan.by_role("router")[0].argv))
+    assert plan.config.discovery == cfg.discovery
+
+
+def test_wildcard_listen_is_advertised_on_loopback():
+    plan = plan_local_cluster(local(**{"prefill.host": "0.0.0.0", "router.host": "0.0.0.0"}), 1, 1, "/c",
+                              master_argv=MASTER, cpu_count=2)
+    assert plan.config.discovery.prefill == ("127.0.0.1:50161",)
+    assert plan.router_url == "http://127.0.0.1:8390"
+
+
+@pytest.mark.parametrize("configured, workers, cores, expected", [
+    (0, 2, 2, 1), (0, 2, 8, 4), (0, 5, 2, 1), (0, 3, 8, 2), (3, 2, 2, 3)])
+def test_torch_threads_divide_the_cores(configured, workers, cores, expected):
+    cfg = local(**{"model.torch_threads": str(configured)})
+    assert torch_threads_per_worker(cfg, workers, cores) == expected
+
+
+def test_colliding_ports_are_refused_naming_the_key():
+    # prefill-10 would take 50171, decode-0's port
+    with pytest.raises(PlanError, match="decode.port: port 50171 of decode-0 is also prefill.port of prefill-10"):
+        plan_local_cluster(local(), 11, 1, "/c.yaml", master_argv=MASTER, cpu_count=2)
+    with pytest.raises(PlanError, match="router.port: port 50151"):
+        plan_local_cluster(local(**{"router.port": "50151"}), 1, 1, "/c.yaml", master_argv=MASTER, cpu_count=2)
+
+
+def test_bad_counts_and_ports_beyond_range():
+    with pytest.raises(PlanError, match="--prefill and --decode must be >= 1"):
+        plan_local_cluster(local(), 0, 1, "/c.yaml", master_argv=MASTER)
+    with pytest.raises(PlanError, match="decode.port: decode-1 would need port 65536"):
+        plan_local_cluster(local(**{"decode.port": "65535"}), 1, 2, "/c.yaml", master_argv=MASTER)
+
+
+def test_master_ports_need_an_http_metadata_url():
+    assert master_ports(local()) == ("127.0.0.1", 50151, 8180, 9103)
+    with pytest.raises(PlanError, match="store.metadata_server: .*expected http://host:port/metadata"):
+        master_ports(local(**{"store.metadata_server": "P2PHANDSHAKE"}))

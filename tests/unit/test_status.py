@@ -1,0 +1,40 @@
+"""pdorch status: hit rates per tier from the router's counters, worker table from /workers."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from pdorch.status import render_status, token_counters
+
+
+def metrics_text() -> str:
+    r = CollectorRegistry()
+    Counter("pdorch_router_prompt_tokens", "p", registry=r).inc(200)
+    Counter("pdorch_router_completion_tokens", "c", registry=r).inc(50)
+    cached = Counter("pdorch_router_cached_tokens", "c", ["tier"], registry=r)
+    cached.labels("device").inc(96)
+    cached.labels("store").inc(32)
+    return generate_latest(r).decode()
+
+
+def test_token_counters_sum_the_router_counters():
+    assert token_counters(metrics_text()) == {"prompt": 200.0, "completion": 50.0, "cached_device": 96.0,
+                                              "cached_store": 32.0}
+
+
+def test_render_shows_workers_load_and_hit_rates():
+    workers = [{"role": "prefill", "address": "127.0.0.1:50161", "healthy": True, "circuit": "closed",
+                "in_flight": 2, "routed": 7, "errors": 0,
+                "info": {"free_pages": 500, "total_pages": 512, "queued_requests": 1, "running_requests": 2}},
+               {"role": "decode", "address": "127.0.0.1:50171", "healthy": False, "info": None}]
+    text = render_status({"url": "http://r", "workers": workers, "tokens": token_counters(metrics_text())})
+    lines = text.splitlines()
+    assert lines[0] == "router http://r: 2 workers"
+    assert lines[3].split() == ["decode", "127.0.0.1:50171", "DOWN", "-", "-", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["prefill", "127.0.0.1:50161", "ok", "closed", "2", "7", "0", "1", "2", "500/512"]
+    assert "cache hit rate 64.0% (device 48.0%, host 0.0%, store 16.0%)" in text
+
+
+def test_render_without_requests():
+    text = render_status({"url": "http://r", "workers": [], "tokens": {}})
+    assert "cache hit rate: no requests yet" in text
