@@ -1,0 +1,151 @@
+"""Operational routes: health, health_generate, metrics, server info, flush_cache, workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import grpc
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pdorch.config import Config
+from proto.pdorch.v1 import worker_pb2
+from router import formats
+from router.auth import Auth
+from router.errors import APIError, unavailable, upstream_error
+from router.metrics import RouterMetrics
+from router.service import ClientGone, RouterService
+from router.workers import WorkerPool
+
+STORE_FLUSH_TIMEOUT_S = 60.0
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(formats.dumps(obj), status_code=status, media_type="application/json")
+
+
+def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool,
+               metrics: RouterMetrics) -> None:
+    def counts() -> dict:
+        return {role: {"known": len(pool.workers(role)), "routable": len(pool.routable(role))}
+                for role in ("prefill", "decode")}
+
+    @app.get("/health")
+    async def health():
+        """200 when at least one prefill and one decode worker are routable, else 503."""
+        c = counts()
+        ok = c["prefill"]["routable"] > 0 and c["decode"]["routable"] > 0
+        if not ok:
+            err = unavailable("no healthy prefill/decode pair: " + formats.dumps(c).decode())
+            return Response(formats.dumps({**err.body(), "workers": c}), status_code=503,
+                            headers=err.headers, media_type="application/json")
+        return _json({"status": "ok", "workers": c})
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request):
+        """A real one-token generation through a P/D pair."""
+        t0 = time.perf_counter()
+        ids = svc.encode("Hello") or [0]
+        sampling = worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
+        job = svc.make_job(ids, sampling, 1, 1, request)
+        try:
+            progress, _, run = await svc.start(job, request, "/health_generate", t0)
+            try:
+                async for _ in run:
+                    pass
+            finally:
+                await run.aclose()
+        except ClientGone:
+            raise APIError(499, "client closed the request", "client_closed") from None
+        except APIError as e:
+            raise unavailable(f"health generation failed: {e.message}") from None
+        except Exception as e:  # StreamFailed and friends
+            raise unavailable(f"health generation failed: {e}") from None
+        return _json({"status": "ok", "output_ids": progress.output_ids,
+                      "latency_s": round(time.perf_counter() - t0, 6)})
+
+    @app.get("/metrics")
+    async def prom_metrics():
+        for role in ("prefill", "decode"):
+            metrics.workers_healthy.labels(role).set(len(pool.routable(role)))
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    def server_info() -> dict:
+        return {"model": cfg.model.name, "model_path": str(svc.model_dir or cfg.model.source),
+                "served_model_name": cfg.model.name, "page_size": cfg.model.page_size,
+                "max_context_tokens": svc.context_limit(), "policy": cfg.router.policy,
+                "disaggregation_mode": "prefill_decode", "workers": counts(), "version": "pdorch-1"}
+
+    @app.get("/server_info")
+    async def get_server_info(request: Request):
+        auth.check_client(request.headers.get("authorization"))
+        return _json(server_info())
+
+    app.add_api_route("/get_server_info", get_server_info, methods=["GET"], include_in_schema=False)
+
+    @app.get("/get_model_info")
+    async def get_model_info(request: Request):
+        auth.check_client(request.headers.get("authorization"))
+        return _json({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.name,
+                      "is_generation": True})
+
+    @app.get("/workers")
+    async def workers(request: Request):
+        """Admin: every known worker with health, circuit state, load and last Info."""
+        auth.check_admin(request.headers.get("authorization"))
+        return _json({"workers": [w.describe() for w in pool.workers()]})
+
+    @app.api_route("/flush_cache", methods=["POST", "GET"])
+    async def flush_cache(request: Request, store: bool = False):
+        """Admin: drop every worker's L1 prefix cache; `?store=true` also clears the Mooncake store."""
+        auth.check_admin(request.headers.get("authorization"))
+        ws = pool.workers()
+        if not ws:
+            raise unavailable("no workers are known; nothing to flush")
+        results = await asyncio.gather(*(_flush(w) for w in ws))
+        failed = [r for r in results if "error" in r]
+        body = {"workers": results}
+        if store:
+            body["store"] = await clear_store(cfg)
+        if failed:
+            raise upstream_error(f"flush failed on {len(failed)} of {len(ws)} workers: "
+                                 + "; ".join(f"{r['address']}: {r['error']}" for r in failed))
+        svc.policy.reset()
+        return _json({"status": "ok", **body})
+
+
+async def _flush(w) -> dict:
+    try:
+        resp = await w.stub.Flush(worker_pb2.FlushRequest(), timeout=10)
+        return {"role": w.role, "address": w.address, "pages_freed": resp.pages_freed}
+    except grpc.aio.AioRpcError as e:
+        return {"role": w.role, "address": w.address, "error": f"{e.code().name}: {e.details()}"}
+
+
+async def clear_store(cfg: Config) -> dict:
+    """Remove every object from the Mooncake store, in a child process.
+
+    NOTE: Mooncake's `setup` holds the GIL and retries for ~90 s while the master is unreachable;
+    a child process keeps that off the router's event loop and can be killed on timeout.
+    """
+    if not cfg.store.enabled:
+        raise APIError(501, "store.enabled is false: there is no store to clear", "not_implemented")
+    s = cfg.store
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "router.store_flush", s.master_address, s.metadata_server, s.protocol,
+        s.device_name, s.local_hostname, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), STORE_FLUSH_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise unavailable(f"clearing the store timed out after {STORE_FLUSH_TIMEOUT_S:.0f}s "
+                          f"(is mooncake_master at {s.master_address} up?)") from None
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise upstream_error(f"clearing the store failed: {tail[0]}")
+    return json.loads(out.decode().strip().splitlines()[-1])

@@ -1,0 +1,173 @@
+"""Run one request on a P/D pair: pick workers, stream from D, retry once before the first token.
+
+    pick P (policy) + D (least load) --> D.Generate(token ids, prefill_address=P) --> chunks
+
+- Before the first token arrives, a failure is retried once on a different P/D pair (the
+  failed workers are excluded when others are routable). Which worker failed is decided by
+  probing both with Info; the one that does not answer gets the circuit-breaker failure.
+- After the first token, a failure ends the stream with `StreamFailed` (the HTTP layer turns it
+  into an error event; the client already has a 200).
+- Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from proto.pdorch.v1 import worker_pb2
+from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
+from router.metrics import RouterMetrics
+from router.policies import Policy, RouteContext, SessionAffinity
+from router.workers import Worker, WorkerPool
+
+log = logging.getLogger("pdorch.router")
+
+# gRPC codes that mean "the request itself is bad": answered 400, never retried.
+_CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+
+
+class StreamFailed(Exception):
+    """The request failed after tokens were already streamed to the client."""
+
+
+@dataclass
+class Job:
+    request_id: str
+    token_ids: list[int]
+    sampling: worker_pb2.SamplingParams
+    page_hashes: list[str]
+    timeout_s: float
+    session: str | None = None
+
+
+class Dispatcher:
+    def __init__(self, pool: WorkerPool, policy: Policy, metrics: RouterMetrics, max_attempts: int = 2):
+        self.pool = pool
+        self.policy = policy
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+        self.affinity = SessionAffinity()
+        pool.on_remove.append(policy.forget)
+
+    def has_capacity(self) -> tuple[bool, bool]:
+        return bool(self.pool.routable("prefill")), bool(self.pool.routable("decode"))
+
+    def _pick(self, job: Job, tried_p: set, tried_d: set) -> tuple[Worker, Worker]:
+        prefills = self.pool.routable("prefill", tried_p) or self.pool.routable("prefill")
+        decodes = self.pool.routable("decode", tried_d) or self.pool.routable("decode")
+        if not prefills or not decodes:
+            missing = " and ".join(r for r, ws in (("prefill", prefills), ("decode", decodes)) if not ws)
+            raise unavailable(f"no healthy {missing} worker is available; retry later")
+        ctx = RouteContext(job.page_hashes, job.session)
+        p = self.affinity.lookup(job.session, prefills) if job.session else None
+        if p is None:
+            p = self.policy.choose(prefills, ctx)
+            if job.session:
+                self.affinity.remember(job.session, p)
+        self.policy.on_routed(p, ctx)
+        return p, self.policy.choose_decode(decodes)
+
+    async def _blame(self, p: Worker, d: Worker, error: str) -> None:
+        """Probe both workers; charge the failure to whichever does not answer (D if both do)."""
+        ok_p, ok_d = await asyncio.gather(self.pool.check(p), self.pool.check(d))
+        for w, ok in ((p, ok_p), (d, ok_d)):
+            if not ok:
+                self.pool.record_failure(w, error)
+                self.metrics.worker_errors.labels(w.role, w.address).inc()
+        if ok_p and ok_d:
+            self.pool.record_failure(d, error)
+            self.metrics.worker_errors.labels(d.role, d.address).inc()
+
+    async def stream(self, job: Job) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """Yield D's chunks. Raises APIError before the first token, StreamFailed after it."""
+        tried_p: set[Worker] = set()
+        tried_d: set[Worker] = set()
+        last_error: APIError | None = None
+        for attempt in range(self.max_attempts):
+            p, d = self._pick(job, tried_p, tried_d)
+            tried_p.add(p)
+            tried_d.add(d)
+            req = worker_pb2.GenerateRequest(request_id=job.request_id, token_ids=job.token_ids,
+                                             sampling=job.sampling, prefill_address=p.address,
+                                             timeout_s=job.timeout_s)
+            for w in (p, d):
+                w.in_flight += 1
+                w.routed += 1
+                w.breaker.on_sent()
+                self.metrics.worker_routed.labels(w.role, w.address).inc()
+            call = d.stub.Generate(req, timeout=job.timeout_s)
+            p_held, d_held, finished = True, True, False
+            try:
+                first: list[worker_pb2.GenerateResponse] = []
+                try:
+                    while True:
+                        msg = await call.read()
+                        if msg is grpc.aio.EOF:
+                            raise _EarlyEOF()
+                        first.append(msg)
+                        if msg.token_ids or msg.finish_reason:
+                            break
+                except (grpc.aio.AioRpcError, _EarlyEOF) as e:
+                    p.in_flight -= 1
+                    d.in_flight -= 1
+                    p_held = d_held = False
+                    last_error = await self._first_token_failure(e, p, d)
+                    if attempt + 1 < self.max_attempts:
+                        self.metrics.retries.inc()
+                        log.warning("request %s failed before its first token on P=%s D=%s (%s); retrying",
+                                    job.request_id, p.address, d.address, last_error.message)
+                    continue
+                # First token: prefill is done, P's share of the load ends here.
+                p.in_flight -= 1
+                p_held = False
+                self.pool.record_success(p)
+                for msg in first:
+                    yield msg
+                while True:
+                    try:
+                        msg = await call.read()
+                    except grpc.aio.AioRpcError as e:
+                        self.pool.record_failure(d, f"{e.code().name}: {e.details()}")
+                        self.metrics.worker_errors.labels(d.role, d.address).inc()
+                        raise StreamFailed(f"decode worker {d.address} failed mid-stream: "
+                                           f"{e.code().name}: {e.details()}") from None
+                    if msg is grpc.aio.EOF:
+                        break
+                    yield msg
+                finished = True
+                self.pool.record_success(d)
+                return
+            finally:
+                if p_held:
+                    p.in_flight -= 1
+                if d_held:
+                    d.in_flight -= 1
+                if not finished:
+                    call.cancel()  # client went away (or we failed): stop the work on D and P
+        assert last_error is not None
+        raise last_error
+
+    async def _first_token_failure(self, e: Exception, p: Worker, d: Worker) -> APIError:
+        if isinstance(e, _EarlyEOF):
+            msg = f"decode worker {d.address} ended the stream before the first token"
+            await self._blame(p, d, msg)
+            return upstream_error(msg)
+        code, details = e.code(), e.details()
+        if code in _CLIENT_CODES:
+            raise bad_request(f"rejected by worker: {details}")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return overloaded(f"workers are at capacity: {details}")
+        msg = f"worker request failed before the first token (P={p.address}, D={d.address}): {code.name}: {details}"
+        await self._blame(p, d, f"{code.name}: {details}")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return APIError(504, msg, "timeout")
+        return unavailable(msg) if code == grpc.StatusCode.UNAVAILABLE else upstream_error(msg)
+
+
+class _EarlyEOF(Exception):
+    pass

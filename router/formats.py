@@ -1,0 +1,120 @@
+"""Response bodies: OpenAI chat/completions (stream + non-stream) and SGLang `/generate`.
+
+`Progress` accumulates D's chunks (token id and text deltas, per-tier cached counts); the
+`*_chunk` / `*_final` functions turn it into the wire format. SSE framing is `data: <json>\\n\\n`
+and streams end with `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+try:
+    import orjson
+
+    def dumps(obj) -> bytes:
+        return orjson.dumps(obj)
+except ImportError:  # pragma: no cover - orjson is a dependency; json is the fallback
+    import json
+
+    def dumps(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+class Progress:
+    __slots__ = ("request_id", "prompt_tokens", "device", "host", "store", "output_ids", "text",
+                 "finish_reason", "matched_stop")
+
+    def __init__(self, request_id: str, prompt_tokens: int):
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.device = self.host = self.store = 0
+        self.output_ids: list[int] = []
+        self.text = ""
+        self.finish_reason = ""
+        self.matched_stop = ""
+
+    def add(self, msg) -> str:
+        """Fold one GenerateResponse in; returns its text delta."""
+        if msg.prompt_tokens:
+            self.prompt_tokens = msg.prompt_tokens
+        if msg.HasField("cached"):
+            c = msg.cached
+            self.device, self.host, self.store = c.device, c.host, c.store
+        self.output_ids.extend(msg.token_ids)
+        self.text += msg.text
+        if msg.finish_reason:
+            self.finish_reason = msg.finish_reason
+            self.matched_stop = msg.matched_stop
+        return msg.text
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.device + self.host + self.store
+
+    def usage(self) -> dict:
+        n = len(self.output_ids)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+# ---------------------------------------------------------------------------------- OpenAI
+def _finish(p: Progress) -> str | None:
+    return p.finish_reason or None
+
+
+def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
+               include_usage: bool) -> bytes:
+    delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+    body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(p)}]}
+    if include_usage:
+        body["usage"] = None
+    return sse(body)
+
+
+def completion_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
+                     include_usage: bool) -> bytes:
+    body = {"id": oid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": delta_text, "logprobs": None, "finish_reason": _finish(p)}]}
+    if include_usage:
+        body["usage"] = None
+    return sse(body)
+
+
+def usage_chunk(p: Progress, oid: str, created: int, model: str, chat: bool) -> bytes:
+    return sse({"id": oid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created, "model": model, "choices": [], "usage": p.usage()})
+
+
+def chat_final(p: Progress, oid: str, created: int, model: str) -> dict:
+    return {"id": oid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": p.text},
+                         "logprobs": None, "finish_reason": _finish(p)}],
+            "usage": p.usage()}
+
+
+def completion_final(p: Progress, oid: str, created: int, model: str) -> dict:
+    return {"id": oid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": p.text, "logprobs": None, "finish_reason": _finish(p)}],
+            "usage": p.usage()}
+
+
+# ---------------------------------------------------------------------------------- SGLang
+def generate_body(p: Progress, e2e_s: float) -> dict:
+    if p.finish_reason == "length":
+        finish = {"type": "length", "length": len(p.output_ids)}
+    elif p.finish_reason:
+        finish = {"type": p.finish_reason, "matched": p.matched_stop or None}
+    else:
+        finish = None
+    return {"text": p.text, "output_ids": list(p.output_ids),
+            "meta_info": {"id": p.request_id, "finish_reason": finish, "prompt_tokens": p.prompt_tokens,
+                          "completion_tokens": len(p.output_ids), "cached_tokens": p.cached_tokens,
+                          "cached_tokens_details": {"device": p.device, "host": p.host, "store": p.store},
+                          "e2e_latency": round(e2e_s, 6)}}

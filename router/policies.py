@@ -1,0 +1,176 @@
+"""Prefill/decode selection policies, picked by name from a small registry.
+
+- round_robin: rotate over routable prefill workers.
+- least_load:  fewest in-flight requests (ties rotate).
+- cache_aware: per prefill worker, a bounded LRU index of the page hashes recently routed to
+  it (an approximation of its L1 prefix cache). The worker whose index holds the longest
+  leading run of the prompt's page hashes wins, unless its load exceeds the least-loaded
+  worker's by more than `load_imbalance_threshold`; then least load wins.
+
+NOTE: page hashes are chained (hash i covers pages 0..i), so "hash i is in the index" means
+the whole prefix up to page i was routed there; the leading run is the matched prefix.
+Store-resident pages help every worker equally, so the store does not steer the choice.
+
+Decode is always least load. Session affinity (a header value) pins a session to the prefill
+worker it first went to while that worker stays routable.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from router.workers import Worker
+
+
+@dataclass
+class RouteContext:
+    page_hashes: list[str]
+    session: str | None = None
+
+
+class LRUSet:
+    """Bounded set of keys in least-recently-used order."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._d: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def touch(self, keys: list[str]) -> None:
+        d = self._d
+        for k in keys:
+            if k in d:
+                d.move_to_end(k)
+            else:
+                d[k] = None
+        while len(d) > self.capacity:
+            d.popitem(last=False)
+
+    def leading_matches(self, keys: list[str]) -> int:
+        n = 0
+        for k in keys:
+            if k not in self._d:
+                break
+            n += 1
+        return n
+
+
+def _least_loaded(workers: list[Worker], rr: itertools.count) -> Worker:
+    low = min(w.load for w in workers)
+    tied = [w for w in workers if w.load == low]
+    return tied[next(rr) % len(tied)]
+
+
+class Policy:
+    name = ""
+
+    def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8):
+        self._rr = itertools.count()
+
+    def choose(self, workers: list[Worker], ctx: RouteContext) -> Worker:
+        raise NotImplementedError
+
+    def on_routed(self, worker: Worker, ctx: RouteContext) -> None:
+        pass
+
+    def forget(self, worker: Worker) -> None:
+        pass
+
+    def reset(self) -> None:
+        """Forget learned state (after /flush_cache)."""
+
+    def choose_decode(self, workers: list[Worker]) -> Worker:
+        return _least_loaded(workers, self._rr)
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def choose(self, workers, ctx):
+        workers = sorted(workers, key=lambda w: w.address)
+        return workers[next(self._rr) % len(workers)]
+
+
+class LeastLoad(Policy):
+    name = "least_load"
+
+    def choose(self, workers, ctx):
+        return _least_loaded(workers, self._rr)
+
+
+class CacheAware(Policy):
+    name = "cache_aware"
+
+    def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8):
+        super().__init__()
+        self.capacity = cache_index_pages
+        self.threshold = load_imbalance_threshold
+        self.index: dict[str, LRUSet] = {}  # worker address -> recently routed page hashes
+
+    def matched_pages(self, worker: Worker, hashes: list[str]) -> int:
+        idx = self.index.get(worker.address)
+        return idx.leading_matches(hashes) if idx is not None else 0
+
+    def choose(self, workers, ctx):
+        least = _least_loaded(workers, self._rr)
+        if not ctx.page_hashes:
+            return least
+        scored = [(self.matched_pages(w, ctx.page_hashes), -w.load, w) for w in workers]
+        best_match = max(s[0] for s in scored)
+        if best_match == 0:
+            return least
+        best = max((s for s in scored if s[0] == best_match), key=lambda s: s[1])[2]
+        if best.load - least.load > self.threshold:
+            return least
+        return best
+
+    def on_routed(self, worker, ctx):
+        if ctx.page_hashes:
+            self.index.setdefault(worker.address, LRUSet(self.capacity)).touch(ctx.page_hashes)
+
+    def forget(self, worker):
+        self.index.pop(worker.address, None)
+
+    def reset(self):
+        self.index.clear()
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RoundRobin, LeastLoad, CacheAware)}
+
+
+def make_policy(name: str, cache_index_pages: int, load_imbalance_threshold: int) -> Policy:
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"router.policy: unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
+    return cls(cache_index_pages=cache_index_pages, load_imbalance_threshold=load_imbalance_threshold)
+
+
+class SessionAffinity:
+    """Bounded map session key -> prefill worker address."""
+
+    def __init__(self, capacity: int = 65536):
+        self._m = LRUSet(capacity)
+        self._addr: dict[str, str] = {}
+
+    def lookup(self, session: str, workers: list[Worker]) -> Worker | None:
+        addr = self._addr.get(session)
+        if addr is None:
+            return None
+        for w in workers:
+            if w.address == addr:
+                return w
+        return None
+
+    def remember(self, session: str, worker: Worker) -> None:
+        self._m.touch([session])
+        self._addr[session] = worker.address
+        if len(self._addr) > self._m.capacity:
+            self._addr = {k: v for k, v in self._addr.items() if k in self._m}

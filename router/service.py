@@ -1,0 +1,233 @@
+"""What the HTTP handlers share: model identity, tokenization, limits, admission, job runs.
+
+The handlers in app.py parse bodies and format responses; everything between (token ids,
+context checks, the 429 / 503 gates, timing metrics, client-disconnect handling) is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.requests import Request
+
+from pdorch.config import Config
+from proto.pdorch.v1 import worker_pb2
+from router.dispatch import Dispatcher, Job
+from router.errors import APIError, bad_request, overloaded, unavailable
+from router.formats import Progress
+from router.metrics import RouterMetrics
+from router.policies import CacheAware, Policy
+from router.workers import WorkerPool
+
+DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[str]:
+    """Names a client may send as `model`: the served name, the source, the prepared dir, and
+    each one's last path component (SGLang's bench_multiturn sends --model-path)."""
+    names = {name, source, "default"}
+    if model_dir is not None:
+        names.add(str(model_dir))
+    names |= {os.path.basename(os.path.normpath(n)) for n in list(names) if n}
+    return frozenset(n for n in names if n)
+
+
+def context_from_model_dir(model_dir: Path | None) -> int:
+    if model_dir is None:
+        return 0
+    try:
+        return int(json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class RouterService:
+    def __init__(self, cfg: Config, tokenizer, pool: WorkerPool, policy: Policy, metrics: RouterMetrics,
+                 model_dir: Path | None = None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.policy = policy
+        self.metrics = metrics
+        self.model_dir = model_dir
+        self.dispatcher = Dispatcher(pool, policy, metrics)
+        self.model_name = cfg.model.name
+        self.aliases = model_aliases(cfg.model.name, cfg.model.source, model_dir)
+        self._dir_context = context_from_model_dir(model_dir)
+        self._hash_pages = isinstance(policy, CacheAware)
+        self.in_flight = 0
+
+    # ------------------------------------------------------------------ validation
+    def check_model(self, model: str) -> None:
+        if model not in self.aliases and os.path.basename(os.path.normpath(model)) not in self.aliases:
+            raise APIError(400, f"model {model!r} is not served here; this router serves {self.model_name!r}",
+                           "invalid_request_error", "model", "model_not_found")
+
+    def context_limit(self) -> int:
+        """Longest prompt + output: config, else the workers' own limit, else the model's."""
+        if self.cfg.model.max_context_tokens:
+            return self.cfg.model.max_context_tokens
+        limits = [w.info.max_context_tokens for w in self.pool.workers() if w.info and w.info.max_context_tokens]
+        return min(limits) if limits else self._dir_context
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        from engine.tokenizer import ChatTemplateError
+
+        try:
+            return self.tokenizer.encode_chat(messages)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), param="messages") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def make_job(self, token_ids: list[int], sampling: worker_pb2.SamplingParams, max_tokens: int | None,
+                 default_max_tokens: int | None, request: Request, request_id: str | None = None,
+                 max_tokens_param: str = "max_tokens") -> Job:
+        n = len(token_ids)
+        if n == 0:
+            raise bad_request("the prompt is empty", param="prompt")
+        vocab = getattr(self.tokenizer, "vocab_size", 0)
+        if vocab and any(t < 0 or t >= vocab for t in token_ids):
+            raise bad_request(f"token ids must be in [0, {vocab})", param="input_ids")
+        limit = self.context_limit()
+        if limit and n >= limit:
+            raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
+                              "(prompt + output must fit)", param="messages")
+        if max_tokens is None:
+            max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
+            if limit:
+                max_tokens = min(max_tokens, limit - n)
+        elif limit and n + max_tokens > limit:
+            raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the "
+                              f"model's context of {limit} tokens", param=max_tokens_param)
+        sampling.max_tokens = max_tokens
+        hashes: list[str] = []
+        if self._hash_pages:
+            from store_client.page_hash import page_hashes
+
+            hashes = page_hashes(token_ids, self.cfg.model.page_size)
+        header = self.cfg.router.session_affinity_header
+        session = request.headers.get(header) if header else None
+        return Job(request_id or uuid.uuid4().hex, token_ids, sampling, hashes, self.cfg.router.request_timeout_s,
+                   session)
+
+    # ------------------------------------------------------------------ admission
+    def admit(self) -> None:
+        if self.in_flight >= self.cfg.router.max_queued_requests:
+            raise overloaded(f"the router has {self.in_flight} requests in flight "
+                             f"(router.max_queued_requests={self.cfg.router.max_queued_requests}); retry later")
+        has_p, has_d = self.dispatcher.has_capacity()
+        if not (has_p and has_d):
+            missing = " and ".join(r for r, ok in (("prefill", has_p), ("decode", has_d)) if not ok)
+            raise unavailable(f"no healthy {missing} worker is available; retry later",
+                              max(1, int(self.cfg.router.health_check_interval_s)))
+        self.in_flight += 1
+        self.metrics.queue_depth.set(self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self.metrics.queue_depth.set(self.in_flight)
+
+    # ------------------------------------------------------------------ running
+    async def start(self, job: Job, request: Request, route: str, t0: float):
+        """Admit, run until the first token; returns (Progress, first text delta, run).
+
+        `run` is an async iterator of the remaining text deltas (the Progress updates as it
+        goes) and must be closed with `run.aclose()` (idempotent); it releases the admission.
+        """
+        self.admit()
+        run = _Run(self, job, route, t0)
+        try:
+            first = await race_disconnect(request, run.first())
+        except BaseException:
+            await run.aclose()
+            raise
+        return run.progress, first, run
+
+
+class _Run:
+    """One admitted request's stream of text deltas, with timing metrics and cleanup."""
+
+    def __init__(self, svc: RouterService, job: Job, route: str, t0: float):
+        self.svc = svc
+        self.route = route
+        self.t0 = t0
+        self.progress = Progress(job.request_id, len(job.token_ids))
+        self._agen = svc.dispatcher.stream(job)
+        self._closed = False
+        self._last = t0
+
+    async def first(self) -> str:
+        msg = await self._agen.__anext__()
+        now = time.perf_counter()
+        m = self.svc.metrics
+        m.ttft.labels(self.route).observe(now - self.t0)
+        self._last = now
+        text = self.progress.add(msg)
+        p = self.progress
+        m.prompt_tokens.inc(p.prompt_tokens)
+        for tier in ("device", "host", "store"):
+            m.cached_tokens.labels(tier).inc(getattr(p, tier))
+        return text
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._rest()
+
+    async def _rest(self) -> AsyncIterator[str]:
+        itl = self.svc.metrics.itl
+        async for msg in self._agen:
+            now = time.perf_counter()
+            itl.observe(now - self._last)
+            self._last = now
+            yield self.progress.add(msg)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._agen.aclose()
+        finally:
+            m = self.svc.metrics
+            m.completion_tokens.inc(len(self.progress.output_ids))
+            m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
+            self.svc.release()
+
+
+async def race_disconnect(request: Request, coro):
+    """Await `coro`, cancelling it if the client disconnects first (raises ClientGone)."""
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    raise ClientGone()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return

@@ -1,0 +1,170 @@
+"""The router's view of its workers: gRPC channels, load, health and circuit state.
+
+Workers are keyed by (role, address). Discovery (static list or etcd watch) calls `upsert` /
+`remove`; the health loop calls `Info` on every worker each `health_check_interval_s`.
+A worker is *routable* when its last health check succeeded and its circuit allows a request.
+
+Load is the number of requests this router has in flight on the worker (exact, updated on
+every request); the health check's queued/running counts are kept in `info` for /workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
+from router.circuit import CircuitBreaker
+
+log = logging.getLogger("pdorch.router")
+
+# NOTE: large prompts are thousands of int32 ids; keep gRPC's 4 MiB default out of the way.
+_CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
+                    ("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.keepalive_time_ms", 10_000),
+                    ("grpc.http2.max_pings_without_data", 0)]
+
+
+@dataclass(eq=False)
+class Worker:
+    role: str  # "prefill" | "decode"
+    address: str  # gRPC host:port
+    worker_id: str
+    breaker: CircuitBreaker
+    channel: grpc.aio.Channel | None = None
+    stub: object = None
+    healthy: bool = False
+    checked: bool = False  # at least one health check finished
+    info: worker_pb2.WorkerInfo | None = None
+    in_flight: int = 0
+    routed: int = 0
+    errors: int = 0
+    last_error: str = ""
+    meta: dict = field(default_factory=dict)  # discovery-provided info (etcd value)
+
+    @property
+    def load(self) -> int:
+        return self.in_flight
+
+    def routable(self, now: float) -> bool:
+        return self.healthy and self.breaker.allow(now)
+
+    def describe(self) -> dict:
+        info = self.info
+        return {
+            "role": self.role, "address": self.address, "worker_id": self.worker_id,
+            "healthy": self.healthy, "circuit": self.breaker.state, "in_flight": self.in_flight,
+            "routed": self.routed, "errors": self.errors, "last_error": self.last_error,
+            "info": None if info is None else {
+                "model": info.model, "page_size": info.page_size, "total_pages": info.total_pages,
+                "free_pages": info.free_pages, "queued_requests": info.queued_requests,
+                "running_requests": info.running_requests, "store_enabled": info.store_enabled,
+                "max_context_tokens": info.max_context_tokens},
+        }
+
+
+class WorkerPool:
+    """All known workers; mutated only on the event loop thread."""
+
+    def __init__(self, failure_threshold: int, cooldown_s: float, health_interval_s: float):
+        self.failure_threshold = failure_threshold
+        self.cooldown_s = cooldown_s
+        self.health_interval_s = health_interval_s
+        self._workers: dict[tuple[str, str], Worker] = {}
+        self._health_task: asyncio.Task | None = None
+        self.on_remove = []  # callbacks(worker) (policies forget their index)
+
+    # ------------------------------------------------------------------ membership
+    def upsert(self, role: str, address: str, worker_id: str = "", meta: dict | None = None) -> Worker:
+        key = (role, address)
+        w = self._workers.get(key)
+        if w is None:
+            stub_cls = worker_pb2_grpc.PrefillServiceStub if role == "prefill" else worker_pb2_grpc.DecodeServiceStub
+            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            w = Worker(role, address, worker_id or address,
+                       CircuitBreaker(self.failure_threshold, self.cooldown_s),
+                       channel=channel, stub=stub_cls(channel), meta=meta or {})
+            self._workers[key] = w
+            log.info("worker added: %s %s (%s)", role, address, w.worker_id)
+            asyncio.get_running_loop().create_task(self.check(w))
+        elif meta is not None:
+            w.meta = meta
+        return w
+
+    async def remove(self, role: str, address: str) -> None:
+        w = self._workers.pop((role, address), None)
+        if w is None:
+            return
+        log.info("worker removed: %s %s", role, address)
+        for cb in self.on_remove:
+            cb(w)
+        if w.channel is not None:
+            await w.channel.close(grace=None)
+
+    def workers(self, role: str | None = None) -> list[Worker]:
+        return [w for w in self._workers.values() if role is None or w.role == role]
+
+    def routable(self, role: str, exclude: set[Worker] = frozenset()) -> list[Worker]:
+        now = time.monotonic()
+        return [w for w in self._workers.values() if w.role == role and w not in exclude and w.routable(now)]
+
+    # ------------------------------------------------------------------ outcomes
+    def record_success(self, w: Worker) -> None:
+        w.breaker.record_success()
+
+    def record_failure(self, w: Worker, error: str) -> None:
+        w.errors += 1
+        w.last_error = error
+        w.breaker.record_failure(time.monotonic())
+
+    # ------------------------------------------------------------------ health
+    async def check(self, w: Worker) -> bool:
+        timeout = max(0.2, min(2.0, self.health_interval_s))
+        try:
+            w.info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
+            if not w.healthy:
+                log.info("worker healthy: %s %s", w.role, w.address)
+            w.healthy = True
+            if w.breaker.state != "closed" and w.breaker.allow(time.monotonic()):
+                w.breaker.record_success()  # reachable again after the cooldown
+        except grpc.aio.AioRpcError as e:
+            if w.healthy or not w.checked:
+                log.warning("worker unhealthy: %s %s: %s", w.role, w.address, e.code().name)
+            w.healthy = False
+            w.last_error = f"health check: {e.code().name}: {e.details()}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken channel must not kill the health loop
+            w.healthy = False
+            w.last_error = f"health check: {e!r}"
+        w.checked = True
+        return w.healthy
+
+    async def check_all(self) -> None:
+        ws = list(self._workers.values())
+        if ws:
+            await asyncio.gather(*(self.check(w) for w in ws))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.check_all()
+
+    def start(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            try:
+                await self._health_task
+            except asyncio.CancelledError:
+                pass
+            self._health_task = None
+        for w in list(self._workers.values()):
+            await self.remove(w.role, w.address)
