@@ -1,0 +1,195 @@
+"""A real `mooncake_master` child process (with its HTTP metadata server) on its own free ports.
+
+Used by tests, benchmarks and the local launcher (`pdorch serve`). Started with `start()`, stopped
+by PID with `stop()`; `restart()` keeps the same ports so clients can reconnect to the same address.
+
+NOTE: a restarted master starts empty (objects and segments live in its memory); clients must
+re-mount their segments, which KVStore does when it reconnects.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+MASTER_BINARY = "mooncake_master"
+
+
+class MasterError(RuntimeError):
+    """mooncake_master could not be found, started or reached."""
+
+
+def find_master_binary() -> str:
+    """`mooncake_master` next to the running interpreter (a venv's bin dir) or on PATH."""
+    candidate = Path(sys.executable).parent / MASTER_BINARY
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(MASTER_BINARY)
+    if found:
+        return found
+    raise MasterError(f"{MASTER_BINARY} not found next to {sys.executable} nor on PATH; "
+                      "install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class MasterProcess:
+    """One `mooncake_master` on loopback. Ports default to three distinct free ports.
+
+    NOTE: the master's defaults (8080, 50051, 9003) collide between masters; always pass all three.
+    """
+
+    def __init__(self, rpc_port: int = 0, metadata_port: int = 0, metrics_port: int = 0,
+                 host: str = "127.0.0.1", kv_lease_ttl_ms: int = 10000, client_ttl_s: int = 10,
+                 eviction_high_watermark_ratio: float = 0.9, log_dir: str | None = None,
+                 binary: str | None = None):
+        ports: set[int] = set()
+        chosen = []
+        for p in (rpc_port, metadata_port, metrics_port):
+            while not p or p in ports:  # three distinct ports, even when free_port repeats one
+                p = _free_port()
+            ports.add(p)
+            chosen.append(p)
+        self.rpc_port, self.metadata_port, self.metrics_port = chosen
+        self.host = host
+        self.kv_lease_ttl_ms = kv_lease_ttl_ms
+        self.client_ttl_s = client_ttl_s
+        self.eviction_high_watermark_ratio = eviction_high_watermark_ratio
+        self.binary = binary or find_master_binary()
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="mooncake_master_")
+        self.log_path = os.path.join(self.log_dir, f"master_{self.rpc_port}.log")
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def master_address(self) -> str:
+        return f"{self.host}:{self.rpc_port}"
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://{self.host}:{self.metadata_port}/metadata"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            self.binary,
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={self.host}",
+            f"--http_metadata_server_port={self.metadata_port}",
+            f"--rpc_port={self.rpc_port}",
+            f"--metrics_port={self.metrics_port}",
+            f"--default_kv_lease_ttl={self.kv_lease_ttl_ms}",
+            f"--client_ttl={self.client_ttl_s}",
+            f"--eviction_high_watermark_ratio={self.eviction_high_watermark_ratio}",
+        ]
+
+    def start(self, timeout_s: float = 20.0) -> MasterProcess:
+        """Start and wait until the RPC, metadata and metrics ports all answer (deadline timeout_s)."""
+        if self.running():
+            raise MasterError(f"master already running with pid {self.pid}")
+        # NOTE: the master binds 0.0.0.0 with port reuse, so a busy port does not make it fail; it
+        # would run beside the other listener and our readiness probe would talk to the wrong one.
+        busy = [p for p in (self.rpc_port, self.metadata_port, self.metrics_port) if _port_open(p)]
+        if busy:
+            raise MasterError(f"cannot start mooncake_master: port(s) {busy} already in use on 127.0.0.1")
+        with open(self.log_path, "ab") as log:
+            # start_new_session: our signals (Ctrl-C in a test run) don't reach it; we stop it by PID.
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise MasterError(f"mooncake_master exited with {self._proc.returncode} during start-up; "
+                                  f"log: {self.log_path}\n{self.log_tail()}")
+            if all(_port_open(p) for p in (self.rpc_port, self.metadata_port, self.metrics_port)):
+                try:
+                    with urllib.request.urlopen(self.metrics_url, timeout=1.0) as r:
+                        if r.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.1)
+        raise MasterError(f"mooncake_master not ready within {timeout_s}s on rpc {self.rpc_port}, "
+                          f"metadata {self.metadata_port}, metrics {self.metrics_port}; log: {self.log_path}\n"
+                          f"{self.log_tail()}")
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - nbytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def metrics_text(self, timeout_s: float = 2.0) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as r:
+            return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, as tests simulate it) and reap."""
+        if self.running():
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM by PID, SIGKILL after timeout_s; idempotent."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+
+    def restart(self, timeout_s: float = 20.0) -> MasterProcess:
+        """Stop (if running) and start again on the same ports."""
+        self.stop()
+        return self.start(timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,100 @@
+"""Chained page hashes and store keys (DESIGN.md section 3). Pure functions, no torch.
+
+    page i covers token_ids[i*P : (i+1)*P]            (P = page_size; full pages only)
+    h_0 = sha256(bytes.fromhex(parent) || le32(page 0))    parent = "" for a prompt's first page
+    h_i = sha256(bytes.fromhex(h_{i-1}) || le32(page i))
+    key_i = f"{fingerprint}/{h_i}"
+
+The hash of page i therefore names the whole prefix up to its end: equal hashes mean equal
+prefixes, so a lookup can stop at the first absent page. Hex strings travel everywhere (router,
+proto, store keys); the chain feeds the raw 32 digest bytes, not the hex text.
+
+NOTE: never Python's `hash()`: it is salted per process (PYTHONHASHSEED) and would give every
+worker different keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+
+# Bumped whenever the byte layout of a page changes (pool axes order, K/V interleaving, padding).
+# v1 = page-first [num_layers, 2 (K,V), num_kv_heads, page_size, head_dim], C-contiguous.
+KV_LAYOUT_VERSION = 1
+
+_KV_DTYPES = ("float32", "bfloat16", "float16")
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def _check_parent(parent_hash: str) -> bytes:
+    if parent_hash == "":
+        return b""
+    try:
+        raw = bytes.fromhex(parent_hash)
+    except ValueError:
+        raise ValueError(f"parent_hash must be a hex sha256 digest, got {parent_hash!r}") from None
+    if len(raw) != 32:
+        raise ValueError(f"parent_hash must be 64 hex chars (sha256), got {len(parent_hash)} chars")
+    return raw
+
+
+def page_hashes(token_ids: Sequence[int], page_size: int, parent_hash: str = "") -> list[str]:
+    """Hex hashes of the full pages of `token_ids`; the trailing partial page is not hashed.
+
+    `parent_hash` continues an existing chain: the hashes of `prompt + output` equal
+    `page_hashes(prompt_full_pages) + page_hashes(rest, parent_hash=<last prompt page hash>)`
+    as long as the split falls on a page boundary.
+    """
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+    prev = _check_parent(parent_hash)
+    n_full = len(token_ids) // page_size
+    if n_full == 0:
+        return []
+    pack = struct.Struct(f"<{page_size}I").pack
+    out: list[str] = []
+    for i in range(n_full):
+        page = token_ids[i * page_size:(i + 1) * page_size]
+        try:
+            data = pack(*page)
+        except struct.error:
+            bad = next((t for t in page if not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID), page)
+            raise ValueError(f"token ids must be ints in [0, 2**32), got {bad!r} in page {i}") from None
+        digest = hashlib.sha256(prev + data).digest()
+        out.append(digest.hex())
+        prev = digest
+    return out
+
+
+def model_fingerprint(weights_digest: str, kv_dtype: str, page_size: int,
+                      layout_version: int = KV_LAYOUT_VERSION, tp_rank: int = 0) -> str:
+    """A short stable id of everything that changes a page's bytes for the same tokens.
+
+    Two workers share store pages only when all of these agree; anything else gets a different
+    key prefix and can never read the other's bytes.
+    """
+    if not weights_digest:
+        raise ValueError("weights_digest must be a non-empty string")
+    if kv_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {_KV_DTYPES}, got {kv_dtype!r}")
+    for name, value, low in (("page_size", page_size, 1), ("layout_version", layout_version, 0),
+                             ("tp_rank", tp_rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    text = f"w={weights_digest};dtype={kv_dtype};page={page_size};layout={layout_version};tp={tp_rank}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def store_key(fingerprint: str, page_hash: str) -> str:
+    """The Mooncake object key of one page: `{fingerprint}/{page_hash}`."""
+    if not fingerprint or "/" in fingerprint:
+        raise ValueError(f"fingerprint must be non-empty and contain no '/', got {fingerprint!r}")
+    if not page_hash:
+        raise ValueError("page_hash must be non-empty")
+    return f"{fingerprint}/{page_hash}"
+
+
+def store_keys(fingerprint: str, hashes: Sequence[str]) -> list[str]:
+    """`store_key` for each hash, in order."""
+    return [store_key(fingerprint, h) for h in hashes]
