@@ -165,28 +165,36 @@ class LocalCluster:
     def _start_and_watch(self) -> int:
         plan, t0 = self.plan, time.monotonic()
         deadline = t0 + self.opts.startup_timeout_s
-        for step, (what, specs) in enumerate(self._stages(plan), 1):
+        for step, (role, specs) in enumerate(self._stages(plan), 1):
             started = time.monotonic()
             for spec in specs:
                 self._spawn(spec, plan.torch_threads)
-            names = ", ".join(f"{s.name} :{s.ports[0][1]}" for s in specs)
-            if specs[0].role == "router":
-                self._wait(f"[{step}] router {plan.router_url}: waiting for /health_generate", deadline,
+            pids = {c.name: c.pid for c in self.children}
+            if role == "master":
+                what = "mooncake_master " + ", ".join(f"{k.split('.')[-1]} :{p}" for k, p in specs[0].ports)
+            elif role == "router":
+                what = f"router {plan.router_url}"
+            else:
+                what = "workers " + ", ".join(f"{s.name} :{s.ports[0][1]}" for s in specs)
+            if role == "router":
+                self._wait(f"[{step}] {what}: waiting for /health_generate", deadline,
                            lambda: _health_ok(plan.router_url + "/health_generate", 30.0))
             else:
-                self._wait(f"[{step}] {what} {names}: starting", deadline,
-                           lambda specs=specs: all(_port_open(s.host, s.ports[0][1]) for s in specs))
-            self._say(f"[{step}] {what} {names}: ready in {time.monotonic() - started:.1f} s")
+                waiting = "loading the model" if role == "workers" else "starting"
+                self._wait(f"[{step}] {what}: {waiting}", deadline,
+                           lambda specs=specs: all(_port_open(s.host, p) for s in specs for _, p in s.ports))
+            pid_list = ", ".join(f"{s.name} {pids[s.name]}" for s in specs)
+            self._say(f"[{step}] {what}: ready in {time.monotonic() - started:.1f} s (pid {pid_list})")
         self._announce_ready(time.monotonic() - t0)
         while True:
             self._tick()
             time.sleep(_TICK_S)
 
     def _stages(self, plan: LaunchPlan):
-        stages = [("mooncake_master", plan.by_role("master")),
-                  ("workers (loading the model)", plan.by_role("prefill") + plan.by_role("decode")),
+        stages = [("master", plan.by_role("master")),
+                  ("workers", plan.by_role("prefill") + plan.by_role("decode")),
                   ("router", plan.by_role("router"))]
-        return [(what, specs) for what, specs in stages if specs]
+        return [(role, specs) for role, specs in stages if specs]
 
     def _spawn(self, spec: ChildSpec, torch_threads: int) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -29,3 +29,14 @@ def test_every_key_has_help_and_appears_with_its_env_var():
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{section}.{f.name} has no help text"
             assert f"| `{f.name}` |" in text and env_var(section, f.name) in text
+
+
+def test_readme_quickstart_matches_the_embedded_config():
+    from pdorch.config_loader import default_config_path, load_config
+
+    cfg = load_config(default_config_path(), environ={})
+    readme = (config_docs.DOC_PATH.parent.parent / "README.md").read_text()
+    url = f"http://{cfg.router.host}:{cfg.router.port}"
+    assert f"curl -s {url}/v1/chat/completions" in readme
+    assert f'base_url="{url}/v1"' in readme
+    assert readme.count(f'"model": "{cfg.model.name}"') + readme.count(f'model="{cfg.model.name}"') == 2
