@@ -1,0 +1,19 @@
+"""`python -m decode_node --config FILE [--set section.key=value ...]`."""
+
+from __future__ import annotations
+
+
+def build(cfg, worker_id: str):
+    from decode_node.servicer import add_to_server
+    from decode_node.worker import DecodeWorker
+    from pdorch.worker_runtime import build_runtime
+
+    # The store is needed only to offload generated pages.
+    rt = build_runtime(cfg, cfg.decode.num_pages, use_store=cfg.decode.offload_generated_kv)
+    return DecodeWorker(rt, cfg, worker_id), add_to_server
+
+
+if __name__ == "__main__":
+    from pdorch.worker_main import run_worker
+
+    run_worker("decode", build)

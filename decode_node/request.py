@@ -1,0 +1,72 @@
+"""DecodeRequest: the decode worker's request object and the events it streams.
+
+It owns the token ids (prompt + generated), its pages, the hash chain of its full pages and the
+per-request stop checker. Handler threads create it and read `events`; after the prefill it
+belongs to the scheduler thread until it finishes.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+from prefill_node.job import CachedTokens
+
+
+@dataclass(frozen=True)
+class DecodeEvent:
+    """One chunk of the Generate stream (tokens since the previous chunk), or the error that ended it."""
+
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: str = ""
+    matched_stop: str = ""
+    error: Exception | None = None
+
+    @property
+    def final(self) -> bool:
+        return bool(self.finish_reason) or self.error is not None
+
+
+@dataclass(frozen=True)
+class GenerateJob:
+    request_id: str
+    token_ids: tuple[int, ...]
+    params: SamplingParams
+    prefill_address: str
+    timeout_s: float
+
+
+@dataclass(eq=False)
+class DecodeRequest:
+    job: GenerateJob
+    deadline: float  # time.monotonic() value
+    stopper: object  # engine stop checker (see decode_node/stopping.py)
+    token_ids: list[int] = field(default_factory=list)
+    page_ids: list[int] = field(default_factory=list)
+    page_hashes: list[str] = field(default_factory=list)  # full pages, prompt first, then decoded ones
+    cached: CachedTokens = field(default_factory=CachedTokens)
+    generator: object = None
+    cancelled: bool = False
+    done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
+    io_pending: int = 0  # offload saves still reading page_ids
+    events: queue.Queue = field(default_factory=queue.Queue)
+
+    @property
+    def request_id(self) -> str:
+        return self.job.request_id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.job.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    def emit(self, event: DecodeEvent) -> None:
+        if not self.done:
+            self.events.put(event)
+            if event.final:
+                self.done = True

@@ -1,0 +1,203 @@
+"""DecodeWorker: runs one Generate request end to end on a handler thread, decoding on the scheduler.
+
+    create(job)  validate, register the request (Abort finds it from now on)
+    run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline)
+                 -> Prefill on P (KV lands in our pages, first token back)
+                 -> join the continuous batch and stream its events until the final one
+Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
+WorkerErrors; the servicer maps them to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+
+from decode_node.admission import Admission
+from decode_node.prefill_client import PrefillClient
+from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
+from decode_node.scheduler import DecodeScheduler
+from decode_node.stopping import check_stop, make_stopper
+from engine.sampler import make_generator
+from engine.tokenizer import Tokenizer
+from pdorch.config import Config
+from pdorch.worker_errors import InvalidRequest, WorkerError
+from pdorch.worker_metrics import WorkerRecorder
+from pdorch.worker_runtime import WorkerRuntime, check_integrity
+from pdorch.worker_status import WorkerLoad, worker_info, worker_stats
+from prefill_node.job import PrefillJob
+from proto.pdorch.v1 import worker_pb2 as pb
+from store_client.page_hash import page_hashes
+
+log = logging.getLogger(__name__)
+
+ROLE = "decode"
+EVENT_WAIT_S = 0.1
+# NOTE: when a prefill fails after it was sent (timeout, P dying), P may still be writing into our
+# pages for a moment; they go back to the pool only after this quarantine, never to another request
+# while a stray write could land in them.
+QUARANTINE_S = 2.0
+
+
+class DecodeWorker:
+    def __init__(self, rt: WorkerRuntime, cfg: Config, worker_id: str, recorder: WorkerRecorder | None = None):
+        self.rt, self.cfg, self.worker_id = rt, cfg, worker_id
+        self.recorder = recorder or WorkerRecorder(ROLE)
+        self.tokenizer = Tokenizer.from_dir(rt.model_dir)
+        dc = cfg.decode
+        self.admission = Admission(rt.allocator, dc.max_queued_requests, dc.kv_watermark)
+        self.scheduler = DecodeScheduler(rt, self.admission, dc.max_running_requests, dc.offload_generated_kv,
+                                         self.recorder)
+        self.prefill_client = PrefillClient()
+        self.max_context = cfg.model.max_context_tokens or rt.arch.max_position_embeddings
+        self._lock = threading.Lock()
+        self._requests: dict[str, DecodeRequest] = {}
+        self._timers: list[threading.Timer] = []
+        self.recorder.bind_load(self.load, rt.allocator.num_total)
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        for timer in self._timers:
+            timer.cancel()
+        self.prefill_client.close()
+        self.rt.close()
+
+    # --------------------------------------------------------------------------------- requests
+    def create(self, job: GenerateJob) -> DecodeRequest:
+        if not job.request_id:
+            raise InvalidRequest("request_id is empty")
+        if not job.token_ids:
+            raise InvalidRequest(f"request {job.request_id}: token_ids is empty")
+        if not job.prefill_address:
+            raise InvalidRequest(f"request {job.request_id}: prefill_address is empty")
+        vocab = self.rt.arch.vocab_size
+        bad = [t for t in job.token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest(f"request {job.request_id}: token id {bad[0]} outside [0, {vocab})")
+        if len(job.token_ids) >= self.max_context:
+            raise InvalidRequest(f"request {job.request_id}: {len(job.token_ids)} prompt tokens leave no room "
+                                 f"to generate within the max context of {self.max_context}")
+        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
+        req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s,
+                            stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
+                            token_ids=list(job.token_ids), generator=_decode_generator(job.params))
+        with self._lock:
+            if job.request_id in self._requests:
+                raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
+            self._requests[job.request_id] = req
+        return req
+
+    def run(self, req: DecodeRequest, is_active=lambda: True):
+        """Generator of DecodeEvents; raises WorkerError when the request fails before decoding."""
+        try:
+            yield from self._run(req, is_active)
+        finally:
+            with self._lock:
+                self._requests.pop(req.request_id, None)
+            if not req.done:  # the consumer went away mid-stream: let the scheduler drop it
+                req.cancelled = True
+                self.scheduler.wake()
+
+    def _run(self, req: DecodeRequest, is_active):
+        def cancelled() -> bool:
+            return req.cancelled or not is_active()
+
+        page_size, n = self.cfg.model.page_size, req.prompt_len
+        # +1 position: the first decode step feeds the first token at position n (a spare page when
+        # the prompt fills its last page exactly).
+        req.page_ids = self.admission.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
+                                            cancelled)
+        sent = False
+        try:
+            timeout_s = min(self.cfg.decode.prefill_timeout_s, req.deadline - time.monotonic())
+            job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
+                             decode_segment=self.rt.segment,
+                             dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
+                             timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint)
+            sent = True
+            res = self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
+        except WorkerError as e:
+            pages, req.page_ids = req.page_ids, []
+            self._release_later(pages, QUARANTINE_S if sent else 0.0)
+            self.recorder.request_failed(aborted=req.cancelled)
+            req.done = True
+            log.info("request %s failed before decoding: %s", req.request_id, e)
+            raise
+        req.cached = res.cached
+        self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
+        req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
+        req.token_ids.append(res.first_token_id)
+        self.recorder.generated(1)
+        first = check_stop(req, res.first_token_id, self.max_context)
+        if first.final:
+            self.admission.release(req.page_ids)
+            req.page_ids = []
+            self.recorder.request_finished()
+            req.done = True
+            yield first
+            return
+        yield first
+        self.scheduler.join(req)
+        while True:
+            try:
+                event = req.events.get(timeout=EVENT_WAIT_S)
+            except queue.Empty:
+                if cancelled():
+                    req.cancelled = True
+                    self.scheduler.wake()
+                    return
+                continue
+            yield event
+            if event.final:
+                return
+
+    def _release_later(self, pages: list[int], delay_s: float) -> None:
+        if not delay_s:
+            self.admission.release(pages)
+            return
+        timer = threading.Timer(delay_s, self.admission.release, [pages])
+        timer.daemon = True
+        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            req = self._requests.get(request_id)
+        if req is None:
+            return False
+        req.cancelled = True
+        self.scheduler.wake()
+        return True
+
+    def flush(self) -> int:
+        # D keeps no prefix cache of its own (P owns L1); this drops any cached hashes all the same.
+        return self.admission.locked(self.rt.allocator.flush)
+
+    # ------------------------------------------------------------------------------------ status
+    def load(self) -> WorkerLoad:
+        alloc = self.rt.allocator
+        free = alloc.num_available()
+        with self._lock:
+            admitted = len(self._requests) - self.admission.waiting
+        load = WorkerLoad(queued=self.admission.waiting + self.scheduler.num_waiting,
+                          running=max(admitted - self.scheduler.num_waiting, 0), free_pages=free,
+                          active_pages=alloc.num_total - free)
+        return load
+
+    def info(self) -> pb.WorkerInfo:
+        return worker_info(self.rt, ROLE, self.worker_id, self.load())
+
+    def stats(self) -> pb.WorkerStats:
+        integrity = self.admission.locked(lambda: check_integrity(self.rt.allocator))
+        return worker_stats(self.recorder, self.info(), integrity, self.load().active_pages)
+
+
+
+def _decode_generator(params):
+    # NOTE: seed + 1: P drew the first token from a generator seeded with `seed`; D continues on
+    # another stream so the two workers never repeat the same draw.
+    return make_generator(params if params.seed is None else dataclasses.replace(params, seed=params.seed + 1))

@@ -1,0 +1,81 @@
+"""The process entry point shared by `python -m prefill_node` and `python -m decode_node`.
+
+Parses `--config FILE` / `--set section.key=value`, sets torch threads, builds the worker, serves
+gRPC on `{role}.host:port` and Prometheus on `{role}.metrics_port`, registers in etcd when
+`discovery.mode == "etcd"`, and shuts everything down in order on SIGTERM / SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import logging
+import signal
+import threading
+
+import grpc
+
+from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.worker_runtime import configure_torch
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def run_worker(role: str, build, argv: list[str] | None = None) -> None:
+    """build(cfg, worker_id) -> (worker, add_to_server); the worker has close(), info(), recorder."""
+    prog = f"python -m {role}_node"
+    parser = argparse.ArgumentParser(prog=prog, description=f"pdorch {role} worker")
+    add_config_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        exit_on_config_error(e, prog)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    section = getattr(cfg, role)
+    configure_torch(cfg.model.torch_threads)
+    address = f"{section.host}:{section.port}"
+    worker_id = f"{role}-{cfg.store.local_hostname}-{section.port}"
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    worker, add_to_server = build(cfg, worker_id)
+    # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
+    # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
+    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
+                         options=GRPC_OPTIONS, maximum_concurrent_rpcs=max_rpcs)
+    add_to_server(worker, server)
+    if server.add_insecure_port(address) == 0:
+        raise SystemExit(f"{prog}: cannot listen on {address} ({role}.host / {role}.port)")
+    server.start()
+    metrics_server = None
+    if section.metrics_port:
+        metrics_server, _ = worker.recorder.serve(section.metrics_port, host=section.host)
+    registration = None
+    if cfg.discovery.mode == "etcd":
+        from pdorch.registration import WorkerRegistration  # lazy: etcd3 only when it is used
+
+        info = worker.info()
+        registration = WorkerRegistration(cfg.discovery, role, worker_id, address, {
+            "address": address, "model": cfg.model.name, "model_fingerprint": info.model_fingerprint,
+            "page_size": info.page_size, "transfer_segment": info.transfer_segment,
+            "metrics_port": section.metrics_port})
+        registration.start()
+    log.info("%s worker %s serving on %s (metrics on %s)", role, worker_id, address, section.metrics_port or "off")
+    stop.wait()
+    log.info("shutting down")
+    if registration is not None:
+        registration.stop()
+    server.stop(grace=2.0).wait(5.0)
+    if metrics_server is not None:
+        metrics_server.shutdown()
+    worker.close()

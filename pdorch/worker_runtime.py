@@ -1,0 +1,105 @@
+"""WorkerRuntime: what a prefill or decode worker process builds once at start-up.
+
+Model (prepared, loaded), KV pool + page allocator, model runner and sampler, the model
+fingerprint used in store keys, the transfer engine (P2P handshake; the pool registered once),
+and the store client with its I/O thread. Both workers use the same function so their pools,
+fingerprints and store keys can never diverge.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pdorch.config import Config
+
+log = logging.getLogger(__name__)
+
+# NOTE: bump when the page layout of engine/kv_pool.py changes: it is part of every store key, so
+# pages written with an old layout can never be read back as the new one.
+LAYOUT_VERSION = 1
+
+
+@dataclass
+class WorkerRuntime:
+    cfg: Config
+    model_dir: pathlib.Path
+    arch: Any
+    runner: Any
+    pool: Any
+    allocator: Any
+    sampler: Any
+    fingerprint: str
+    transfer: Any
+    segment: str
+    store: Any | None
+    store_io: Any | None
+
+    def close(self) -> None:
+        if self.store_io is not None:
+            self.store_io.close()
+        for obj in (self.store, self.transfer):
+            close = getattr(obj, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - best effort at shutdown
+                    log.exception("closing %s failed", type(obj).__name__)
+
+
+def default_torch_threads(local_workers: int = 2) -> int:
+    """Cores divided among the local workers (DESIGN.md section 9), at least 1."""
+    return max(1, (os.cpu_count() or 1) // local_workers)
+
+
+def configure_torch(threads: int) -> None:
+    torch.set_num_threads(threads if threads > 0 else default_torch_threads())
+
+
+def check_integrity(allocator) -> tuple[bool, str]:
+    """allocator.check_integrity() as (ok, error text) so it can travel in a Stats answer."""
+    try:
+        result = allocator.check_integrity()
+    except Exception as e:  # noqa: BLE001 - the failure text is the payload
+        return False, f"{type(e).__name__}: {e}"
+    if result is False:
+        return False, "check_integrity() returned False"
+    return True, ""
+
+
+def build_runtime(cfg: Config, num_pages: int, use_store: bool) -> WorkerRuntime:
+    from engine.kv_pool import KVPool
+    from engine.loader import load_model
+    from engine.model_runner import ModelRunner
+    from engine.page_allocator import PageAllocator
+    from engine.prepare import prepare_model, weights_digest
+    from engine.sampler import Sampler
+    from store_client.page_hash import model_fingerprint
+    from store_client.transfer import KVTransfer
+
+    m = cfg.model
+    model_dir = prepare_model(m.source, os.path.expanduser(m.cache_dir), progress=log.info)
+    arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, m.dtype))
+    pool = KVPool(arch, num_pages, m.page_size, getattr(torch, m.kv_dtype), m.device)
+    fingerprint = model_fingerprint(weights_digest(model_dir), m.kv_dtype, m.page_size, LAYOUT_VERSION, m.tp_rank)
+    transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
+    segment = transfer.start()
+    transfer.register(pool.base_ptr, pool.nbytes)
+    store = store_io = None
+    if use_store and cfg.store.enabled:
+        from store_client.io_thread import StoreIO
+        from store_client.store import KVStore
+
+        store = KVStore(cfg.store, pool.page_nbytes)
+        store.register_buffer(pool.base_ptr, pool.nbytes)
+        store_io = StoreIO(store)
+    log.info("runtime ready: %s, %d pages of %d bytes, segment %s, fingerprint %s, store %s",
+             model_dir, num_pages, pool.page_nbytes, segment, fingerprint, "on" if store else "off")
+    return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,
+                         allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint,
+                         transfer=transfer, segment=segment, store=store, store_io=store_io)

@@ -1,0 +1,18 @@
+"""`python -m prefill_node --config FILE [--set section.key=value ...]`."""
+
+from __future__ import annotations
+
+
+def build(cfg, worker_id: str):
+    from pdorch.worker_runtime import build_runtime
+    from prefill_node.servicer import add_to_server
+    from prefill_node.worker import PrefillWorker
+
+    rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True)
+    return PrefillWorker(rt, cfg, worker_id), add_to_server
+
+
+if __name__ == "__main__":
+    from pdorch.worker_main import run_worker
+
+    run_worker("prefill", build)

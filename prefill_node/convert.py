@@ -1,0 +1,85 @@
+"""Protobuf <-> engine objects for the prefill protocol (used by P's servicer and D's client).
+
+The only module of the prefill worker that knows `worker_pb2` message layouts besides the
+servicer; the engine never imports generated code.
+"""
+
+from __future__ import annotations
+
+from engine.sampling_params import SamplingParams
+from pdorch.worker_errors import InvalidRequest
+from prefill_node.job import CachedTokens, PrefillJob, PrefillResult
+from proto.pdorch.v1 import worker_pb2 as pb
+
+
+def sampling_from_proto(msg: pb.SamplingParams) -> SamplingParams:
+    """proto3 zero values mean "unset": top_p 0 -> 1.0, top_k 0 -> disabled, max_tokens 0 -> default."""
+    default = SamplingParams()
+    try:
+        return _sampling(msg, default)
+    except ValueError as e:
+        raise InvalidRequest(f"sampling: {e}") from None
+
+
+def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams:
+    return SamplingParams(
+        temperature=float(msg.temperature),
+        top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
+        top_k=int(msg.top_k) if msg.top_k > 0 else -1,
+        max_tokens=int(msg.max_tokens) if msg.max_tokens > 0 else default.max_tokens,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
+        ignore_eos=bool(msg.ignore_eos),
+        seed=int(msg.seed) if msg.HasField("seed") else None,
+    )
+
+
+def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0),
+        max_tokens=params.max_tokens, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def cached_to_proto(cached: CachedTokens) -> pb.CachedTokens:
+    return pb.CachedTokens(device=cached.device, host=cached.host, store=cached.store)
+
+
+def cached_from_proto(msg: pb.CachedTokens) -> CachedTokens:
+    return CachedTokens(device=msg.device, host=msg.host, store=msg.store)
+
+
+def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:
+    return PrefillJob(
+        request_id=msg.request_id, token_ids=tuple(msg.token_ids), params=sampling_from_proto(msg.sampling),
+        decode_segment=msg.decode_segment, dest_page_addrs=tuple(msg.dest_page_addrs),
+        timeout_s=float(msg.timeout_s), page_size=int(msg.page_size), model_fingerprint=msg.model_fingerprint,
+    )
+
+
+def job_to_proto(job: PrefillJob) -> pb.PrefillRequest:
+    return pb.PrefillRequest(
+        request_id=job.request_id, token_ids=list(job.token_ids), sampling=sampling_to_proto(job.params),
+        decode_segment=job.decode_segment, dest_page_addrs=list(job.dest_page_addrs), timeout_s=job.timeout_s,
+        page_size=job.page_size, model_fingerprint=job.model_fingerprint,
+    )
+
+
+def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
+    return pb.PrefillResponse(
+        request_id=res.request_id, first_token_id=res.first_token_id, prompt_tokens=res.prompt_tokens,
+        cached=cached_to_proto(res.cached), transfer_bytes=res.transfer_bytes, transfer_s=res.transfer_s,
+        compute_s=res.compute_s,
+    )
+
+
+def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
+    return PrefillResult(
+        request_id=msg.request_id, first_token_id=msg.first_token_id, prompt_tokens=msg.prompt_tokens,
+        cached=cached_from_proto(msg.cached), transfer_bytes=msg.transfer_bytes, transfer_s=msg.transfer_s,
+        compute_s=msg.compute_s,
+    )

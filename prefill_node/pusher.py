@@ -1,0 +1,46 @@
+"""KVPusher: writes a finished prompt's pages into the decode worker's pages, off the scheduler thread.
+
+One `KVTransfer.write` per request (it merges contiguous runs into one batch call and releases
+the GIL), on a small thread pool so a slow or dead decode worker never stalls the scheduler.
+A dead peer fails in well under a second (the transfer engine reports it), and the task's pages
+are released by the scheduler once the callback reports back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+class KVPusher:
+    def __init__(self, transfer, page_nbytes: int, max_workers: int = 2):
+        self._transfer = transfer
+        self._page_nbytes = page_nbytes
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-push")
+
+    def push(self, task, local_addrs: list[int], on_done) -> None:
+        """Start the transfer; `on_done(task, err | None, nbytes, seconds)` runs on a pusher thread."""
+        self._pool.submit(self._push, task, local_addrs, on_done)
+
+    def _push(self, task, local_addrs: list[int], on_done) -> None:
+        nbytes = len(local_addrs) * self._page_nbytes
+        t0 = time.perf_counter()
+        err: Exception | None = None
+        try:
+            if task.future.done():  # aborted or timed out while waiting for a pusher thread
+                raise RuntimeError("request already answered; transfer skipped")
+            self._transfer.write(task.job.decode_segment, local_addrs, list(task.job.dest_page_addrs),
+                                 self._page_nbytes)
+        except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task
+            log.warning("KV push of %s to %s failed: %s", task.request_id, task.job.decode_segment, e)
+            err = e
+        try:
+            on_done(task, err, nbytes, time.perf_counter() - t0)
+        except Exception:  # noqa: BLE001
+            log.exception("push callback failed for %s", task.request_id)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

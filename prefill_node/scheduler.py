@@ -1,0 +1,303 @@
+"""The prefill scheduler: one thread that owns the page allocator and the model runner.
+
+Each iteration (never spinning, never blocking on I/O):
+  1. drain the inbox (new tasks, aborts, calls such as flush / integrity checks, push results),
+  2. poll store I/O completions (loads into our pages, write-backs from them),
+  3. fail tasks whose deadline passed or that were aborted,
+  4. admit waiting tasks: L1 match, allocate the rest, start a store load of the next pages,
+  5. run ONE forward over up to `chunk_tokens` prompt tokens taken FIFO across computing tasks
+     (chunked prefill batched across requests), sample first tokens of tasks that completed,
+     and hand them to the pusher (transfer runs on the pusher's threads, not here).
+
+NOTE: only this thread touches the allocator; other threads talk to it through the inbox.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+
+import torch
+
+from engine.model_runner import Chunk
+from engine.page_allocator import OutOfPages
+from engine.sampler import make_generator
+from pdorch.worker_status import WorkerLoad
+from pdorch.worker_errors import Aborted, DeadlineExceeded, PeerFailed, ShuttingDown, WorkerError
+from prefill_node.job import PrefillResult
+from prefill_node.task import Phase, PrefillTask, reusable_pages
+from store_client.page_hash import page_hashes, store_key
+
+log = logging.getLogger(__name__)
+
+IO_POLL_S = 0.002  # wait between polls while store I/O is in flight (poll() is non-blocking)
+IDLE_WAIT_S = 0.5  # wait when idle; submit/abort wake the loop at once
+
+
+class PrefillScheduler:
+    def __init__(self, rt, chunk_tokens: int, prefix_cache: bool, write_back: bool, pusher, recorder):
+        self._rt = rt
+        self._chunk_tokens = chunk_tokens
+        self._prefix_cache = prefix_cache
+        self._write_back = write_back and rt.store_io is not None
+        self._pusher = pusher
+        self._rec = recorder
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._waiting: collections.deque[PrefillTask] = collections.deque()
+        self._tasks: dict[str, PrefillTask] = {}  # every task still holding state
+        self._io_inflight = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="prefill-scheduler", daemon=True)
+        self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
+
+    # ---------------------------------------------------------------- called from other threads
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    def submit(self, task: PrefillTask) -> None:
+        self._post(("submit", task))
+
+    def abort(self, request_id: str) -> None:
+        self._post(("abort", request_id))
+
+    def call(self, fn, timeout_s: float = 30.0):
+        """Run fn() on the scheduler thread (between forwards) and return its result."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._post(("call", fn, fut))
+        return fut.result(timeout=timeout_s)
+
+    def push_done(self, task: PrefillTask, err: Exception | None) -> None:
+        """Called by the pusher thread when the transfer of `task` finished (or failed)."""
+        self._post(("pushed", task, err))
+
+    def _post(self, item) -> None:
+        self._inbox.put(item)
+        self._wake.set()
+
+    # ------------------------------------------------------------------------- scheduler thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._drain_inbox()
+                self._poll_io()
+                self._reap(time.monotonic())
+                self._admit()
+                worked = self._compute_step()
+            except Exception:  # noqa: BLE001 - a bug must fail requests, not kill the thread silently
+                log.exception("prefill scheduler iteration failed")
+                for task in list(self._tasks.values()):
+                    task.fail(WorkerError("prefill scheduler error (see worker log)"))
+                    self._maybe_release(task)
+                worked = False
+            self._publish_load()
+            if not worked:
+                self._wake.wait(IO_POLL_S if self._io_inflight else IDLE_WAIT_S)
+                self._wake.clear()
+        for task in list(self._tasks.values()):
+            task.fail(ShuttingDown("prefill worker is shutting down"))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            kind = item[0]
+            if kind == "submit":
+                task = item[1]
+                if task.request_id in self._tasks:
+                    task.fail(WorkerError(f"request id {task.request_id!r} is already being prefilled"))
+                    continue
+                self._tasks[task.request_id] = task
+                self._waiting.append(task)
+            elif kind == "abort":
+                task = self._tasks.get(item[1])
+                # NOTE: the future may already hold the answer while the phase still says PUSHING
+                # (the pusher answers first); an abort then is a no-op, like for unknown ids.
+                if task is not None and not task.finished_phase and not task.future.done():
+                    task.fail(Aborted(f"request {item[1]} aborted"))
+                    self._rec.request_failed(aborted=True)
+                    self._maybe_release(task)
+            elif kind == "call":
+                _, fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except Exception as e:  # noqa: BLE001 - handed back to the caller
+                    fut.set_exception(e)
+            elif kind == "pushed":
+                _, task, err = item
+                task.io_pending -= 1
+                if err is not None:
+                    if not task.finished_phase:
+                        task.fail(PeerFailed(f"KV transfer to decode worker failed: {err}"))
+                        self._rec.request_failed(aborted=False)
+                elif task.phase is Phase.PUSHING:
+                    task.phase = Phase.DONE
+                    self._rec.request_finished()
+                self._maybe_release(task)
+
+    def _poll_io(self) -> None:
+        if self._rt.store_io is None:
+            return
+        for done in self._rt.store_io.poll():
+            op, task = done.tag
+            self._io_inflight -= 1
+            task.io_pending -= 1
+            if op == "load":
+                self._on_loaded(task, done.pages_ok, done.reason)
+            else:
+                self._rec.store_pages_written(done.pages_ok, kind="writeback")
+            self._maybe_release(task)
+
+    def _on_loaded(self, task: PrefillTask, pages_ok: int, reason: str) -> None:
+        if task.finished_phase:
+            return
+        task.store_pages = pages_ok
+        self._rec.store_pages_loaded(pages_ok)
+        if pages_ok == 0 and reason:
+            log.debug("store load for %s: %s", task.request_id, reason)
+        first = task.device_pages
+        if self._prefix_cache:
+            for i in range(first, first + pages_ok):
+                self._rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
+        task.num_computed_tokens = (task.device_pages + pages_ok) * task.job.page_size
+        task.phase = Phase.COMPUTING
+
+    def _reap(self, now: float) -> None:
+        for task in list(self._tasks.values()):
+            if not task.finished_phase and now > task.deadline:
+                task.fail(DeadlineExceeded(
+                    f"prefill of {task.request_id} missed its deadline ({task.job.timeout_s:.1f}s) "
+                    f"in phase {task.phase.value}"))
+                self._rec.request_failed(aborted=False)
+            self._maybe_release(task)
+
+    def _maybe_release(self, task: PrefillTask) -> None:
+        """Give the pages back once the task is answered and no I/O touches them any more."""
+        if not task.finished_phase or task.io_pending > 0:
+            return
+        if task.page_ids:
+            self._rt.allocator.release(task.page_ids)
+            task.page_ids = []
+        self._tasks.pop(task.request_id, None)
+        if task in self._waiting:
+            self._waiting.remove(task)
+
+    def _admit(self) -> None:
+        alloc = self._rt.allocator
+        while self._waiting:
+            task = self._waiting[0]
+            if task.finished_phase:
+                self._waiting.popleft()
+                continue
+            page_size = task.job.page_size
+            num_pages = -(-task.prompt_len // page_size)
+            task.page_hashes = page_hashes(list(task.job.token_ids), page_size)
+            reusable = task.page_hashes[:reusable_pages(task.prompt_len, page_size)]
+            matched = alloc.match_prefix(reusable) if self._prefix_cache else []
+            try:
+                fresh = alloc.allocate(num_pages - len(matched))
+            except OutOfPages:
+                if matched:
+                    alloc.release(matched)
+                return  # wait for pages to come back (the deadline still applies)
+            self._waiting.popleft()
+            task.page_ids = list(matched) + list(fresh)
+            task.device_pages = len(matched)
+            task.num_computed_tokens = len(matched) * page_size
+            to_load = reusable[len(matched):]
+            if to_load and self._rt.store_io is not None and self._rt.store.enabled:
+                keys = [store_key(self._rt.fingerprint, h) for h in to_load]
+                addrs = self._rt.pool.page_addrs(task.page_ids[len(matched):len(matched) + len(to_load)])
+                self._rt.store_io.submit_load(("load", task), keys, addrs)
+                task.io_pending += 1
+                self._io_inflight += 1
+                task.phase = Phase.LOADING
+            else:
+                task.phase = Phase.COMPUTING
+
+    def _compute_step(self) -> bool:
+        computing = [t for t in self._tasks.values() if t.phase is Phase.COMPUTING]
+        if not computing:
+            return False
+        computing.sort(key=lambda t: t.created)
+        budget = self._chunk_tokens
+        batch: list[tuple[PrefillTask, int]] = []
+        for task in computing:
+            if budget <= 0:
+                break
+            n = min(task.prompt_len - task.num_computed_tokens, budget)
+            batch.append((task, n))
+            budget -= n
+        page_size = batch[0][0].job.page_size
+        chunks = []
+        for task, n in batch:
+            start = task.num_computed_tokens
+            end = start + n
+            chunks.append(Chunk(page_ids=task.page_ids[:-(-end // page_size)], start_pos=start,
+                                token_ids=list(task.job.token_ids[start:end])))
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            logits = self._rt.runner.forward(chunks)
+        elapsed = time.perf_counter() - t0
+        total = sum(n for _, n in batch)
+        finished = []
+        for row, (task, n) in enumerate(batch):
+            task.num_computed_tokens += n
+            task.compute_s += elapsed * n / total
+            if task.num_computed_tokens == task.prompt_len:
+                finished.append((row, task))
+        if finished:
+            rows = logits[[row for row, _ in finished]]
+            params = [t.job.params for _, t in finished]
+            gens = [make_generator(t.job.params) for _, t in finished]
+            tokens = self._rt.sampler.sample(rows, params, gens)
+            for (_, task), token in zip(finished, tokens):
+                self._finish_compute(task, int(token))
+        return True
+
+    def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
+        task.first_token_id = first_token
+        reused = task.device_pages + task.store_pages
+        computed = task.prompt_len - reused * task.job.page_size
+        self._rec.prompt_tokens(computed=computed, cached=task.cached)
+        new_full = range(reused, len(task.page_hashes))
+        if self._prefix_cache:
+            for i in new_full:
+                self._rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
+        if self._write_back and len(new_full) and self._rt.store.enabled:
+            keys = [store_key(self._rt.fingerprint, task.page_hashes[i]) for i in new_full]
+            addrs = self._rt.pool.page_addrs([task.page_ids[i] for i in new_full])
+            self._rt.store_io.submit_save(("save", task), keys, addrs)
+            task.io_pending += 1
+            self._io_inflight += 1
+        task.phase = Phase.PUSHING
+        task.io_pending += 1
+        self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
+
+    def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
+        """Pusher thread: answer the caller right away, then let the scheduler release the pages."""
+        if err is None:
+            self._rec.transfer(nbytes, seconds)
+            task.succeed(PrefillResult(
+                request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
+                cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s))
+        self.push_done(task, err)
+
+    def _publish_load(self) -> None:
+        alloc = self._rt.allocator
+        free = alloc.num_available()
+        active = alloc.num_total - free  # referenced pages: neither free nor evictable
+        self.load = WorkerLoad(queued=len(self._waiting), running=len(self._tasks) - len(self._waiting),
+                                 free_pages=free, active_pages=active)
+

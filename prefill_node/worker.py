@@ -1,0 +1,110 @@
+"""PrefillWorker: validates Prefill jobs, hands them to the scheduler, waits with the deadline.
+
+Thread model: gRPC handler threads call `prefill()` (blocking until the answer or the deadline),
+`abort()`, `flush()`, `info()`, `stats()`; the scheduler thread does all model and allocator work;
+the pusher threads run the P->D transfers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from pdorch.config import Config
+from pdorch.worker_errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker_metrics import WorkerRecorder
+from pdorch.worker_runtime import WorkerRuntime, check_integrity
+from pdorch.worker_status import worker_info, worker_stats
+from prefill_node.job import PrefillJob, PrefillResult
+from prefill_node.pusher import KVPusher
+from prefill_node.scheduler import PrefillScheduler
+from prefill_node.task import PrefillTask
+from proto.pdorch.v1 import worker_pb2 as pb
+
+ROLE = "prefill"
+
+
+class PrefillWorker:
+    def __init__(self, rt: WorkerRuntime, cfg: Config, worker_id: str, recorder: WorkerRecorder | None = None):
+        self.rt = rt
+        self.cfg = cfg
+        self.worker_id = worker_id
+        self.recorder = recorder or WorkerRecorder(ROLE)
+        self._pusher = KVPusher(rt.transfer, rt.pool.page_nbytes)
+        pc = cfg.prefill
+        self._scheduler = PrefillScheduler(rt, pc.chunk_tokens, pc.prefix_cache, cfg.store.write_back,
+                                           self._pusher, self.recorder)
+        self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
+        self._scheduler.start()
+
+    def close(self) -> None:
+        self._scheduler.stop()
+        self._pusher.close()
+        self.rt.close()
+
+    # --------------------------------------------------------------------------------- requests
+    def validate(self, job: PrefillJob) -> None:
+        rt, page_size = self.rt, self.cfg.model.page_size
+        if not job.request_id:
+            raise InvalidRequest("request_id is empty")
+        if not job.token_ids:
+            raise InvalidRequest(f"request {job.request_id}: token_ids is empty")
+        if job.page_size != page_size:
+            raise InvalidRequest(f"request {job.request_id}: page_size {job.page_size} != this worker's {page_size}")
+        if job.model_fingerprint and job.model_fingerprint != rt.fingerprint:
+            raise InvalidRequest(f"request {job.request_id}: model_fingerprint {job.model_fingerprint!r} != "
+                                 f"this worker's {rt.fingerprint!r} (different model, dtype or layout)")
+        bad = [t for t in job.token_ids if not 0 <= t < rt.arch.vocab_size]
+        if bad:
+            raise InvalidRequest(f"request {job.request_id}: token id {bad[0]} outside [0, {rt.arch.vocab_size})")
+        max_ctx = self.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
+        if len(job.token_ids) > max_ctx:
+            raise InvalidRequest(f"request {job.request_id}: {len(job.token_ids)} prompt tokens > "
+                                 f"max context {max_ctx}")
+        num_pages = -(-len(job.token_ids) // page_size)
+        if len(job.dest_page_addrs) != num_pages:
+            raise InvalidRequest(f"request {job.request_id}: {len(job.dest_page_addrs)} dest_page_addrs for "
+                                 f"{len(job.token_ids)} tokens; expected {num_pages} (page_size {page_size})")
+        if num_pages > rt.allocator.num_total:
+            raise InvalidRequest(f"request {job.request_id}: needs {num_pages} pages, the pool has "
+                                 f"{rt.allocator.num_total}")
+        if not job.decode_segment:
+            raise InvalidRequest(f"request {job.request_id}: decode_segment is empty")
+
+    def prefill(self, job: PrefillJob) -> PrefillResult:
+        self.validate(job)
+        if self._scheduler.load.queued >= self.cfg.prefill.max_queued_requests:
+            raise Overloaded(f"prefill queue full ({self.cfg.prefill.max_queued_requests} requests waiting)")
+        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.prefill.request_timeout_s
+        task = PrefillTask(job=job, deadline=time.monotonic() + timeout_s)
+        self._scheduler.submit(task)
+        try:
+            # The scheduler fails the task at its deadline; the extra second covers a forward in progress.
+            return task.future.result(timeout=timeout_s + 1.0)
+        except concurrent.futures.TimeoutError:
+            self._scheduler.abort(job.request_id)
+            raise DeadlineExceeded(f"prefill of {job.request_id} did not finish within {timeout_s:.1f}s") from None
+
+    def abort(self, request_id: str, wait: bool = True) -> bool:
+        """Cancel a request; with wait=False (gRPC callbacks) don't wait for the scheduler's answer."""
+        if not wait:
+            self._scheduler.abort(request_id)
+            return True
+
+        def _abort_known() -> bool:
+            known = request_id in self._scheduler._tasks
+            self._scheduler.abort(request_id)
+            return known
+        return self._scheduler.call(_abort_known)
+
+    def flush(self) -> int:
+        return self._scheduler.call(self.rt.allocator.flush)
+
+    # ------------------------------------------------------------------------------------ status
+    def info(self) -> pb.WorkerInfo:
+        return worker_info(self.rt, ROLE, self.worker_id, self._scheduler.load)
+
+    def stats(self) -> pb.WorkerStats:
+        integrity = self._scheduler.call(lambda: check_integrity(self.rt.allocator))
+        load = self._scheduler.load
+        return worker_stats(self.recorder, self.info(), integrity, load.active_pages)

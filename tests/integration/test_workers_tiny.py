@@ -1,0 +1,92 @@
+"""Prefill + decode worker processes with the tiny model: the request path, L1 reuse, errors, abort,
+metrics. Real processes and a real transfer engine over TCP on loopback."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from proto.pdorch.v1 import worker_pb2 as pb
+from tests.fixtures.workers import start_cluster
+
+P = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir):
+    c = start_cluster(tmp_path_factory.mktemp("tiny_cluster"), tiny_model_dir, with_store=False,
+                      prefill={"chunk_tokens": 64})
+    yield c
+    c.stop()
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return [(seed * 7919 + i * 31) % 1000 + 10 for i in range(n)]
+
+
+def test_one_request_end_to_end(cluster):
+    res = cluster.generate(prompt(40), max_tokens=7, ignore_eos=True)
+    assert len(res.token_ids) == 7 and res.finish_reason == "length"
+    assert res.prompt_tokens == 40
+    assert (res.cached.device, res.cached.store) == (0, 0)
+    cluster.assert_pools_sound()
+
+
+def test_same_prompt_again_reuses_l1_pages_and_gives_the_same_tokens(cluster):
+    ids = prompt(75, seed=1)
+    first = cluster.generate(ids, max_tokens=5, ignore_eos=True)
+    second = cluster.generate(ids, max_tokens=5, ignore_eos=True)
+    assert first.cached.device == 0
+    assert second.cached.device == (75 - 1) // P * P == 64
+    assert second.token_ids == first.token_ids
+    cluster.assert_pools_sound()
+
+
+def test_bad_token_id_is_rejected_with_a_clear_message(cluster):
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.generate([1, 2, 10**7], max_tokens=2)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "token id 10000000" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.generate([1, 2, 3], max_tokens=2, prefill_address="127.0.0.1:1")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "prefill worker 127.0.0.1:1" in err.value.details()
+    cluster.assert_pools_sound()
+
+
+def test_abort_ends_the_stream_and_frees_pages(cluster):
+    errors = []
+
+    def run():
+        try:
+            cluster.generate(prompt(30, seed=2), max_tokens=3000, ignore_eos=True, request_id="abort-me")
+        except grpc.RpcError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    stub = cluster.decode_stub()
+    deadline = time.monotonic() + 30
+    found = False
+    while time.monotonic() < deadline and not found:
+        found = stub.Abort(pb.AbortRequest(request_id="abort-me"), timeout=5).found
+        time.sleep(0.05)
+    t.join(30)
+    assert found and not t.is_alive()
+    assert errors and errors[0].code() == grpc.StatusCode.CANCELLED
+    cluster.assert_pools_sound()
+    st = cluster.stats("decode")
+    assert st.requests_aborted >= 1
+
+
+def test_metrics_endpoints(cluster):
+    for wp, name in ((cluster.prefill, "pdorch_prefill"), (cluster.decode, "pdorch_decode")):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{wp.metrics_port}/metrics", timeout=5).read().decode()
+        assert f"{name}_queue_depth" in text and f"{name}_pool_usage_ratio" in text
+    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.prefill.metrics_port}/metrics", timeout=5).read()
+    assert b'pdorch_prefill_prompt_tokens_total{source="computed"}' in text
+    assert b"pdorch_prefill_transfer_bytes_total" in text
