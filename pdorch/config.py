@@ -60,6 +60,10 @@ class StoreConfig:
     reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
                                        min=0.1)
     write_back: bool = _key(True, "Prefill writes newly computed full pages to the store")
+    save_chunk_pages: int = _key(16, "Pages per store write call; a queued load waits at most one chunk",
+                                 min=1, max=4096)
+    max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "
+                                       "this new saves are dropped, never blocking requests", min=0)
     master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher)", min=1, max=65535)
 
 
