@@ -99,7 +99,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         auth.check_admin(request.headers.get("authorization"))
         return _json({"workers": [w.describe() for w in pool.workers()]})
 
-    @app.api_route("/flush_cache", methods=["POST", "GET"])
+    @app.post("/flush_cache")
     async def flush_cache(request: Request, store: bool = False):
         """Admin: drop every worker's L1 prefix cache; `?store=true` also clears the Mooncake store."""
         auth.check_admin(request.headers.get("authorization"))
@@ -116,6 +116,8 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
                                  + "; ".join(f"{r['address']}: {r['error']}" for r in failed))
         svc.policy.reset()
         return _json({"status": "ok", **body})
+
+    app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
 
 
 async def _flush(w) -> dict:

@@ -73,6 +73,7 @@ class Policy:
 
     def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8):
         self._rr = itertools.count()
+        self._decode_rr = itertools.count()  # NOTE: separate from P's, or P and D rotate in lockstep
 
     def choose(self, workers: list[Worker], ctx: RouteContext) -> Worker:
         raise NotImplementedError
@@ -87,7 +88,7 @@ class Policy:
         """Forget learned state (after /flush_cache)."""
 
     def choose_decode(self, workers: list[Worker]) -> Worker:
-        return _least_loaded(workers, self._rr)
+        return _least_loaded(workers, self._decode_rr)
 
 
 class RoundRobin(Policy):

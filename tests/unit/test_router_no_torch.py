@@ -1,0 +1,22 @@
+"""The router (and the worker registration helper it shares) must not import torch."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_router_modules_do_not_import_torch():
+    modules = sorted(f"router.{p.stem}" for p in (ROOT / "router").glob("*.py") if p.stem != "__main__")
+    modules += ["router.__main__", "pdorch.registration", "engine.tokenizer", "engine.prepare",
+                "store_client.page_hash"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            + "print(','.join(bad))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "router.app" in modules and "router.dispatch" in modules
+    assert out.stdout.strip() == "", f"torch imported by the router: {out.stdout.strip()}"

@@ -1,0 +1,130 @@
+"""Pure routing logic: policies, LRU page index, session affinity, circuit breaker, auth."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.auth import Auth
+from router.circuit import CircuitBreaker
+from router.errors import APIError
+from router.policies import CacheAware, LRUSet, RouteContext, SessionAffinity, make_policy
+from router.workers import Worker
+
+
+def _w(addr: str, load: int = 0) -> Worker:
+    w = Worker("prefill", addr, addr, CircuitBreaker(3, 10.0))
+    w.in_flight = load
+    return w
+
+
+def test_lru_set_evicts_least_recently_used_and_counts_leading_matches():
+    s = LRUSet(3)
+    s.touch(["a", "b", "c"])
+    s.touch(["a"])  # a is now most recent; b is the oldest
+    s.touch(["d"])
+    assert "b" not in s and {"a", "c", "d"} <= {k for k in "abcd" if k in s}
+    assert len(s) == 3
+    assert s.leading_matches(["a", "c", "x", "d"]) == 2
+    assert s.leading_matches(["x", "a"]) == 0
+
+
+def test_round_robin_rotates_over_workers_in_address_order():
+    p = make_policy("round_robin", 16, 8)
+    ws = [_w("b:1"), _w("a:1"), _w("c:1")]
+    picks = [p.choose(ws, RouteContext([])).address for _ in range(6)]
+    assert picks == ["a:1", "b:1", "c:1", "a:1", "b:1", "c:1"]
+
+
+def test_least_load_picks_the_idlest_and_rotates_ties():
+    p = make_policy("least_load", 16, 8)
+    ws = [_w("a:1", 3), _w("b:1", 1), _w("c:1", 1)]
+    picks = {p.choose(ws, RouteContext([])).address for _ in range(4)}
+    assert picks == {"b:1", "c:1"}
+
+
+def test_cache_aware_prefers_longest_prefix_match():
+    p = CacheAware(cache_index_pages=100, load_imbalance_threshold=8)
+    a, b = _w("a:1"), _w("b:1")
+    p.on_routed(a, RouteContext(["h1", "h2", "h3"]))
+    p.on_routed(b, RouteContext(["h1", "x2"]))
+    assert p.choose([a, b], RouteContext(["h1", "h2", "h3", "h4"])) is a
+    assert p.choose([a, b], RouteContext(["h1", "x2", "x3"])) is b
+    assert p.matched_pages(a, ["h1", "h2", "zz"]) == 2
+
+
+
+
+def test_cache_aware_threshold_rule_exactly():
+    p = CacheAware(cache_index_pages=100, load_imbalance_threshold=2)
+    a, b = _w("a:1", load=4), _w("b:1", load=2)
+    p.on_routed(a, RouteContext(["h1", "h2"]))
+    assert p.choose([a, b], RouteContext(["h1", "h2"])) is a  # 4 - 2 = 2, not more than 2
+    a.in_flight = 5
+    assert p.choose([a, b], RouteContext(["h1", "h2"])) is b  # 5 - 2 = 3 > 2
+    assert p.choose([a, b], RouteContext(["zz"])) is b  # no match: least load
+
+
+def test_cache_aware_index_is_bounded_and_forgotten_with_the_worker():
+    p = CacheAware(cache_index_pages=4, load_imbalance_threshold=8)
+    a = _w("a:1")
+    p.on_routed(a, RouteContext([f"h{i}" for i in range(10)]))
+    assert len(p.index["a:1"]) == 4
+    p.forget(a)
+    assert "a:1" not in p.index
+    p.on_routed(a, RouteContext(["h"]))
+    p.reset()
+    assert p.index == {}
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match="cache_aware"):
+        make_policy("random", 1, 1)
+
+
+def test_session_affinity_sticks_while_the_worker_is_there():
+    s = SessionAffinity(capacity=2)
+    a, b = _w("a:1"), _w("b:1")
+    s.remember("u1", a)
+    assert s.lookup("u1", [a, b]) is a
+    assert s.lookup("u1", [b]) is None  # pinned worker gone
+    assert s.lookup("u2", [a, b]) is None
+
+
+def test_circuit_breaker_opens_half_opens_and_closes():
+    cb = CircuitBreaker(failure_threshold=2, cooldown_s=5.0)
+    assert cb.allow(0.0)
+    cb.record_failure(0.0)
+    assert cb.state == "closed" and cb.allow(0.1)
+    cb.record_failure(1.0)
+    assert cb.state == "open" and not cb.allow(2.0)
+    assert cb.allow(6.5) and cb.state == "half_open"
+    cb.on_sent()
+    assert not cb.allow(6.6)  # one trial at a time
+    cb.record_failure(7.0)
+    assert cb.state == "open" and not cb.allow(8.0)
+    assert cb.allow(12.5)
+    cb.record_success()
+    assert cb.state == "closed" and cb.failures == 0
+
+
+def test_auth_client_and_admin_rules():
+    open_auth = Auth()
+    open_auth.check_client(None)
+    open_auth.check_admin(None)
+    auth = Auth(api_key="sk-client-7", admin_key="sk-admin-9")
+    auth.check_client("Bearer sk-client-7")
+    auth.check_client("Bearer sk-admin-9")  # the admin key is also a client key
+    auth.check_admin("Bearer sk-admin-9")
+    for header, status in [(None, 401), ("Bearer nope", 401), ("Basic sk-client-7", 401)]:
+        with pytest.raises(APIError) as e:
+            auth.check_client(header)
+        assert e.value.status == status
+    with pytest.raises(APIError) as e:
+        auth.check_admin("Bearer sk-client-7")
+    assert e.value.status == 403
+    with pytest.raises(APIError) as e:
+        auth.check_admin(None)
+    assert e.value.status == 401
+    assert "sk-client-7" not in repr(auth) and "sk-admin-9" not in repr(auth)
+    only_client = Auth(api_key="sk-client-7")
+    only_client.check_admin("Bearer sk-client-7")  # no admin key: admin endpoints follow the client rule
