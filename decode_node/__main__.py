@@ -6,11 +6,13 @@ from __future__ import annotations
 def build(cfg, worker_id: str):
     from decode_node.servicer import add_to_server
     from decode_node.worker import DecodeWorker
+    from pdorch.worker_metrics import WorkerRecorder
     from pdorch.worker_runtime import build_runtime
 
     # The store is needed only to offload generated pages.
-    rt = build_runtime(cfg, cfg.decode.num_pages, use_store=cfg.decode.offload_generated_kv)
-    return DecodeWorker(rt, cfg, worker_id), add_to_server
+    recorder = WorkerRecorder("decode")
+    rt = build_runtime(cfg, cfg.decode.num_pages, use_store=cfg.decode.offload_generated_kv, registry=recorder.registry)
+    return DecodeWorker(rt, cfg, worker_id, recorder), add_to_server
 
 
 if __name__ == "__main__":

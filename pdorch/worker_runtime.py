@@ -72,7 +72,8 @@ def check_integrity(allocator) -> tuple[bool, str]:
     return True, ""
 
 
-def build_runtime(cfg: Config, num_pages: int, use_store: bool) -> WorkerRuntime:
+def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -> WorkerRuntime:
+    """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics)."""
     from engine.kv_pool import KVPool
     from engine.loader import load_model
     from engine.model_runner import ModelRunner
@@ -93,9 +94,10 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool) -> WorkerRuntime
     store = store_io = None
     if use_store and cfg.store.enabled:
         from store_client.io_thread import StoreIO
+        from store_client.metrics import StoreMetrics
         from store_client.store import KVStore
 
-        store = KVStore(cfg.store, pool.page_nbytes)
+        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry) if registry is not None else None)
         store.register_buffer(pool.base_ptr, pool.nbytes)
         store_io = StoreIO(store)
     log.info("runtime ready: %s, %d pages of %d bytes, segment %s, fingerprint %s, store %s",

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 def build(cfg, worker_id: str):
+    from pdorch.worker_metrics import WorkerRecorder
     from pdorch.worker_runtime import build_runtime
     from prefill_node.servicer import add_to_server
     from prefill_node.worker import PrefillWorker
 
-    rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True)
-    return PrefillWorker(rt, cfg, worker_id), add_to_server
+    recorder = WorkerRecorder("prefill")
+    rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry)
+    return PrefillWorker(rt, cfg, worker_id, recorder), add_to_server
 
 
 if __name__ == "__main__":
