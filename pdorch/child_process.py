@@ -99,16 +99,25 @@ def _group_has_live_process(pgid: int) -> bool:
         except (ProcessLookupError, PermissionError):
             return False
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = proc_stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat fields after "pid (comm)": [state, ppid, pgrp, ...]; None if no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may wait long for PID 1)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def stop_children(children: Sequence[Child], timeout_s: float = 10.0) -> list[str]:

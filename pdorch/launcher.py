@@ -171,7 +171,8 @@ class LocalCluster:
                 self._spawn(spec, plan.torch_threads)
             pids = {c.name: c.pid for c in self.children}
             if role == "master":
-                what = "mooncake_master " + ", ".join(f"{k.split('.')[-1]} :{p}" for k, p in specs[0].ports)
+                labels = ("rpc", "metadata", "metrics")  # the order of launch_plan._master_spec
+                what = "mooncake_master " + ", ".join(f"{n} :{p}" for n, (_, p) in zip(labels, specs[0].ports))
             elif role == "router":
                 what = f"router {plan.router_url}"
             else:

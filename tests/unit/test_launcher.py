@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from pdorch.child_process import Child, stop_children
+from pdorch.child_process import Child, pid_alive, stop_children
 from pdorch.config import Config
 from pdorch.launch_plan import ChildSpec, LaunchPlan
 from pdorch.launcher import LocalCluster, ServeOptions, curl_example, port_in_use
@@ -61,12 +61,7 @@ def cluster(tmp_path, children, startup_timeout_s=30.0):
 
 
 def gone(pid: int) -> bool:
-    """No such process, or only its zombie (an orphan's zombie may wait for a lazy PID 1 to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return not pid_alive(pid)
 
 
 def test_ready_then_sigterm_stops_every_child_and_frees_ports(tmp_path):
