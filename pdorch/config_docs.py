@@ -43,6 +43,9 @@ of range, values outside their choices and missing required values, for example
 decode.max_running_requests: expected an integer >= 1, got "many" (my.yaml line 12)
 ```
 
+`pdorch config [--config FILE] [--set ...]` validates a configuration and prints the effective
+values (API keys redacted) without starting anything.
+
 NOTE: every `PDORCH_<SECTION>_*` environment variable is read as configuration, so a misspelt one
 stops start-up instead of being ignored.
 
