@@ -16,11 +16,19 @@ import asyncio
 import json
 import logging
 
+import etcd3.watch
+
 from pdorch.config import DiscoveryConfig
 from pdorch.registration import connect, workers_prefix
 from router.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")
+
+# NOTE: python3-etcd3 0.13.0's watch thread calls `six.itervalues` without importing six when
+# the watch stream ends (etcd down or restarted). The NameError kills the thread before the
+# callbacks hear about it, so a router would never resync. Give it the one function it uses.
+if not hasattr(etcd3.watch, "six"):
+    etcd3.watch.six = type("six", (), {"itervalues": staticmethod(lambda d: iter(list(d.values())))})
 
 
 class StaticDiscovery:
@@ -119,8 +127,8 @@ class EtcdDiscovery:
     def _apply(self, resp) -> None:
         import etcd3.events as ev
 
-        if isinstance(resp, Exception):
-            log.warning("etcd watch failed (%s); resyncing", resp)
+        if resp is None or isinstance(resp, Exception):  # None: the watch stream ended
+            log.warning("etcd watch ended (%s); resyncing", resp or "stream closed")
             self._schedule_resync()
             return
         for event in resp.events:
