@@ -30,5 +30,5 @@ def test_store_client_imports_no_torch():
                          cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {"page_hash", "master", "transfer"} <= set(result["modules"])
+    assert {"page_hash", "master", "transfer", "store", "io_thread", "metrics", "connector"} <= set(result["modules"])
     assert result["torch"] is False, "a store_client module imported torch"

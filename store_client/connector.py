@@ -1,0 +1,178 @@
+"""StoreConnector: owns the Mooncake client's connection on a background thread (see store.py).
+
+The serving path only reads `client()`: the live client while connected and healthy, else None
+(the store counts as disabled and every op is an immediate, counted miss).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from pdorch.config import StoreConfig
+from store_client.metrics import StoreMetrics
+
+log = logging.getLogger(__name__)
+
+PROBE_KEY = "pdorch-probe/absent"
+_JOIN_S = 15.0  # a probe op against a dead master can take ~5 s (Mooncake's RPC timeout)
+
+
+def probe_master(cfg: StoreConfig, timeout_s: float = 1.0) -> str | None:
+    """None when the master RPC port and the metadata server both answer, else what failed."""
+    host, _, port = cfg.master_address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        return f"master {cfg.master_address} unreachable ({e})"
+    url = cfg.metadata_server
+    if url.startswith("http"):
+        probe = url + ("&" if "?" in url else "?") + urllib.parse.urlencode({"key": "pdorch_probe"})
+        try:
+            urllib.request.urlopen(probe, timeout=timeout_s).close()
+        except urllib.error.HTTPError:
+            pass  # any HTTP answer (404 for our probe key) means the server is up
+        except (urllib.error.URLError, OSError) as e:
+            return f"metadata server {url} unreachable ({e})"
+    return None
+
+
+class StoreConnector:
+    def __init__(self, cfg: StoreConfig, metrics: StoreMetrics):
+        self.cfg = cfg
+        self.metrics = metrics
+        self._raw = None  # the MooncakeDistributedStore once setup succeeded (kept while lost)
+        self._client = None  # == _raw while healthy, else None; read without the lock (atomic)
+        self._buffers: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        metrics.enabled.set(0)
+
+    def client(self):
+        return self._client
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="store-connector", daemon=True)
+        self._thread.start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._client is not None, timeout=timeout_s)
+
+    def add_buffer(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            self._buffers.append((ptr, nbytes))
+            raw = self._raw
+        if raw is not None:
+            self._register(raw, ptr, nbytes)
+
+    def report_rpc_failure(self) -> None:
+        """An op saw -900: stop using the client at once; the connector thread checks when it is back."""
+        with self._lock:
+            if self._client is None:
+                return
+            self._client = None
+        self.metrics.enabled.set(0)
+        log.error("store master %s LOST (RPC failed): store disabled, requests recompute; reconnecting",
+                  self.cfg.master_address)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=_JOIN_S)
+            if self._thread.is_alive():
+                log.warning("store connector thread still busy after %.0fs; leaving it (daemon)", _JOIN_S)
+        with self._lock:
+            raw, self._raw, self._client = self._raw, None, None
+            buffers = list(self._buffers)
+        self.metrics.enabled.set(0)
+        if raw is not None:
+            for ptr, _ in buffers:
+                try:
+                    raw.unregister_buffer(ptr)
+                except Exception:  # best effort at shutdown
+                    log.debug("unregister_buffer(%#x) failed", ptr, exc_info=True)
+            try:
+                raw.close()
+            except Exception:
+                log.warning("closing the store client failed", exc_info=True)
+
+    # ------------------------------------------------------------------ connector thread
+    def _run(self) -> None:
+        announced = False  # the "store DISABLED" error is logged once per outage, not every retry
+        while not self._stop.is_set():
+            if self._raw is None:
+                err = probe_master(self.cfg) or self._setup()
+                if err is None:
+                    announced = False
+                else:
+                    self.metrics.connect_failures.inc()
+                    if not announced:
+                        log.error("store DISABLED: %s; serving without the L3 KV tier, retrying every %.1fs",
+                                  err, self.cfg.reconnect_interval_s)
+                        announced = True
+            elif self._client is None:
+                self._try_recover()
+            elif self._raw.health_check() != 0:
+                self.report_rpc_failure()
+                continue
+            interval = self.cfg.reconnect_interval_s if self._client is None else min(1.0,
+                                                                                     self.cfg.reconnect_interval_s)
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def _setup(self) -> str | None:
+        from mooncake.store import MooncakeDistributedStore  # deferred: loads the native library
+
+        cfg = self.cfg
+        raw = MooncakeDistributedStore()
+        # NOTE: holds the GIL for its whole duration (~90 s if the master vanished since the probe).
+        rc = raw.setup(cfg.local_hostname, cfg.metadata_server, cfg.global_segment_size_mb << 20,
+                       cfg.local_buffer_size_mb << 20, cfg.protocol, cfg.device_name, cfg.master_address)
+        if rc != 0:
+            return f"store setup against master {cfg.master_address} / {cfg.metadata_server} failed ({rc})"
+        with self._lock:
+            buffers = list(self._buffers)
+        for ptr, nbytes in buffers:
+            self._register(raw, ptr, nbytes)
+        with self._changed:
+            self._raw = self._client = raw
+            self._changed.notify_all()
+        self.metrics.enabled.set(1)
+        log.info("store connected: master %s, metadata %s, %s, contributing %d MiB",
+                 cfg.master_address, cfg.metadata_server, cfg.protocol, cfg.global_segment_size_mb)
+        return None
+
+    def _try_recover(self) -> None:
+        """Lost -> connected once the client's own reconnect succeeded AND a real RPC answers.
+
+        NOTE: the client re-mounts its segment into a restarted master shortly after (~1 s), so the
+        first saves after a reconnect may fail with no_space (counted; write-back is best effort).
+        """
+        raw = self._raw
+        if raw.health_check() != 0:
+            return
+        codes = raw.batch_is_exist([PROBE_KEY])
+        if not codes or codes[0] < 0:
+            return
+        with self._changed:
+            self._client = raw
+            self._changed.notify_all()
+        self.metrics.enabled.set(1)
+        self.metrics.reconnects.inc()
+        log.warning("store master %s is back: store re-enabled", self.cfg.master_address)
+
+    def _register(self, raw, ptr: int, nbytes: int) -> None:
+        rc = raw.register_buffer(ptr, nbytes)
+        if rc != 0:  # TCP works unregistered (with a copy); RDMA would fail every op
+            log.error("store register_buffer(%#x, %d) failed (%d): zero-copy disabled for it", ptr, nbytes, rc)

@@ -1,0 +1,267 @@
+"""StoreIO: store loads and saves run on dedicated I/O threads; the scheduler submits and polls.
+
+    scheduler thread                      I/O thread(s)
+    submit_load(tag, keys, addrs) --> [loads] --\\
+    submit_save(tag, keys, addrs) --> [saves] ---+--> KVStore.load / .save (GIL released in Mooncake)
+    poll() <-- [completions] <-------------------/
+
+Every submit produces exactly one IOCompletion, delivered by poll(), even when the op was
+dropped, cancelled or never ran, so the caller can always release the pages it retained.
+
+Why saves never delay loads nor hold pages a later request needs:
+- Loads first: an idle I/O thread always takes a queued load before any save. With io_threads >= 2
+  thread 0 serves loads only, so a load never waits behind a save at all.
+- Saves run in chunks of `save_chunk_pages`: with one thread a load waits at most one chunk
+  (16 SmolLM2 pages = 11.8 MB, ~5 ms at 2 GB/s), never a whole request's write-back.
+- The caller retains a save's pages until its completion (they must not be overwritten while
+  Mooncake reads them). To bound what that pins, queued save pages are capped at
+  `max_pending_save_pages`: a save that would exceed it completes at once as "dropped"
+  (write-back is best effort; the pages stay valid in L1). Under page pressure the scheduler calls
+  `cancel_saves()`: queued saves complete as "cancelled" and their pages come back within one
+  poll. A save is never waited for by any request.
+- Loads carry a deadline; a load still queued when it passes completes as "timeout" without
+  running (the request recomputes instead of waiting).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from store_client.store import DISABLED, OK, RPC_FAILED, TIMEOUT, KVStore
+
+log = logging.getLogger(__name__)
+
+LOAD = "load"
+SAVE = "save"
+DROPPED = "dropped"
+CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class IOCompletion:
+    tag: object
+    op: str  # LOAD or SAVE
+    pages_ok: int  # load: leading pages now in the pool; save: pages now in the store (written + skipped)
+    reason: str  # "ok", a miss reason of store.py, or DROPPED / CANCELLED for saves
+    num_pages: int = 0
+    pages_skipped: int = 0  # save: already present, not rewritten
+    elapsed_s: float = 0.0  # submit -> completion
+
+
+@dataclass
+class _Job:
+    tag: object
+    op: str
+    keys: list[str]
+    addrs: list[int]
+    submitted: float
+    deadline: float = float("inf")
+    cursor: int = 0  # save: next page to hand to a thread
+    running: int = 0  # save: chunks on threads now
+    ok: int = 0
+    skipped: int = 0
+    reason: str = OK
+    aborted: bool = field(default=False)  # save: stop handing out chunks (failure, cancel)
+
+
+class StoreIO:
+    def __init__(self, store: KVStore):
+        cfg = store.cfg
+        self.store = store
+        self._chunk = cfg.save_chunk_pages
+        self._max_save_pages = cfg.max_pending_save_pages
+        self._load_timeout_s = cfg.op_timeout_s
+        self._metrics = store.metrics
+        self._cv = threading.Condition()
+        self._loads: deque[_Job] = deque()
+        self._saves: deque[_Job] = deque()
+        self._pending_save_pages = 0  # pages of save chunks queued or running (what we pin)
+        self._open = {LOAD: 0, SAVE: 0}  # accepted submissions not yet completed
+        self._done: deque[IOCompletion] = deque()
+        self._done_cv = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._worker, args=(i == 0 and cfg.io_threads > 1,),
+                                          name=f"store-io-{i}", daemon=True) for i in range(cfg.io_threads)]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ scheduler side
+    def submit_load(self, tag, keys: Sequence[str], addrs: Sequence[int], deadline_s: float | None = None) -> None:
+        """Queue a load of pages into pool addresses (the caller retains them until the completion)."""
+        _check(keys, addrs)
+        now = time.monotonic()
+        job = _Job(tag, LOAD, list(keys), list(addrs), now,
+                   deadline=now + (self._load_timeout_s if deadline_s is None else deadline_s))
+        with self._cv:
+            if self._closed:
+                self._complete(job, 0, DISABLED)
+                return
+            self._loads.append(job)
+            self._open[LOAD] += 1
+            self._cv.notify_all()
+        self._publish_depth()
+
+    def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int]) -> bool:
+        """Queue a write-back; False when it was dropped (its completion still arrives via poll)."""
+        _check(keys, addrs)
+        job = _Job(tag, SAVE, list(keys), list(addrs), time.monotonic())
+        with self._cv:
+            reason = DISABLED if self._closed else None
+            if reason is None and self._pending_save_pages + len(keys) > self._max_save_pages:
+                reason = DROPPED
+            if reason is None:
+                self._pending_save_pages += len(keys)
+                self._saves.append(job)
+                self._open[SAVE] += 1
+                self._cv.notify_all()
+        if reason is not None:
+            self._metrics.saves_dropped.labels(reason).inc(len(keys))
+            self._complete(job, 0, reason)
+            return False
+        self._publish_depth()
+        return True
+
+    def cancel_saves(self, tags=None) -> int:
+        """Drop queued (not yet running) save chunks, of all saves or those whose tag is in `tags`.
+
+        Returns the pages cancelled. Chunks already running finish (within one chunk's time).
+        """
+        cancelled = 0
+        with self._cv:
+            for job in list(self._saves):
+                if tags is not None and job.tag not in tags:
+                    continue
+                n = len(job.keys) - job.cursor
+                cancelled += n
+                self._pending_save_pages -= n
+                job.cursor = len(job.keys)
+                job.aborted = True
+                job.reason = CANCELLED
+                self._saves.remove(job)
+                if job.running == 0:
+                    self._open[SAVE] -= 1
+                    self._complete(job, job.ok, CANCELLED)
+        if cancelled:
+            self._metrics.saves_dropped.labels(CANCELLED).inc(cancelled)
+        self._publish_depth()
+        return cancelled
+
+    def poll(self, timeout_s: float = 0.0) -> list[IOCompletion]:
+        """Completions so far. Non-blocking by default; timeout_s > 0 waits for at least one."""
+        with self._done_cv:
+            if not self._done and timeout_s > 0:
+                self._done_cv.wait(timeout_s)
+            out = list(self._done)
+            self._done.clear()
+        return out
+
+    @property
+    def queue_depth(self) -> int:
+        """Loads and saves queued or running."""
+        with self._cv:
+            return self._open[LOAD] + self._open[SAVE]
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop taking work: queued loads complete as disabled, queued saves as cancelled; join threads."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            loads, self._loads = list(self._loads), deque()
+            self._open[LOAD] -= len(loads)
+            self._cv.notify_all()
+        for job in loads:
+            self._complete(job, 0, DISABLED)
+        self.cancel_saves()
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("%s still running a store op after %.0fs", t.name, timeout_s)
+
+    # ------------------------------------------------------------------ I/O threads
+    def _worker(self, loads_only: bool) -> None:
+        while True:
+            with self._cv:
+                while not self._loads and (loads_only or not self._saves) and not self._closed:
+                    self._cv.wait()
+                if self._loads:
+                    job = self._loads.popleft()
+                    lo = hi = 0
+                elif self._saves and not loads_only:
+                    job = self._saves[0]
+                    lo, hi = job.cursor, min(job.cursor + self._chunk, len(job.keys))
+                    job.cursor = hi
+                    job.running += 1
+                    if job.cursor >= len(job.keys):
+                        self._saves.popleft()
+                else:
+                    return  # closed and nothing left for this thread
+            self._publish_depth()
+            if job.op == LOAD:
+                self._run_load(job)
+            else:
+                self._run_save(job, lo, hi)
+
+    def _run_load(self, job: _Job) -> None:
+        if time.monotonic() > job.deadline:
+            self._metrics.misses.labels(LOAD, TIMEOUT).inc(len(job.keys))
+            ok, reason = 0, TIMEOUT
+        else:
+            result = self.store.load(job.keys, job.addrs)
+            ok, reason = result.pages_loaded, result.reason
+        with self._cv:
+            self._open[LOAD] -= 1
+        self._complete(job, ok, reason)
+        self._publish_depth()
+
+    def _run_save(self, job: _Job, lo: int, hi: int) -> None:
+        result = None
+        if not job.aborted:
+            result = self.store.save(job.keys[lo:hi], job.addrs[lo:hi])
+        with self._cv:
+            self._pending_save_pages -= hi - lo
+            job.running -= 1
+            if result is not None:
+                job.ok += result.pages_written + result.pages_skipped
+                job.skipped += result.pages_skipped
+                if result.reason != OK and job.reason == OK:
+                    job.reason = result.reason
+                if result.reason in (DISABLED, RPC_FAILED) and job in self._saves:
+                    # The store is gone: the rest of this save cannot succeed; free its pages now.
+                    rest = len(job.keys) - job.cursor
+                    self._pending_save_pages -= rest
+                    self._metrics.saves_dropped.labels(result.reason).inc(rest)
+                    job.cursor = len(job.keys)
+                    job.aborted = True
+                    self._saves.remove(job)
+            finished = job.running == 0 and job.cursor >= len(job.keys)
+            if finished:
+                self._open[SAVE] -= 1
+        if finished:
+            self._complete(job, job.ok, job.reason)
+        self._publish_depth()
+
+    # ------------------------------------------------------------------ helpers
+    def _complete(self, job: _Job, pages_ok: int, reason: str) -> None:
+        done = IOCompletion(job.tag, job.op, pages_ok, reason, len(job.keys), job.skipped,
+                            time.monotonic() - job.submitted)
+        with self._done_cv:
+            self._done.append(done)
+            self._done_cv.notify_all()
+
+    def _publish_depth(self) -> None:
+        with self._cv:
+            loads, saves = self._open[LOAD], self._open[SAVE]
+        self._metrics.queue_depth.labels(LOAD).set(loads)
+        self._metrics.queue_depth.labels(SAVE).set(saves)
+
+
+def _check(keys: Sequence[str], addrs: Sequence[int]) -> None:
+    if len(keys) != len(addrs):
+        raise ValueError(f"got {len(keys)} keys but {len(addrs)} page addresses")

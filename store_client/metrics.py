@@ -1,0 +1,71 @@
+"""Prometheus metrics of the store tier (L3).
+
+Created once per registry: `StoreMetrics(registry)` for an injected registry (tests, several
+workers in one process), `default_metrics()` for the process-wide default registry. Prometheus
+refuses duplicate metric names in one registry, so objects must share these instead of creating
+their own.
+
+Reasons (label `reason`) tell an operator why a page was not read:
+  absent          the store does not have the key (never written, evicted)
+  transfer_failed the key exists but reading its bytes failed (segment owner dead, bad size)
+  rpc_failed      the master did not answer (master lost; the store disables itself until it returns)
+  timeout         the operation missed its deadline (queued too long, or failed after the deadline)
+  disabled        the store was not connected, so nothing was tried
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+OPS = ("match", "load", "save")
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class StoreMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        reg = registry if registry is not None else REGISTRY
+        p = "pdorch_store_"
+        self.pages_read = Counter(p + "pages_read", "Pages loaded from the store into the pool", registry=reg)
+        self.bytes_read = Counter(p + "bytes_read", "Bytes loaded from the store into the pool", registry=reg)
+        self.pages_written = Counter(p + "pages_written", "Pages written to the store", registry=reg)
+        self.bytes_written = Counter(p + "bytes_written", "Bytes written to the store", registry=reg)
+        self.pages_skipped = Counter(p + "pages_skipped_existing",
+                                     "Pages not written because the store already had the key", registry=reg)
+        self.op_seconds = Histogram(p + "op_seconds", "Latency of one batched store operation", ["op"],
+                                    buckets=_LATENCY_BUCKETS, registry=reg)
+        self.hits = Counter(p + "hit_pages", "Pages found (match) or read (load)", ["op"], registry=reg)
+        self.misses = Counter(p + "miss_pages", "Pages not found/read, by reason", ["op", "reason"],
+                              registry=reg)
+        self.save_failures = Counter(p + "save_failed_pages", "Pages whose write failed, by reason",
+                                     ["reason"], registry=reg)
+        self.saves_dropped = Counter(p + "save_dropped_pages",
+                                     "Pages of saves dropped before running (queue full, cancelled, closed)",
+                                     ["reason"], registry=reg)
+        self.queue_depth = Gauge(p + "queue_depth", "Store I/O operations queued or running", ["op"],
+                                 registry=reg)
+        self.enabled = Gauge(p + "enabled", "1 while the store is connected and healthy, else 0", registry=reg)
+        self.reconnects = Counter(p + "reconnects", "Times the store came back after being lost", registry=reg)
+        self.connect_failures = Counter(p + "connect_failures",
+                                        "Failed attempts to reach the master while the store is down",
+                                        registry=reg)
+        for op in OPS:  # export zeros from the start, so dashboards show "no traffic" rather than "no data"
+            self.op_seconds.labels(op)
+        for op in ("match", "load"):
+            self.hits.labels(op)
+        for op in ("load", "save"):
+            self.queue_depth.labels(op)
+
+
+_default: StoreMetrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> StoreMetrics:
+    """The StoreMetrics of the default Prometheus registry, created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = StoreMetrics()
+        return _default

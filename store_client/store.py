@@ -1,0 +1,220 @@
+"""KVStore: the Mooncake store as the L3 KV tier, batched and zero-copy, never raising to the caller.
+
+    match_prefix(keys) -> n          one batch_is_exist; leading present pages
+    load(keys, addrs)  -> LoadResult one batch_get_into straight into pool pages
+    save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
+
+Every negative result is a miss for that page AND every page after it (the hash chain makes later
+pages useless without it); misses are counted by reason (see metrics.py). The caller recomputes.
+
+Connection lifecycle (a connector thread owns it; the serving path never waits for it):
+
+    disabled --probe ok + setup--> connected --(-900 / health_check != 0)--> lost
+        ^  probe fails: retry every              ^                               |
+        |  reconnect_interval_s                  +---- health ok + probe op ok --+
+
+NOTE: `MooncakeDistributedStore.setup` holds the GIL and retries ~90 s when the master is down,
+which would freeze every thread of the worker. So we only call it after a cheap TCP/HTTP probe
+has seen the master and metadata server answer. Once set up, the client re-connects by itself
+when a master restarts on the same address (and re-mounts its segment); we watch `health_check()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdorch.config import StoreConfig
+from store_client.connector import StoreConnector
+from store_client.metrics import StoreMetrics, default_metrics
+
+log = logging.getLogger(__name__)
+
+OK = "ok"
+ABSENT = "absent"
+TRANSFER_FAILED = "transfer_failed"
+RPC_FAILED = "rpc_failed"
+TIMEOUT = "timeout"
+DISABLED = "disabled"
+NO_SPACE = "no_space"
+
+_NOT_FOUND = -704
+_EXISTS = -705
+_NO_SPACE = -200
+_RPC_FAILED = -900
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    pages_loaded: int  # leading pages whose bytes are now in the pool
+    reason: str  # OK when all were loaded, else why page `pages_loaded` was not
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    pages_written: int
+    pages_skipped: int  # already in the store (not rewritten)
+    pages_failed: int
+    reason: str  # OK, or the reason of the first failure
+
+
+def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
+    """Reason for one negative Mooncake result."""
+    if code == _NOT_FOUND:
+        return ABSENT
+    if elapsed_s >= deadline_s:
+        return TIMEOUT
+    if code == _RPC_FAILED:
+        return RPC_FAILED
+    if code == _NO_SPACE:
+        return NO_SPACE
+    return TRANSFER_FAILED
+
+
+class KVStore:
+    """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
+
+    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics | None = None):
+        if page_nbytes <= 0:
+            raise ValueError(f"page_nbytes must be > 0, got {page_nbytes}")
+        self.cfg = cfg
+        self.page_nbytes = page_nbytes
+        self.metrics = metrics if metrics is not None else default_metrics()
+        self._connector = StoreConnector(cfg, self.metrics)
+        if cfg.enabled:
+            self._connector.start()
+        else:
+            log.warning("store DISABLED by config (store.enabled=false): no L3 KV tier")
+
+    @property
+    def enabled(self) -> bool:
+        """True while connected and healthy. Cheap; read it before submitting I/O."""
+        return self._connector.client() is not None
+
+    def wait_enabled(self, timeout_s: float) -> bool:
+        """Block until connected (start-up, tests, benchmarks); never call it on the serving path."""
+        return self._connector.wait_connected(timeout_s)
+
+    def register_buffer(self, ptr: int, nbytes: int) -> None:
+        """Register pool memory (zero copy; required for RDMA). Re-registered on every reconnect."""
+        if ptr <= 0 or nbytes <= 0:
+            raise ValueError(f"register_buffer needs ptr > 0 and nbytes > 0, got ptr={ptr:#x} nbytes={nbytes}")
+        self._connector.add_buffer(ptr, nbytes)
+
+    # ------------------------------------------------------------------ operations
+    def match_prefix(self, keys: Sequence[str]) -> int:
+        """Number of leading keys present in the store (0 on any failure)."""
+        if not keys:
+            return 0
+        client = self._connector.client()
+        if client is None:
+            self._miss("match", len(keys), DISABLED)
+            return 0
+        t0 = time.perf_counter()
+        try:
+            codes = client.batch_is_exist(list(keys))
+        except Exception as e:  # noqa: BLE001 - a store fault must never reach the request
+            codes = [_RPC_FAILED] * len(keys)
+            log.warning("batch_is_exist raised: %s", e)
+        elapsed = self._observe("match", t0, codes)
+        n = _leading(codes, lambda c: c == 1)
+        self.metrics.hits.labels("match").inc(n)
+        if n < len(keys):
+            code = codes[n] if n < len(codes) else _RPC_FAILED
+            self._miss("match", len(keys) - n, ABSENT if code == 0 else classify(code, elapsed, self._deadline))
+        return n
+
+    def load(self, keys: Sequence[str], addrs: Sequence[int]) -> LoadResult:
+        """Read pages into pool addresses; pages after the first failure count as misses."""
+        _check_pairs(keys, addrs)
+        if not keys:
+            return LoadResult(0, OK)
+        client = self._connector.client()
+        if client is None:
+            self._miss("load", len(keys), DISABLED)
+            return LoadResult(0, DISABLED)
+        t0 = time.perf_counter()
+        try:
+            codes = client.batch_get_into(list(keys), list(addrs), [self.page_nbytes] * len(keys))
+        except Exception as e:  # noqa: BLE001
+            codes = [_RPC_FAILED] * len(keys)
+            log.warning("batch_get_into raised: %s", e)
+        elapsed = self._observe("load", t0, codes)
+        n = _leading(codes, lambda c: c == self.page_nbytes)
+        self.metrics.hits.labels("load").inc(n)
+        self.metrics.pages_read.inc(n)
+        self.metrics.bytes_read.inc(n * self.page_nbytes)
+        if n == len(keys):
+            return LoadResult(n, OK)
+        code = codes[n] if n < len(codes) else _RPC_FAILED
+        # A positive size other than page_nbytes is a foreign object under our key: not usable.
+        reason = TRANSFER_FAILED if code >= 0 else classify(code, elapsed, self._deadline)
+        self._miss("load", len(keys) - n, reason)
+        return LoadResult(n, reason)
+
+    def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
+        """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""
+        _check_pairs(keys, addrs)
+        if not keys:
+            return SaveResult(0, 0, 0, OK)
+        client = self._connector.client()
+        if client is None:
+            self.metrics.save_failures.labels(DISABLED).inc(len(keys))
+            return SaveResult(0, 0, len(keys), DISABLED)
+        t0 = time.perf_counter()
+        try:
+            exist = client.batch_is_exist(list(keys))
+            todo = [i for i, c in enumerate(exist) if c != 1]
+            codes = client.batch_put_from([keys[i] for i in todo], [addrs[i] for i in todo],
+                                          [self.page_nbytes] * len(todo)) if todo else []
+        except Exception as e:  # noqa: BLE001
+            log.warning("store save raised: %s", e)
+            todo, codes = list(range(len(keys))), [_RPC_FAILED] * len(keys)
+        elapsed = self._observe("save", t0, codes)
+        written = sum(1 for c in codes if c == 0)
+        skipped = len(keys) - len(todo) + sum(1 for c in codes if c == _EXISTS)
+        failed = [c for c in codes if c < 0 and c != _EXISTS]
+        self.metrics.pages_written.inc(written)
+        self.metrics.bytes_written.inc(written * self.page_nbytes)
+        self.metrics.pages_skipped.inc(skipped)
+        reason = OK
+        if failed:
+            reason = classify(failed[0], elapsed, self._deadline)
+            self.metrics.save_failures.labels(reason).inc(len(failed))
+        return SaveResult(written, skipped, len(failed), reason)
+
+    def close(self) -> None:
+        """Stop the connector and close the client. Call after StoreIO.close() (no ops in flight)."""
+        self._connector.stop()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _deadline(self) -> float:
+        return self.cfg.op_timeout_s
+
+    def _observe(self, op: str, t0: float, codes: Sequence[int]) -> float:
+        elapsed = time.perf_counter() - t0
+        self.metrics.op_seconds.labels(op).observe(elapsed)
+        if any(c == _RPC_FAILED for c in codes):
+            self._connector.report_rpc_failure()
+        return elapsed
+
+    def _miss(self, op: str, n: int, reason: str) -> None:
+        self.metrics.misses.labels(op, reason).inc(n)
+
+
+def _leading(codes: Sequence[int], ok) -> int:
+    n = 0
+    for c in codes:
+        if not ok(c):
+            break
+        n += 1
+    return n
+
+
+def _check_pairs(keys: Sequence[str], addrs: Sequence[int]) -> None:
+    if len(keys) != len(addrs):
+        raise ValueError(f"got {len(keys)} keys but {len(addrs)} page addresses")
+

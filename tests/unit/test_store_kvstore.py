@@ -1,0 +1,58 @@
+"""KVStore without a master: disabled by config, never raising on ops, clear errors on bad input."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pdorch.config import StoreConfig
+from store_client.metrics import StoreMetrics
+from store_client.store import KVStore, LoadResult, SaveResult, classify
+
+
+@pytest.fixture
+def disabled():
+    reg = CollectorRegistry()
+    store = KVStore(StoreConfig(enabled=False), 4096, StoreMetrics(reg))
+    yield store, reg
+    store.close()
+
+
+def test_disabled_store_misses_everything_without_raising(disabled):
+    store, reg = disabled
+    assert not store.enabled
+    assert not store.wait_enabled(0.05)
+    assert store.match_prefix(["a", "b"]) == 0
+    assert store.load(["a", "b", "c"], [1, 2, 3]) == LoadResult(0, "disabled")
+    assert store.save(["a"], [1]) == SaveResult(0, 0, 1, "disabled")
+    assert store.load([], []) == LoadResult(0, "ok")
+    assert reg.get_sample_value("pdorch_store_miss_pages_total", {"op": "load", "reason": "disabled"}) == 3
+    assert reg.get_sample_value("pdorch_store_miss_pages_total", {"op": "match", "reason": "disabled"}) == 2
+    assert reg.get_sample_value("pdorch_store_enabled") == 0
+
+
+def test_bad_input_is_named(disabled):
+    store, _ = disabled
+    with pytest.raises(ValueError, match="2 keys but 1 page addresses"):
+        store.load(["a", "b"], [1])
+    with pytest.raises(ValueError, match="register_buffer"):
+        store.register_buffer(0, 10)
+    with pytest.raises(ValueError, match="page_nbytes"):
+        KVStore(StoreConfig(enabled=False), 0, StoreMetrics(CollectorRegistry()))
+
+
+@pytest.mark.parametrize("code, elapsed, reason", [
+    (-704, 0.0, "absent"), (-704, 99.0, "absent"), (-800, 0.0, "transfer_failed"), (-900, 0.0, "rpc_failed"),
+    (-200, 0.0, "no_space"), (-800, 10.0, "timeout"), (-1, 0.0, "transfer_failed"),
+])
+def test_negative_codes_map_to_reasons(code, elapsed, reason):
+    assert classify(code, elapsed, deadline_s=10.0) == reason
+
+
+def test_metrics_can_be_created_once_per_registry():
+    reg = CollectorRegistry()
+    StoreMetrics(reg)
+    with pytest.raises(ValueError, match="Duplicated"):
+        StoreMetrics(reg)
+    from store_client.metrics import default_metrics
+    assert default_metrics() is default_metrics()
