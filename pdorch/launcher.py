@@ -58,7 +58,7 @@ class ServeOptions:
 
 
 def curl_example(url: str, model: str, with_api_key: bool) -> str:
-    body = json.dumps({"model": model, "max_tokens": 64, "messages": [
+    body = json.dumps({"model": model, "max_tokens": 64, "temperature": 0, "messages": [
         {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
     auth = ' -H "Authorization: Bearer $PDORCH_ROUTER_API_KEY"' if with_api_key else ""
     return (f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
