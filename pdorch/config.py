@@ -55,7 +55,8 @@ class StoreConfig:
     global_segment_size_mb: int = _key(512, "Memory this worker contributes to the store pool (MiB); "
                                        "0 = pure client", min=0)
     local_buffer_size_mb: int = _key(64, "Staging buffer for copying store calls (MiB)", min=1)
-    io_threads: int = _key(1, "Threads running batched store I/O", min=1, max=16)
+    io_threads: int = _key(2, "Threads running batched store I/O; with 2+ one serves loads only and one "
+                           "batch moves bytes while another waits for the GIL", min=1, max=16)
     op_timeout_s: float = _key(10.0, "Deadline for one batched store operation", min=0.1)
     reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
                                        min=0.1)
