@@ -2,6 +2,7 @@
 
     match_prefix(keys) -> n          one batch_is_exist; leading present pages
     load(keys, addrs)  -> LoadResult one batch_get_into straight into pool pages
+    load_many([(keys, addrs), ...])  several requests' loads in one batch_get_into
     save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
 
 Every negative result is a miss for that page AND every page after it (the hash chain makes later
@@ -128,30 +129,47 @@ class KVStore:
 
     def load(self, keys: Sequence[str], addrs: Sequence[int]) -> LoadResult:
         """Read pages into pool addresses; pages after the first failure count as misses."""
-        _check_pairs(keys, addrs)
-        if not keys:
-            return LoadResult(0, OK)
+        return self.load_many([(keys, addrs)])[0]
+
+    def load_many(self, requests: Sequence[tuple[Sequence[str], Sequence[int]]]) -> list[LoadResult]:
+        """Several requests' loads in ONE batch_get_into; each request keeps its own prefix rule."""
+        for keys, addrs in requests:
+            _check_pairs(keys, addrs)
+        total = sum(len(keys) for keys, _ in requests)
+        if total == 0:
+            return [LoadResult(0, OK) for _ in requests]
         client = self._connector.client()
         if client is None:
-            self._miss("load", len(keys), DISABLED)
-            return LoadResult(0, DISABLED)
+            self._miss("load", total, DISABLED)
+            return [LoadResult(0, DISABLED if keys else OK) for keys, _ in requests]
+        all_keys = [k for keys, _ in requests for k in keys]
+        all_addrs = [a for _, addrs in requests for a in addrs]
         t0 = time.perf_counter()
         try:
-            codes = client.batch_get_into(list(keys), list(addrs), [self.page_nbytes] * len(keys))
+            codes = client.batch_get_into(all_keys, all_addrs, [self.page_nbytes] * total)
         except Exception as e:  # noqa: BLE001
-            codes = [_RPC_FAILED] * len(keys)
+            codes = []
             log.warning("batch_get_into raised: %s", e)
+        if len(codes) != total:  # defensive: a short answer is a failure of the missing entries
+            codes = list(codes) + [_RPC_FAILED] * (total - len(codes))
         elapsed = self._observe("load", t0, codes)
+        results, off = [], 0
+        for keys, _ in requests:
+            results.append(self._load_result(codes[off:off + len(keys)], elapsed))
+            off += len(keys)
+        return results
+
+    def _load_result(self, codes: Sequence[int], elapsed: float) -> LoadResult:
         n = _leading(codes, lambda c: c == self.page_nbytes)
         self.metrics.hits.labels("load").inc(n)
         self.metrics.pages_read.inc(n)
         self.metrics.bytes_read.inc(n * self.page_nbytes)
-        if n == len(keys):
+        if n == len(codes):
             return LoadResult(n, OK)
-        code = codes[n] if n < len(codes) else _RPC_FAILED
+        code = codes[n]
         # A positive size other than page_nbytes is a foreign object under our key: not usable.
         reason = TRANSFER_FAILED if code >= 0 else classify(code, elapsed, self._deadline)
-        self._miss("load", len(keys) - n, reason)
+        self._miss("load", len(codes) - n, reason)
         return LoadResult(n, reason)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:

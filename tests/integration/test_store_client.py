@@ -92,6 +92,10 @@ def test_prefix_match_and_load_stop_at_first_missing_page(mooncake_master, clien
     np.testing.assert_array_equal(c.pool[:3], src[:3])
     assert c.metric("pdorch_store_miss_pages_total", op="load", reason="absent") == 3
     assert c.store.match_prefix(keys[3:]) == 0
+    # Requests batched into one call keep their own prefix rule.
+    both = c.store.load_many([(keys, c.addrs(range(N))), (keys[4:], c.addrs([4, 5]))])
+    assert [(r.pages_loaded, r.reason) for r in both] == [(3, "absent"), (2, "ok")]
+    np.testing.assert_array_equal(c.pool[4:], src[4:])
     assert c.store.match_prefix([]) == 0
 
 

@@ -18,8 +18,10 @@ from store_client.store import LoadResult, SaveResult
 class FakeStore:
     """Records calls; a save blocks while `gate` is clear."""
 
+    page_nbytes = 4096
+
     def __init__(self, save_result: str = "ok", **cfg):
-        self.cfg = StoreConfig(**cfg)
+        self.cfg = StoreConfig(**{"io_threads": 1, **cfg})
         self.registry = CollectorRegistry()
         self.metrics = StoreMetrics(self.registry)
         self.calls: list[tuple[str, list[str]]] = []
@@ -29,10 +31,10 @@ class FakeStore:
         self.save_result = save_result
         self._lock = threading.Lock()
 
-    def load(self, keys, addrs):
+    def load_many(self, requests):
         with self._lock:
-            self.calls.append(("load", list(keys)))
-        return LoadResult(len(keys), "ok")
+            self.calls.append(("load", [k for keys, _ in requests for k in keys]))
+        return [LoadResult(len(keys), "ok") for keys, _ in requests]
 
     def save(self, keys, addrs):
         with self._lock:
@@ -196,3 +198,19 @@ def test_mismatched_keys_and_addresses_are_rejected(make_io):
         io.submit_load("x", ["a", "b"], [1])
     with pytest.raises(ValueError, match="keys"):
         io.submit_save("x", ["a"], [])
+
+
+def test_queued_loads_go_out_as_one_batch(make_io, monkeypatch):
+    monkeypatch.setattr("store_client.io_thread.LOAD_BATCH_MAX_BYTES", 5 * FakeStore.page_nbytes)
+    store = FakeStore()
+    io = make_io(store)
+    store.gate.clear()
+    io.submit_save("s", ["s0"], [0])
+    assert store.save_started.wait(5)
+    for tag, n in (("a", 2), ("b", 2), ("c", 2)):
+        io.submit_load(tag, _keys(tag, n), list(range(n)))
+    store.gate.set()
+    done = {d.tag: d for d in _wait(io, 4)}
+    assert all(done[t].pages_ok == 2 for t in "abc")
+    # a + b fit the 5-page cap in one call; c goes alone.
+    assert [c for c in store.calls if c[0] == "load"] == [("load", ["a0", "a1", "b0", "b1"]), ("load", ["c0", "c1"])]
