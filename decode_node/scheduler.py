@@ -104,7 +104,7 @@ class DecodeScheduler:
             req = done.tag
             self._io_inflight -= 1
             req.io_pending -= 1
-            self._rec.store_pages_written(done.pages_ok, kind="offload")
+            self._rec.count_store_written(done.pages_ok, kind="offload")
         still = []
         for req in self._draining:
             if req.io_pending > 0:

@@ -81,12 +81,12 @@ class WorkerRecorder:
             self.generated_tokens += n
         self._generated.inc(n)
 
-    def store_pages_written(self, n: int, kind: str) -> None:
+    def count_store_written(self, n: int, kind: str) -> None:
         with self._lock:
             self.store_pages_written += n
         self._store_written.labels(kind).inc(n)
 
-    def store_pages_loaded(self, n: int) -> None:
+    def count_store_loaded(self, n: int) -> None:
         with self._lock:
             self.store_pages_loaded += n
         self._store_loaded.inc(n)

@@ -156,14 +156,14 @@ class PrefillScheduler:
             if op == "load":
                 self._on_loaded(task, done.pages_ok, done.reason)
             else:
-                self._rec.store_pages_written(done.pages_ok, kind="writeback")
+                self._rec.count_store_written(done.pages_ok, kind="writeback")
             self._maybe_release(task)
 
     def _on_loaded(self, task: PrefillTask, pages_ok: int, reason: str) -> None:
         if task.finished_phase:
             return
         task.store_pages = pages_ok
-        self._rec.store_pages_loaded(pages_ok)
+        self._rec.count_store_loaded(pages_ok)
         if pages_ok == 0 and reason:
             log.debug("store load for %s: %s", task.request_id, reason)
         first = task.device_pages
@@ -210,6 +210,9 @@ class PrefillScheduler:
             except OutOfPages:
                 if matched:
                     alloc.release(matched)
+                if self._write_back:
+                    # Queued write-backs pin pages; under pressure serving beats write-back.
+                    self._rt.store_io.cancel_saves()
                 return  # wait for pages to come back (the deadline still applies)
             self._waiting.popleft()
             task.page_ids = list(matched) + list(fresh)
