@@ -250,11 +250,17 @@ class LocalCluster:
     def _stop_all(self) -> None:
         if not self.children:
             return
-        # Router first (stop taking requests), then workers, then the master they write to.
-        ordered = list(reversed(self.children))
-        killed = stop_children(ordered, self.opts.stop_timeout_s)
+        # Router first (stop taking requests), then the workers, then the master last.
+        # NOTE: in stages, not all at once: a worker's shutdown still talks to the master
+        # (unmounting its store segment) and hangs until SIGKILL when the master is gone first.
+        router = [c for c in self.children if c.name == "router"]
+        master = [c for c in self.children if c.name == "master"]
+        workers = [c for c in self.children if c not in router and c not in master]
+        killed = []
+        for stage in (router, workers, master):
+            killed += stop_children(stage, self.opts.stop_timeout_s) if stage else []
         note = f" ({', '.join(killed)} needed SIGKILL)" if killed else ""
-        self._say(f"pdorch serve: stopped {len(ordered)} processes{note}; logs in {self.log_dir}")
+        self._say(f"pdorch serve: stopped {len(self.children)} processes{note}; logs in {self.log_dir}")
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)

@@ -119,6 +119,7 @@ def test_serve_answers_chat_and_stops_cleanly_on_sigterm(serve):
     os.kill(serve.proc.pid, signal.SIGTERM)
     assert serve.proc.wait(timeout=60) == 0, serve.output()
     assert "SIGTERM received, stopping" in serve.output()
+    assert "stopped 4 processes;" in serve.output()  # each stopped on SIGTERM, none needed SIGKILL
     assert not [pid for pid in kids if pid_alive(pid)]
     assert not [p for p in serve.ports.values() if port_in_use("127.0.0.1", p)]
 
