@@ -1,0 +1,117 @@
+"""Worker faults and offload off, with SmolLM2 (a prefill long enough to kill a worker in the middle).
+
+Cluster: real mooncake_master, two prefill workers (P1 gets killed), one decode worker with
+`offload_generated_kv: false`. Tests run in file order: P1 dies in the second test, D in the last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from engine.tokenizer import Tokenizer
+from prefill_node.task import reusable_pages
+from proto.pdorch.v1 import worker_pb2 as pb
+from tests.fixtures.workers import start_cluster
+from tests.integration.test_disagg_smollm2 import long_document
+
+P = 16
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    return Tokenizer.from_dir(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, smollm2_dir):
+    c = start_cluster(tmp_path_factory.mktemp("fault_cluster"), smollm2_dir, with_store=True, num_prefill=2,
+                      decode={"offload_generated_kv": False})
+    yield c
+    c.stop()
+
+
+def wait_running(cluster, wp, timeout_s: float = 60.0) -> None:
+    """Until prefill worker `wp` reports a request in progress."""
+    deadline = time.monotonic() + timeout_s
+    while cluster.stats("prefill", wp).info.running_requests == 0:
+        assert time.monotonic() < deadline, "the request never reached the prefill worker"
+        time.sleep(0.05)
+
+
+def run_in_thread(fn, *args, **kwargs):
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+            box["error_at"] = time.monotonic()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_multiturn_with_offload_off_hits_only_the_turn_one_prompt(cluster, tok):
+    history = [{"role": "user", "content": "Describe a lighthouse at night in three sentences."}]
+    turn1 = tok.encode_chat(history)
+    out1 = cluster.generate(turn1, max_tokens=40).token_ids
+    answer = tok.decode([t for t in out1 if t not in tok.eos_token_ids], skip_special_tokens=True)
+    turn2 = tok.encode_chat(history + [{"role": "assistant", "content": answer},
+                                       {"role": "user", "content": "Now make it rhyme."}])
+    assert turn2[:len(turn1) + len(out1)] == turn1 + out1
+    assert (len(turn1) + len(out1) - 1) // P > len(turn1) // P  # the answer filled at least one page
+    cluster.wait_idle("prefill")
+    cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=30)
+    got = cluster.generate(turn2, max_tokens=4)
+    assert got.cached.store == min(len(turn1) // P, reusable_pages(len(turn2), P)) * P
+    assert got.cached.device == 0
+    assert cluster.stats("decode").store_pages_written == 0
+    cluster.assert_pools_sound()
+
+
+def test_killing_prefill_mid_request_fails_it_fast_and_decode_keeps_serving(cluster, tok):
+    p1, p2 = [wp for wp in cluster.workers if wp.role == "prefill"]
+    prompt = tok.encode_chat([{"role": "user", "content": long_document(80) + "\nSummarize."}])
+    assert len(prompt) > 1800
+    t, box = run_in_thread(cluster.generate, prompt, max_tokens=4, prefill_address=p1.address)
+    wait_running(cluster, p1)
+    killed_at = time.monotonic()
+    os.killpg(p1.proc.pid, signal.SIGKILL)
+    p1.proc.wait(10)
+    t.join(15)
+    assert not t.is_alive()
+    err = box.get("error")
+    assert isinstance(err, grpc.RpcError), box
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"prefill worker {p1.address}" in err.details()
+    assert box["error_at"] - killed_at < 10.0
+    # D keeps serving through the other prefill worker.
+    ok = cluster.generate(tok.encode_chat([{"role": "user", "content": "Say hello."}]), max_tokens=4,
+                          prefill_address=p2.address)
+    assert len(ok.token_ids) >= 1 and ok.finish_reason in ("stop", "length")
+    cluster.assert_pools_sound()
+
+
+def test_killing_decode_mid_request_makes_prefill_drop_the_work(cluster, tok):
+    p2 = [wp for wp in cluster.workers if wp.role == "prefill"][1]
+    before = cluster.stats("prefill", p2)
+    prompt = tok.encode_chat([{"role": "user", "content": long_document(70) + "\nList the towns."}])
+    t, box = run_in_thread(cluster.generate, prompt, max_tokens=4, prefill_address=p2.address)
+    wait_running(cluster, p2)
+    os.killpg(cluster.decode.proc.pid, signal.SIGKILL)
+    cluster.decode.proc.wait(10)
+    t.join(15)
+    assert "error" in box
+    st = cluster.wait_idle("prefill", timeout_s=30, wp=p2)
+    assert st.pool_integrity_ok, st.pool_integrity_error
+    assert st.info.free_pages == st.info.total_pages
+    assert st.requests_failed > before.requests_failed
+    assert st.requests_finished == before.requests_finished
