@@ -34,7 +34,7 @@ class LLM:
     def __init__(self, model_dir, num_pages: int = 512, page_size: int = 16, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_prefix_cache: bool = True,
-                 torch_threads: int | None = None):
+                 prefill_chunk_tokens: int | None = None, torch_threads: int | None = None):
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.arch, self.model = load_model(model_dir, device=device, dtype=dtype)
@@ -46,6 +46,7 @@ class LLM:
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens or max_num_batched_tokens  # per sequence and step
         self.enable_prefix_cache = enable_prefix_cache
         self.eos_token_ids = self.tokenizer.eos_token_ids or self.arch.eos_token_ids
         self.waiting: deque[Sequence] = deque()
@@ -84,14 +85,14 @@ class LLM:
         budget = self.max_num_batched_tokens
         chunks: list[tuple[Sequence, Chunk]] = []
         for seq in self.running:
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self.prefill_chunk_tokens)
             if n > 0:
                 chunks.append((seq, self._chunk(seq, n)))
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self._admit(self.waiting[0]):
             seq = self.waiting.popleft()
             self.running.append(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, self.prefill_chunk_tokens)
             chunks.append((seq, self._chunk(seq, n)))
             budget -= n
         if not chunks:
