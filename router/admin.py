@@ -17,15 +17,14 @@ from proto.pdorch.v1 import worker_pb2
 from router import formats
 from router.auth import Auth
 from router.errors import APIError, unavailable, upstream_error
+from router.generation import json_response
 from router.metrics import RouterMetrics
-from router.service import ClientGone, RouterService
+from router.service import RouterService
 from router.workers import WorkerPool
 
 STORE_FLUSH_TIMEOUT_S = 60.0
 
 
-def _json(obj, status: int = 200) -> Response:
-    return Response(formats.dumps(obj), status_code=status, media_type="application/json")
 
 
 def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool,
@@ -43,7 +42,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
             err = unavailable("no healthy prefill/decode pair: " + formats.dumps(c).decode())
             return Response(formats.dumps({**err.body(), "workers": c}), status_code=503,
                             headers=err.headers, media_type="application/json")
-        return _json({"status": "ok", "workers": c})
+        return json_response({"status": "ok", "workers": c})
 
     @app.get("/health_generate")
     async def health_generate(request: Request):
@@ -53,19 +52,17 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         sampling = worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
         job = svc.make_job(ids, sampling, 1, 1, request)
         try:
-            progress, _, run = await svc.start(job, request, "/health_generate", t0)
+            progress, _, run = await svc.start(job, "/health_generate", t0)
             try:
                 async for _ in run:
                     pass
             finally:
                 await run.aclose()
-        except ClientGone:
-            raise APIError(499, "client closed the request", "client_closed") from None
         except APIError as e:
             raise unavailable(f"health generation failed: {e.message}") from None
         except Exception as e:  # StreamFailed and friends
             raise unavailable(f"health generation failed: {e}") from None
-        return _json({"status": "ok", "output_ids": progress.output_ids,
+        return json_response({"status": "ok", "output_ids": progress.output_ids,
                       "latency_s": round(time.perf_counter() - t0, 6)})
 
     @app.get("/metrics")
@@ -83,21 +80,21 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
     @app.get("/server_info")
     async def get_server_info(request: Request):
         auth.check_client(request.headers.get("authorization"))
-        return _json(server_info())
+        return json_response(server_info())
 
     app.add_api_route("/get_server_info", get_server_info, methods=["GET"], include_in_schema=False)
 
     @app.get("/get_model_info")
     async def get_model_info(request: Request):
         auth.check_client(request.headers.get("authorization"))
-        return _json({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.name,
+        return json_response({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.name,
                       "is_generation": True})
 
     @app.get("/workers")
     async def workers(request: Request):
         """Admin: every known worker with health, circuit state, load and last Info."""
         auth.check_admin(request.headers.get("authorization"))
-        return _json({"workers": [w.describe() for w in pool.workers()]})
+        return json_response({"workers": [w.describe() for w in pool.workers()]})
 
     @app.post("/flush_cache")
     async def flush_cache(request: Request, store: bool = False):
@@ -115,7 +112,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
             raise upstream_error(f"flush failed on {len(failed)} of {len(ws)} workers: "
                                  + "; ".join(f"{r['address']}: {r['error']}" for r in failed))
         svc.policy.reset()
-        return _json({"status": "ok", **body})
+        return json_response({"status": "ok", **body})
 
     app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
 

@@ -6,7 +6,6 @@ context checks, the 429 / 503 gates, timing metrics, client-disconnect handling)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -26,10 +25,6 @@ from router.policies import CacheAware, Policy
 from router.workers import WorkerPool
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
-
-
-class ClientGone(Exception):
-    """The client disconnected before the response started."""
 
 
 def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[str]:
@@ -140,16 +135,17 @@ class RouterService:
         self.metrics.queue_depth.set(self.in_flight)
 
     # ------------------------------------------------------------------ running
-    async def start(self, job: Job, request: Request, route: str, t0: float):
+    async def start(self, job: Job, route: str, t0: float):
         """Admit, run until the first token; returns (Progress, first text delta, run).
 
         `run` is an async iterator of the remaining text deltas (the Progress updates as it
         goes) and must be closed with `run.aclose()` (idempotent); it releases the admission.
+        Cancelling the caller (client disconnect) cancels the worker call.
         """
         self.admit()
         run = _Run(self, job, route, t0)
         try:
-            first = await race_disconnect(request, run.first())
+            first = await run.first()
         except BaseException:
             await run.aclose()
             raise
@@ -203,31 +199,3 @@ class _Run:
             m.completion_tokens.inc(len(self.progress.output_ids))
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
             self.svc.release()
-
-
-async def race_disconnect(request: Request, coro):
-    """Await `coro`, cancelling it if the client disconnects first (raises ClientGone)."""
-    task = asyncio.ensure_future(coro)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):
-        pass
-    raise ClientGone()
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return

@@ -1,0 +1,346 @@
+"""Router overhead: latency the router adds, and the requests/s it sustains, against a fast stand-in
+worker; side by side in one run with SGLang's Rust `sglang-router` (PyPI) routing to an HTTP
+stand-in that answers exactly like our gRPC one.
+
+    client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (router/standin.py)
+    client --gRPC Generate------------------------------------> stand-in D          (our baseline)
+    client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (below)
+    client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)
+
+Every worker streams `--tokens` synthetic tokens; the client keeps `--concurrency` streams open
+(closed loop). Two phases:
+  latency     the stand-ins wait `--token-delay-ms` between tokens (like a decode step), so the
+              routers are not saturated; overhead = percentile(through router) - percentile(direct)
+              of the end-to-end stream latency (and of TTFT).
+  throughput  no delay, `--rps-tokens` tokens per request: requests/s each router sustains.
+All processes share this machine's cores with the client; both routers get the same conditions.
+
+    python bench/router_overhead.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+# ------------------------------------------------------------------------------ HTTP stand-in
+def serve_http_standin(port: int, token_delay_s: float) -> None:
+    """An SGLang-compatible HTTP worker with the same synthetic stream as router/standin.py."""
+    from aiohttp import web
+
+    async def generate(request: web.Request):
+        body = await request.json()
+        n = max(1, int((body.get("sampling_params") or {}).get("max_new_tokens") or 16))
+        prompt = len(body.get("input_ids") or []) or len(body.get("text") or "")
+        rid = body.get("rid") or "r"
+
+        def chunk(i: int) -> dict:
+            return {"text": "".join(f" w{k}" for k in range(i + 1)), "output_ids": list(range(1000, 1001 + i)),
+                    "meta_info": {"id": rid, "prompt_tokens": prompt, "completion_tokens": i + 1, "cached_tokens": 0,
+                                  "finish_reason": {"type": "length", "length": n} if i == n - 1 else None}}
+
+        if not body.get("stream"):
+            if token_delay_s:
+                await asyncio.sleep(token_delay_s * n)
+            return web.json_response(chunk(n - 1))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
+            if token_delay_s:
+                await asyncio.sleep(token_delay_s)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def ok(request):
+        return web.json_response({"status": "ok"})
+
+    async def info(request):
+        return web.json_response({"model_path": "standin", "is_generation": True, "page_size": 16})
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    for path in ("/health", "/health_generate", "/flush_cache"):
+        app.router.add_route("*", path, ok)
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        app.router.add_get(path, info)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+# ------------------------------------------------------------------------------ processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready within {timeout_s}s")
+
+
+def wait_port(port: int, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"port {port} not open within {timeout_s}s")
+
+
+class Procs:
+    """Child processes of one phase, each in its own process group, stopped by PID."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        p = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(timeout=10)
+        self.procs.clear()
+
+
+# ------------------------------------------------------------------------------ load
+class Sample:
+    __slots__ = ("ttft", "e2e")
+
+    def __init__(self, ttft: float, e2e: float):
+        self.ttft, self.e2e = ttft, e2e
+
+
+async def _http_one(session, url: str, body: bytes) -> Sample:
+    t0 = time.perf_counter()
+    ttft = None
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
+        async for line in resp.content:
+            if ttft is None and line.startswith(b"data: {"):
+                ttft = time.perf_counter() - t0
+    return Sample(ttft or 0.0, time.perf_counter() - t0)
+
+
+async def _grpc_one(stub, pb, tokens: int) -> Sample:
+    t0 = time.perf_counter()
+    ttft = None
+    req = pb.GenerateRequest(request_id="b", token_ids=list(range(1, 65)), prefill_address="unused",
+                             sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0))
+    async for _ in stub.Generate(req, timeout=60):
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+    return Sample(ttft or 0.0, time.perf_counter() - t0)
+
+
+async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: float, duration_s: float) -> dict:
+    """`concurrency` clients each sending back-to-back requests; stats of those finished in the window."""
+    samples: list[Sample] = []
+    t_start = time.perf_counter()
+    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
+    if target.startswith("grpc://"):
+        import grpc
+
+        from proto.pdorch.v1 import worker_pb2 as pb
+        from proto.pdorch.v1 import worker_pb2_grpc as pbg
+
+        channel = grpc.aio.insecure_channel(target[len("grpc://"):])
+        stub = pbg.DecodeServiceStub(channel)
+        one = lambda: _grpc_one(stub, pb, tokens)  # noqa: E731
+        close = channel.close
+    else:
+        import aiohttp
+
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                        timeout=aiohttp.ClientTimeout(total=60))
+        body = json.dumps({"input_ids": list(range(1, 65)), "stream": True,
+                           "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0}}).encode()
+        one = lambda: _http_one(session, target + "/generate", body)  # noqa: E731
+        close = session.close
+
+    async def client():
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= t_end:
+                return
+            s = await one()
+            if t0 >= t_measure and time.perf_counter() <= t_end:
+                samples.append(s)
+
+    try:
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    finally:
+        await close()
+    if not samples:
+        raise RuntimeError(f"no request to {target} finished inside the measuring window")
+    return summarize(samples, duration_s)
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def summarize(samples: list[Sample], duration_s: float) -> dict:
+    e2e = [s.e2e * 1000 for s in samples]
+    ttft = [s.ttft * 1000 for s in samples]
+    return {"requests": len(samples), "rps": len(samples) / duration_s, "e2e_p50_ms": statistics.median(e2e),
+            "e2e_p99_ms": pct(e2e, 0.99), "ttft_p50_ms": statistics.median(ttft), "ttft_p99_ms": pct(ttft, 0.99)}
+
+
+# ------------------------------------------------------------------------------ phase
+def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path) -> dict:
+    """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
+    py = sys.executable
+    p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
+    d = procs.start("standin_decode", [py, "-m", "router.standin", "--role", "decode", "--port", str(d_port),
+                                       "--token-delay-s", str(token_delay_s)])
+    p = procs.start("standin_prefill", [py, "-m", "router.standin", "--role", "prefill", "--port", str(p_port)])
+    h = procs.start("standin_http", [py, str(Path(__file__).resolve()), "--http-standin", str(h_port),
+                                     "--token-delay-ms", str(token_delay_s * 1000)])
+    cfg = tmp / "router.yaml"
+    cfg.write_text(json.dumps({
+        "model": {"source": str(model_dir), "cache_dir": str(tmp / "models"), "page_size": 16},
+        "router": {"host": "127.0.0.1", "port": r_port, "max_queued_requests": 4096},
+        "discovery": {"mode": "static", "prefill": [f"127.0.0.1:{p_port}"], "decode": [f"127.0.0.1:{d_port}"]}}))
+    r = procs.start("pdorch_router", [py, "-m", "router", "--config", str(cfg), "--log-level", "warning"])
+    for port, proc in ((d_port, d), (p_port, p), (h_port, h)):
+        wait_port(port, 30, proc)
+    wait_http(f"http://127.0.0.1:{r_port}/health", 60, r)
+    urls = {"ours": f"http://127.0.0.1:{r_port}", "ours_direct": f"grpc://127.0.0.1:{d_port}",
+            "sglang_direct": f"http://127.0.0.1:{h_port}", "sglang": None}
+    if shutil.which("sglang-router") or _has_module("sglang_router"):
+        s_port = free_port()
+        s = procs.start("sglang_router", [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                                          "--port", str(s_port), "--worker-urls", f"http://127.0.0.1:{h_port}",
+                                          "--policy", "cache_aware", "--log-level", "warn",
+                                          "--max-concurrent-requests", "4096"])
+        wait_http(f"http://127.0.0.1:{s_port}/health", 60, s)
+        urls["sglang"] = f"http://127.0.0.1:{s_port}"
+    return urls
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def run_phase(name: str, token_delay_s: float, tokens: int, args, model_dir: Path) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix=f"router_overhead_{name}_"))
+    procs = Procs(tmp)
+    try:
+        urls = start_targets(procs, tmp, token_delay_s, model_dir)
+        out = {}
+        for key in ("ours_direct", "ours", "sglang_direct", "sglang"):
+            if urls[key] is None:
+                continue
+            out[key] = asyncio.run(closed_loop(urls[key], args.concurrency, tokens, args.warmup_s, args.duration_s))
+            if not args.json:
+                print(f"  {name:10s} {key:14s} " + "  ".join(f"{k}={v:.1f}" for k, v in out[key].items()), flush=True)
+        return out
+    finally:
+        procs.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=64, help="open streams (closed loop)")
+    ap.add_argument("--tokens", type=int, default=16, help="tokens per request in the latency phase")
+    ap.add_argument("--token-delay-ms", type=float, default=20.0, help="stand-in delay between tokens (latency phase)")
+    ap.add_argument("--rps-tokens", type=int, default=4, help="tokens per request in the throughput phase")
+    ap.add_argument("--warmup-s", type=float, default=2.0)
+    ap.add_argument("--duration-s", type=float, default=8.0)
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--http-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.http_standin:
+        serve_http_standin(args.http_standin, args.token_delay_ms / 1000)
+        return 0
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    from engine.prepare import make_tiny_model
+
+    model_dir = make_tiny_model(Path(tempfile.mkdtemp(prefix="router_overhead_model_")))
+    lat = run_phase("latency", args.token_delay_ms / 1000, args.tokens, args, model_dir)
+    thr = run_phase("throughput", 0.0, args.rps_tokens, args, model_dir)
+    shutil.rmtree(model_dir, ignore_errors=True)
+
+    def overhead(res: dict, via: str, direct: str, field: str) -> float | None:
+        return None if via not in res else round(res[via][field] - res[direct][field], 3)
+
+    result = {
+        "concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
+        "p50_overhead_ms": overhead(lat, "ours", "ours_direct", "e2e_p50_ms"),
+        "p99_overhead_ms": overhead(lat, "ours", "ours_direct", "e2e_p99_ms"),
+        "ttft_p50_overhead_ms": overhead(lat, "ours", "ours_direct", "ttft_p50_ms"),
+        "sglang_router_p50_overhead_ms": overhead(lat, "sglang", "sglang_direct", "e2e_p50_ms"),
+        "sglang_router_p99_overhead_ms": overhead(lat, "sglang", "sglang_direct", "e2e_p99_ms"),
+        "rps": round(thr["ours"]["rps"], 1),
+        "direct_grpc_rps": round(thr["ours_direct"]["rps"], 1),
+        "sglang_router_rps": round(thr["sglang"]["rps"], 1) if "sglang" in thr else None,
+        "direct_http_rps": round(thr["sglang_direct"]["rps"], 1),
+    }
+    result["rps_ratio"] = round(result["rps"] / result["sglang_router_rps"], 3) if result["sglang_router_rps"] else None
+    if not args.json:
+        print("\nrouter overhead (latency phase: end-to-end stream latency, through router minus direct)")
+        print(f"  pdorch router : p50 +{result['p50_overhead_ms']} ms  p99 +{result['p99_overhead_ms']} ms")
+        print(f"  sglang-router : p50 +{result['sglang_router_p50_overhead_ms']} ms  "
+              f"p99 +{result['sglang_router_p99_overhead_ms']} ms")
+        print(f"max requests/s (throughput phase, {args.rps_tokens} tokens each, {args.concurrency} streams)")
+        print(f"  pdorch router : {result['rps']}  sglang-router: {result['sglang_router_rps']}  "
+              f"ratio {result['rps_ratio']}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

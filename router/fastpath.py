@@ -1,0 +1,103 @@
+"""The hot path: generation requests skip FastAPI's middleware/routing stack.
+
+FastAPI still declares the generation routes (OpenAPI docs), but this pure ASGI middleware
+answers POSTs to them first: read the body, call the handler, send its response. It also
+owns client-disconnect handling for them with ONE watcher task per request:
+
+    body read --> watcher awaits receive() --http.disconnect--> cancels the request task
+                                                                 (gRPC call cancelled in finally)
+
+NOTE: the watcher starts only after the body is read (two readers of `receive` would steal each
+other's messages), and `done` is set before the last send: uvicorn's receive() also returns
+http.disconnect once the response is complete, which is not a client disconnect.
+Unexpected exceptions become a 500 JSON error without a stack trace (logged here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from starlette.requests import Request
+
+from router.errors import APIError
+from router.metrics import RouterMetrics
+
+log = logging.getLogger("pdorch.router")
+
+
+class FastPath:
+    def __init__(self, app, handlers: dict, metrics: RouterMetrics, known_routes: set[str]):
+        self.app = app
+        self.handlers = handlers  # path -> async (request, body) -> response
+        self.metrics = metrics
+        self.known_routes = known_routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        route = path if path in self.known_routes else "other"
+        handler = self.handlers.get(path) if scope["method"] == "POST" else None
+        if handler is not None:
+            return await self._serve(handler, scope, receive, send, route)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+    async def _serve(self, handler, scope, receive, send, route: str):
+        status_seen = []
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        task = asyncio.current_task()
+        state = {"done": False, "gone": False}
+
+        async def watch():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if not state["done"]:
+                        state["gone"] = True
+                        task.cancel()
+                    return
+
+        async def send_checked(message):
+            if message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    state["done"] = True
+            else:
+                status_seen.append(message["status"])
+                self.metrics.requests.labels(route, str(message["status"])).inc()
+            await send(message)
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            try:
+                response = await handler(Request(scope), body)
+            except APIError as e:
+                response = e.response()
+            await response(scope, receive, send_checked)
+        except asyncio.CancelledError:
+            if state["gone"]:
+                task.uncancel()  # the client left: nothing to answer, not an error
+                return
+            raise
+        except Exception:
+            log.exception("unexpected error on %s", scope["path"])
+            if not status_seen:
+                await APIError(500, "internal error in the router (see its log)", "internal_error").response()(
+                    scope, receive, send)
+        finally:
+            state["done"] = True
+            watcher.cancel()

@@ -1,0 +1,179 @@
+"""The generation endpoints: /v1/chat/completions, /v1/completions, /generate.
+
+Each handler takes the request (headers) and its raw body and returns a Response: JSON for
+`stream: false`, an `SSEResponse` otherwise. Errors before the first token raise APIError
+(the caller answers them as JSON with their status); after it they become an error event.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from pdorch.config import Config
+from router import formats
+from router.auth import Auth
+from router.dispatch import StreamFailed
+from router.errors import APIError, stream_error_event, upstream_error
+from router.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest, parse,
+                             sampling_from_openai, sampling_from_sglang)
+from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]
+
+
+class SSEResponse:
+    """A lean server-sent-events response: start, one body message per event, end.
+
+    `finalize` runs however the stream ends (the generator is also closed). Client disconnect
+    is handled by the caller cancelling the task (see router/fastpath.py), which lands here as
+    CancelledError and still runs `finalize`.
+    """
+
+    def __init__(self, events, finalize):
+        self.events = events
+        self.finalize = finalize
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            async for chunk in self.events:
+                # NOTE: the stream's last event ends with `data: [DONE]`; sending it as the final
+                # body saves a write per request (it matters at hundreds of requests/s).
+                last = chunk.endswith(formats.DONE)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.events.aclose()
+            await self.finalize()
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(formats.dumps(obj), status_code=status, media_type="application/json")
+
+
+class GenerationHandlers:
+    def __init__(self, cfg: Config, svc: RouterService, auth: Auth):
+        self.cfg = cfg
+        self.svc = svc
+        self.auth = auth
+
+    async def chat(self, request: Request, body: bytes):
+        return await self._openai(request, body, chat=True)
+
+    async def completions(self, request: Request, body: bytes):
+        return await self._openai(request, body, chat=False)
+
+    async def _openai(self, request: Request, body: bytes, chat: bool):
+        t0 = time.perf_counter()
+        svc = self.svc
+        self.auth.check_client(request.headers.get("authorization"))
+        req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
+        svc.check_model(req.model)
+        sampling, max_tokens = sampling_from_openai(req)
+        if chat:
+            ids = svc.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+        else:
+            ids = completion_prompt(req.prompt, svc)
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param)
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
+        created = int(time.time())
+        model = self.cfg.model.name
+        progress, first, run = await svc.start(job, route, t0)
+        if not req.stream:
+            final = formats.chat_final if chat else formats.completion_final
+            return await _collect(run, lambda: final(progress, oid, created, model))
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        chunk = formats.chat_chunk if chat else formats.completion_chunk
+
+        def tail() -> bytes:
+            return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
+
+        async def events():
+            try:
+                out = chunk(progress, oid, created, model, first, True, include_usage)
+                if progress.finish_reason:
+                    yield out + tail()
+                    return
+                yield out
+                async for delta in run:
+                    out = chunk(progress, oid, created, model, delta, False, include_usage)
+                    if progress.finish_reason:  # the worker's last chunk: end the HTTP body with it
+                        yield out + tail()
+                        return
+                    yield out
+            except StreamFailed as e:
+                yield formats.sse(stream_error_event(str(e))) + formats.DONE
+                return
+            yield tail()
+
+        return SSEResponse(events(), run.aclose)
+
+    async def generate(self, request: Request, body: bytes):
+        t0 = time.perf_counter()
+        svc = self.svc
+        self.auth.check_client(request.headers.get("authorization"))
+        req = parse(GenerateRequest, body)
+        if (req.text is None) == (req.input_ids is None):
+            raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
+        if req.return_logprob:
+            raise APIError(400, "return_logprob is not supported", param="return_logprob")
+        sampling, max_tokens = sampling_from_sglang(req.sampling_params)
+        ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
+        job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
+                           max_tokens_param="sampling_params.max_new_tokens")
+        progress, first, run = await svc.start(job, "/generate", t0)
+        if not req.stream:
+            return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))
+
+        def event() -> bytes:
+            out = formats.sse(formats.generate_body(progress, time.perf_counter() - t0))
+            return out + formats.DONE if progress.finish_reason else out  # last chunk ends the body
+
+        async def events():
+            try:
+                yield event()
+                if progress.finish_reason:
+                    return
+                async for _ in run:
+                    yield event()
+                    if progress.finish_reason:
+                        return
+            except StreamFailed as e:
+                yield formats.sse(stream_error_event(str(e))) + formats.DONE
+                return
+            yield formats.DONE
+
+        return SSEResponse(events(), run.aclose)
+
+
+async def _collect(run, final) -> Response:
+    try:
+        async for _ in run:
+            pass
+    except StreamFailed as e:
+        raise upstream_error(str(e)) from None
+    finally:
+        await run.aclose()
+    return json_response(final())
+
+
+def completion_prompt(prompt, svc: RouterService) -> list[int]:
+    if isinstance(prompt, str):
+        return svc.encode(prompt)
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return list(prompt)
+    if len(prompt) != 1:
+        raise APIError(400, f"batched prompts are not supported (got {len(prompt)}); send one prompt per request",
+                       param="prompt")
+    one = prompt[0]
+    return svc.encode(one) if isinstance(one, str) else list(one)
