@@ -29,13 +29,16 @@ _SECRETS = (("router", "api_key"), ("router", "admin_key"))
 
 
 def _parser() -> argparse.ArgumentParser:
+    # NOTE: allow_abbrev=False everywhere: `--prefil 2` must be an error, not a 2-worker cluster.
     parser = argparse.ArgumentParser(prog="pdorch", description="Prefill/decode disaggregated LLM serving "
-                                     "with the Mooncake KV store.")
+                                     "with the Mooncake KV store.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run a local cluster: mooncake_master, workers and the router",
+    serve = sub.add_parser("serve", allow_abbrev=False,
+                           help="run a local cluster: mooncake_master, workers and the router",
                            description="Run mooncake_master, N prefill and M decode workers and the router "
-                           "as child processes until Ctrl-C. Without --config: the embedded configs/local.yaml.")
+                           "as child processes until Ctrl-C. Without --config: the embedded "
+                           "configs/local.yaml.")
     add_config_args(serve)
     serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
@@ -43,20 +46,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
                        help="give up if not ready after S seconds (default 600)")
 
-    status = sub.add_parser("status", help="workers, load and cache hit rates from a running router")
+    status = sub.add_parser("status", allow_abbrev=False,
+                            help="workers, load and cache hit rates from a running router")
     add_config_args(status)
     status.add_argument("--url", help="router URL (default: from the config's router.host/port)")
     status.add_argument("--admin-key", default=None, help="admin key (default: router.admin_key, "
                         "e.g. env PDORCH_ROUTER_ADMIN_KEY)")
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
-    model = sub.add_parser("model", help="model management")
+    model = sub.add_parser("model", allow_abbrev=False, help="model management")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     # NOTE: no own --help: everything after `prepare` goes to engine.prepare, which documents itself.
-    model_sub.add_parser("prepare", add_help=False, help="convert a model once into the cache "
-                         "(smollm2, a .gguf file or a Hugging Face directory)")
+    model_sub.add_parser("prepare", add_help=False, allow_abbrev=False,
+                         help="convert a model once into the cache (smollm2, a .gguf file or a HF directory)")
 
-    config = sub.add_parser("config", help="validate a config and print the effective values "
+    config = sub.add_parser("config", allow_abbrev=False,
+                            help="validate a config and print the effective values "
                             "(defaults < file < PDORCH_* env < --set); secrets redacted")
     add_config_args(config)
     return parser

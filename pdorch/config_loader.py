@@ -219,7 +219,8 @@ def _build(values, errors) -> Config:
             cond = f.metadata.get("required_when")
             needed = f.metadata.get("required") or (cond is not None and merged.get(cond[0]) == cond[1])
             if needed and f.name in merged and merged[f.name] in ("", ()):
-                why = f" when {name}.{cond[0]} is {show(cond[1])}" if cond and not f.metadata.get("required") else ""
+                conditional = cond is not None and not f.metadata.get("required")
+                why = f" when {name}.{cond[0]} is {show(cond[1])}" if conditional else ""
                 errors.append(f"{name}.{f.name}: missing required value{why}; "
                               f"got {show(merged[f.name])}")
         if len(merged) == len(dataclasses.fields(cls)):

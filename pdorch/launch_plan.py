@@ -71,7 +71,8 @@ def torch_threads_per_worker(cfg: Config, num_workers: int, cpu_count: int | Non
 
 def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_path: str,
                        user_overrides: tuple[str, ...] = (), python: str = sys.executable,
-                       master_argv: tuple[str, ...] | None = None, cpu_count: int | None = None) -> LaunchPlan:
+                       master_argv: tuple[str, ...] | None = None,
+                       cpu_count: int | None = None) -> LaunchPlan:
     """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
     ports (None: store disabled or the caller builds it later); raises PlanError."""
     if num_prefill < 1 or num_decode < 1:

@@ -172,7 +172,8 @@ class LocalCluster:
             pids = {c.name: c.pid for c in self.children}
             if role == "master":
                 labels = ("rpc", "metadata", "metrics")  # the order of launch_plan._master_spec
-                what = "mooncake_master " + ", ".join(f"{n} :{p}" for n, (_, p) in zip(labels, specs[0].ports))
+                ports = ", ".join(f"{n} :{p}" for n, (_, p) in zip(labels, specs[0].ports))
+                what = f"mooncake_master {ports}"
             elif role == "router":
                 what = f"router {plan.router_url}"
             else:
@@ -241,7 +242,10 @@ class LocalCluster:
 
     def _report_death(self, child: Child) -> None:
         code = child.exit_code()
-        how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exited with {code}"
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with {code}"
         self._say(f"\npdorch serve: {child.name} (pid {child.pid}) {how}; stopping the others. "
                   f"Last lines of {child.log_path}:")
         for line in child.log_tail(20).splitlines():

@@ -26,7 +26,8 @@ def _get(url: str, admin_key: str, timeout_s: float) -> bytes:
             return r.read()
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
-            raise StatusError(f"{url}: HTTP {e.code}; pass --admin-key or set PDORCH_ROUTER_ADMIN_KEY") from None
+            raise StatusError(f"{url}: HTTP {e.code}; pass --admin-key or set "
+                              "PDORCH_ROUTER_ADMIN_KEY") from None
         raise StatusError(f"{url}: HTTP {e.code}: {e.read()[:200].decode(errors='replace')}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
