@@ -113,7 +113,8 @@ class StoreIO:
                 return
             self._loads.append(job)
             self._open[LOAD] += 1
-            self._cv.notify_all()
+            # Any thread serves loads: wake one (each woken thread costs a GIL hand-off).
+            self._cv.notify()
         self._publish_depth()
 
     def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int]) -> bool:
@@ -128,7 +129,7 @@ class StoreIO:
                 self._pending_save_pages += len(keys)
                 self._saves.append(job)
                 self._open[SAVE] += 1
-                self._cv.notify_all()
+                self._cv.notify_all()  # NOTE: notify() could wake only the loads-only thread
         if reason is not None:
             self._metrics.saves_dropped.labels(reason).inc(len(keys))
             self._complete(job, 0, reason)
