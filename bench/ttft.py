@@ -85,6 +85,9 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="pdorch_ttft_") as tmp:
         cluster = start_cluster(Path(tmp), model_dir, with_store=True,
                                 model={"torch_threads": args.torch_threads, "page_size": page},
+                                # NOTE: only P mounts a store segment here (D does not offload), so it
+                                # must hold every run's prompt pages or later runs' write-backs fail.
+                                store={"global_segment_size_mb": max(512, 2 * args.runs * pages_needed)},
                                 prefill={"num_pages": 2 * pages_needed, "chunk_tokens": 512},
                                 decode={"num_pages": 2 * pages_needed, "prefill_timeout_s": 600.0,
                                         "offload_generated_kv": False})

@@ -77,6 +77,36 @@ def test_multiturn_with_offload_off_hits_only_the_turn_one_prompt(cluster, tok):
     cluster.assert_pools_sound()
 
 
+def test_client_cancel_during_prefill_aborts_on_prefill_and_frees_pages(cluster, tok):
+    p2 = [wp for wp in cluster.workers if wp.role == "prefill"][1]
+    before = cluster.stats("prefill", p2)
+    prompt = tok.encode_chat([{"role": "user", "content": long_document(75) + "\nCount the boats."}])
+    req = pb.GenerateRequest(request_id="cancel-me", token_ids=prompt, prefill_address=p2.address,
+                             sampling=pb.SamplingParams(max_tokens=4, temperature=0.0), timeout_s=120)
+    call = cluster.decode_stub().Generate(req, timeout=130)  # the stream starts now
+    wait_running(cluster, p2)
+    call.cancel()  # the router going away: D cancels its Prefill call, P aborts the request
+    st = cluster.wait_idle("prefill", timeout_s=20, wp=p2)
+    assert st.requests_aborted == before.requests_aborted + 1
+    assert st.requests_finished == before.requests_finished
+    cluster.assert_pools_sound()
+
+
+def test_request_deadline_fails_it_with_a_clear_error_on_both_workers(cluster, tok):
+    p2 = [wp for wp in cluster.workers if wp.role == "prefill"][1]
+    before = cluster.stats("prefill", p2)
+    prompt = tok.encode_chat([{"role": "user", "content": long_document(75) + "\nName a town."}])
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as err:
+        cluster.generate(prompt, max_tokens=4, timeout_s=1.0, prefill_address=p2.address)
+    assert time.monotonic() - t0 < 5.0
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert f"prefill worker {p2.address} did not answer" in err.value.details()
+    st = cluster.wait_idle("prefill", timeout_s=20, wp=p2)
+    assert st.requests_failed == before.requests_failed + 1
+    cluster.assert_pools_sound()
+
+
 def test_killing_prefill_mid_request_fails_it_fast_and_decode_keeps_serving(cluster, tok):
     p1, p2 = [wp for wp in cluster.workers if wp.role == "prefill"]
     prompt = tok.encode_chat([{"role": "user", "content": long_document(80) + "\nSummarize."}])

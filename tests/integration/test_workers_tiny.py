@@ -90,3 +90,19 @@ def test_metrics_endpoints(cluster):
     text = urllib.request.urlopen(f"http://127.0.0.1:{cluster.prefill.metrics_port}/metrics", timeout=5).read()
     assert b'pdorch_prefill_prompt_tokens_total{source="computed"}' in text
     assert b"pdorch_prefill_transfer_bytes_total" in text
+
+
+def test_worker_registers_in_etcd_and_deregisters_on_stop(cluster, etcd_server):
+    from pdorch.registration import connect
+    from tests.fixtures.processes import stop_process
+
+    wp = cluster.spawn_worker("prefill", sections={"discovery": {
+        "mode": "etcd", "etcd_endpoints": (etcd_server.endpoint,), "cluster": "wtest"}})
+    cluster.wait_ready(wp)
+    client = connect([etcd_server.endpoint])
+    key = f"/wtest/workers/prefill/prefill-127.0.0.1-{wp.port}"
+    value, _ = client.get(key)
+    assert value is not None and f"127.0.0.1:{wp.port}".encode() in value
+    stop_process(wp.proc)  # SIGTERM: the worker revokes its lease on the way out
+    assert client.get(key)[0] is None
+    cluster.workers.remove(wp)
