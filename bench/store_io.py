@@ -291,6 +291,9 @@ def run(args) -> dict:
         "loop_slowdown_ratio": 1.0 - med["loop_with"] / med["loop_alone"],
         "loop_outproc_with_raw_loads_it_s": med["loop_outproc"],
         "loop_outproc_slowdown_ratio": 1.0 - med["loop_outproc"] / med["loop_alone"],
+        # Loop slowdown per GB/s moved: in-process (GIL + CPU) vs other process (CPU only).
+        "loop_slowdown_per_gbps": (1.0 - med["loop_with"] / med["loop_alone"]) / med["inproc"],
+        "loop_outproc_slowdown_per_gbps": (1.0 - med["loop_outproc"] / med["loop_alone"]) / med["outproc"],
         "per_page_alone_gbps": med["per_page_alone"],
         "per_page_loop_ratio": med["per_page"] / med["per_page_alone"],
         "client_loop_ratio": med["inproc"] / med["idle"],
@@ -311,6 +314,8 @@ def table(res: dict) -> str:
          f"slowdown = {res['loop_slowdown_ratio']:.0%}  (target < 30%)"),
         ("    loop it/s in the other process during (4)", f"{res['loop_outproc_with_raw_loads_it_s']:.0f}",
          f"slowdown = {res['loop_outproc_slowdown_ratio']:.0%}  (CPU contention alone)"),
+        ("    loop slowdown per GB/s: in-process / other", "",
+         f"{res['loop_slowdown_per_gbps']:.2f} / {res['loop_outproc_slowdown_per_gbps']:.2f}"),
         ("(6) per-page alloc+open+readinto+copy + loop", f"{res['per_page_baseline_gbps']:.2f} GB/s",
          f"vs {res['per_page_alone_gbps']:.2f} GB/s without the loop: x{res['per_page_loop_ratio']:.2f}"),
         ("    store_client under the loop, (3)/(2)", "", f"x{res['client_loop_ratio']:.2f}"),
