@@ -51,7 +51,8 @@ stops start-up instead of being ignored.
 
 `pdorch serve --prefill N --decode M` starts N prefill and M decode workers on loopback; worker
 `i` listens on `port + i` and `metrics_port + i`, and the router's static discovery lists are set
-to match.
+to match. With `discovery.mode: etcd` (see `configs/etcd.yaml`; start etcd first) the workers
+register themselves and the router watches etcd instead.
 """
 
 

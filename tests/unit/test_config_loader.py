@@ -232,3 +232,8 @@ def test_dump_round_trips(tmp_path):
     dump_config(cfg, tmp_path / "out.yaml")
     assert load_config(tmp_path / "out.yaml", environ={}) == cfg
     assert config_to_dict(cfg)["discovery"]["prefill"] == ["a:1", "b:2"]
+
+
+@pytest.mark.parametrize("path", sorted((default_config_path().parent).glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_is_valid(path):
+    assert isinstance(load_config(path, environ={}), Config)
