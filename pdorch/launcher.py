@@ -113,11 +113,11 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._say(f"pdorch serve: logs in {self.log_dir}")
         try:
+            self.plan = self.plan or self._make_plan()
+            self._check_ports_free(self.plan)  # before the (possibly long) model conversion: fail fast
             if self.opts.prepare:
                 self._say(f"[0] model {self.cfg.model.source} (cache {self.cfg.model.cache_dir})")
                 prepare_model_with_progress(self.cfg, self.out)
-            self.plan = self.plan or self._make_plan()
-            self._check_ports_free(self.plan)
         except (ServeError, PlanError) as e:
             self._say(f"pdorch serve: {e}")
             return 2
@@ -204,8 +204,11 @@ class LocalCluster:
             # NOTE: BLAS/OpenMP pools ignore torch.set_num_threads at import; pin them too.
             env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
         child = Child(spec.name, spec.argv, self.log_dir / f"{spec.name}.log", env)
+        try:
+            child.start()
+        except OSError as e:
+            raise ServeError(f"cannot start {spec.name} ({spec.argv[0]}): {e}") from None
         self.children.append(child)
-        child.start()
 
     def _wait(self, what: str, deadline: float, ready) -> None:
         progress = Progress(self.out, what)

@@ -169,3 +169,14 @@ def test_curl_example_mentions_the_key_only_by_env_var():
     assert '"model": "M"' in text and "$PDORCH_ROUTER_API_KEY" in text
     assert "Authorization" not in curl_example("http://h:1", "M", with_api_key=False)
 
+
+
+def test_a_missing_executable_stops_what_started(tmp_path):
+    ports = [free_port(), free_port()]
+    missing = ChildSpec("decode-0", "decode", (str(tmp_path / "no-such-binary"),), "127.0.0.1",
+                        (("decode.port", ports[1]),))
+    lc = cluster(tmp_path, [spec(tmp_path, "prefill-0", "prefill", ports[0]), missing,
+                            spec(tmp_path, "router", "router", free_port())])
+    assert lc.run() == 1
+    assert "cannot start decode-0" in lc.out.getvalue() and "No such file" in lc.out.getvalue()
+    assert [c.name for c in lc.children] == ["prefill-0"] and gone(lc.children[0].pid)
