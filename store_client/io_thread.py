@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from store_client.store import DISABLED, OK, RPC_FAILED, TIMEOUT, KVStore
+from store_client.store import DISABLED, OK, RPC_FAILED, TIMEOUT, KVStore, check_pairs
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class StoreIO:
     # ------------------------------------------------------------------ scheduler side
     def submit_load(self, tag, keys: Sequence[str], addrs: Sequence[int], deadline_s: float | None = None) -> None:
         """Queue a load of pages into pool addresses (the caller retains them until the completion)."""
-        _check(keys, addrs)
+        check_pairs(keys, addrs)
         now = time.monotonic()
         job = _Job(tag, LOAD, list(keys), list(addrs), now,
                    deadline=now + (self._load_timeout_s if deadline_s is None else deadline_s))
@@ -119,7 +119,7 @@ class StoreIO:
 
     def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int]) -> bool:
         """Queue a write-back; False when it was dropped (its completion still arrives via poll)."""
-        _check(keys, addrs)
+        check_pairs(keys, addrs)
         job = _Job(tag, SAVE, list(keys), list(addrs), time.monotonic())
         with self._cv:
             reason = DISABLED if self._closed else None
@@ -278,7 +278,3 @@ class StoreIO:
         self._metrics.queue_depth.labels(LOAD).set(loads)
         self._metrics.queue_depth.labels(SAVE).set(saves)
 
-
-def _check(keys: Sequence[str], addrs: Sequence[int]) -> None:
-    if len(keys) != len(addrs):
-        raise ValueError(f"got {len(keys)} keys but {len(addrs)} page addresses")

@@ -134,7 +134,7 @@ class KVStore:
     def load_many(self, requests: Sequence[tuple[Sequence[str], Sequence[int]]]) -> list[LoadResult]:
         """Several requests' loads in ONE batch_get_into; each request keeps its own prefix rule."""
         for keys, addrs in requests:
-            _check_pairs(keys, addrs)
+            check_pairs(keys, addrs)
         total = sum(len(keys) for keys, _ in requests)
         if total == 0:
             return [LoadResult(0, OK) for _ in requests]
@@ -174,7 +174,7 @@ class KVStore:
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
         """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""
-        _check_pairs(keys, addrs)
+        check_pairs(keys, addrs)
         if not keys:
             return SaveResult(0, 0, 0, OK)
         client = self._connector.client()
@@ -232,7 +232,8 @@ def _leading(codes: Sequence[int], ok) -> int:
     return n
 
 
-def _check_pairs(keys: Sequence[str], addrs: Sequence[int]) -> None:
+def check_pairs(keys: Sequence[str], addrs: Sequence[int]) -> None:
+    """One address per key, or a ValueError naming both counts."""
     if len(keys) != len(addrs):
         raise ValueError(f"got {len(keys)} keys but {len(addrs)} page addresses")
 
