@@ -221,3 +221,23 @@ def test_load_has_priority_over_a_long_save(mooncake_master, clients):
         assert order == ["load", "save"], "a load queued behind a long save must run first"
     finally:
         io.close()
+
+
+def test_segment_owner_death_is_a_counted_miss(mooncake_master, peers, clients):
+    keys = _keys(weights="w-owner")
+    writer = peers("store-writer", master_address=mooncake_master.master_address,
+                   metadata_server=mooncake_master.metadata_url, page_nbytes=PAGE, num_pages=N, seed=21, keys=keys)
+    assert writer.ready["enabled"]
+    assert writer.ask("save " + ",".join(map(str, range(N))))["written"] == N
+    reader = clients(store_config(mooncake_master, global_segment_size_mb=0))  # the bytes live in the writer
+    assert reader.store.wait_enabled(30)
+    assert reader.store.load(keys, reader.addrs(range(N))).pages_loaded == N
+
+    writer.kill()
+    t0 = time.monotonic()
+    result = reader.store.load(keys, reader.addrs(range(N)))
+    assert time.monotonic() - t0 < 5.0
+    assert result.pages_loaded == 0
+    assert result.reason in ("transfer_failed", "absent")  # -800 until the master drops the segment, then -704
+    assert reader.metric("pdorch_store_miss_pages_total", op="load", reason=result.reason) == N
+    assert reader.store.enabled  # the master is fine: the store stays on
