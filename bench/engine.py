@@ -1,0 +1,154 @@
+"""Engine benchmark: our paged torch engine next to Hugging Face transformers, same machine, same run.
+
+  prefill   one prompt of 128 / 512 / 2048 random tokens: our ModelRunner (fresh pages) vs the HF
+            forward that `generate` does first (use_cache=True, logits for the last token only).
+            Headline: hf_time / our_time (>= 0.83 means we are within 1.2x of HF).
+  decode    B sequences of --prompt-len tokens, --new-tokens greedy steps, B = 1, 8, 32: our LLM
+            engine (continuous batching; timing starts after the prefill step) vs HF `generate`
+            at batch 1 run sequentially (the baseline) and at the same batch (context).
+            HF decode time = t(generate N new) - t(generate 1 new), i.e. without its prefill.
+
+Runs are repeated --reps times, ours and HF interleaved so machine noise hits both; best run kept.
+Weights: SmolLM2-135M-Instruct prepared by `pdorch model prepare` (HF loads the same directory).
+
+    python bench/engine.py [--json] [--threads 2] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch
+
+from engine.kv_pool import KVPool
+from engine.llm import LLM
+from engine.model_runner import Chunk, ModelRunner
+from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
+from engine.sampling_params import SamplingParams
+
+
+def best_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def random_ids(n: int, seed: int, batch: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 40000, (batch, n), generator=g).tolist()
+
+
+def bench_prefill(llm: LLM, hf, lengths, reps: int) -> dict:
+    out = {}
+    page = 16
+    pool = KVPool(llm.arch, -(-max(lengths) // page), page)
+    runner = ModelRunner(llm.model, llm.arch, pool)
+    for n in lengths:
+        ids = random_ids(n, seed=n)[0]
+        pages = list(range(-(-n // page)))
+        x, chunk = torch.tensor([ids]), Chunk(pages, 0, ids)
+        ours_t, hf_t = [], []
+        for _ in range(reps):  # interleaved
+            ours_t.append(best_time(lambda c=chunk: runner.forward([c]), 1))
+            with torch.inference_mode():
+                hf_t.append(best_time(lambda x=x: hf(x, use_cache=True, logits_to_keep=1), 1))
+        o, h = min(ours_t), min(hf_t)
+        out.update({f"prefill_{n}_ours_s": o, f"prefill_{n}_hf_s": h, f"prefill_{n}_ours_tok_s": n / o,
+                    f"prefill_{n}_hf_tok_s": n / h, f"prefill_{n}_hf_over_ours_ratio": h / o})
+    return out
+
+
+def ours_decode_time(llm: LLM, prompts, new_tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    seqs = [llm.add_request(p, params) for p in prompts]
+    llm.step()  # prefill of every prompt (the token budget covers them all) + first token
+    assert all(s.num_computed_tokens == s.prompt_len for s in seqs), "prefill did not fit one step"
+    t0 = time.perf_counter()
+    while llm.has_unfinished():
+        llm.step()
+    return time.perf_counter() - t0  # new_tokens - 1 decode steps
+
+
+def hf_generate_time(hf, prompts, new_tokens: int) -> float:
+    x = torch.tensor(prompts)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    do_sample=False, pad_token_id=2)
+    return time.perf_counter() - t0
+
+
+def bench_decode(llm: LLM, hf, batches, prompt_len: int, new_tokens: int, reps: int) -> dict:
+    out = {}
+    steps = new_tokens - 1
+    for b in batches:
+        prompts = random_ids(prompt_len, seed=1000 + b, batch=b)
+        ours, hf_same = [], []
+        for _ in range(reps):
+            llm.allocator.flush()  # no prefix-cache hits between repetitions
+            ours.append(ours_decode_time(llm, prompts, new_tokens))
+            hf_same.append(hf_generate_time(hf, prompts, new_tokens) - hf_generate_time(hf, prompts, 1))
+        out[f"decode_b{b}_ours_tok_s"] = b * steps / min(ours)
+        out[f"decode_b{b}_hf_tok_s"] = b * steps / min(hf_same)
+        out[f"decode_b{b}_over_hf_same_batch_ratio"] = out[f"decode_b{b}_ours_tok_s"] / out[f"decode_b{b}_hf_tok_s"]
+    seq = out[f"decode_b{batches[0]}_hf_tok_s"] if batches[0] == 1 else None
+    if seq:
+        out["decode_hf_sequential_tok_s"] = seq
+        for b in batches:
+            out[f"decode_b{b}_over_hf_ratio"] = out[f"decode_b{b}_ours_tok_s"] / seq
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="model source for `prepare_model`")
+    ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--prefill-lengths", default="128,512,2048")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+
+    model_dir = prepare_model(args.model, args.cache_dir, progress=lambda m: print(m, file=sys.stderr))
+    lengths = [int(x) for x in args.prefill_lengths.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    per_seq_pages = -(-(args.prompt_len + args.new_tokens) // 16)
+    llm = LLM(model_dir, num_pages=max(batches) * per_seq_pages + 1, page_size=16, max_num_seqs=max(batches),
+              max_num_batched_tokens=max(batches) * args.prompt_len)
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    res = {"torch_threads": args.threads, "decode_prompt_len_tokens": args.prompt_len,
+           "decode_new_tokens": args.new_tokens}
+    res.update(bench_prefill(llm, hf, lengths, args.reps))
+    res.update(bench_decode(llm, hf, batches, args.prompt_len, args.new_tokens, args.reps))
+
+    print(f"{'prefill tokens':>16} {'ours tok/s':>11} {'HF tok/s':>10} {'HF time / ours':>15}")
+    for n in lengths:
+        print(f"{n:>16} {res[f'prefill_{n}_ours_tok_s']:>11.0f} {res[f'prefill_{n}_hf_tok_s']:>10.0f} "
+              f"{res[f'prefill_{n}_hf_over_ours_ratio']:>15.2f}")
+    print(f"{'decode batch':>16} {'ours tok/s':>11} {'HF tok/s':>10} {'ours / HF b1':>15} {'ours / HF same b':>17}")
+    for b in batches:
+        print(f"{b:>16} {res[f'decode_b{b}_ours_tok_s']:>11.1f} {res[f'decode_b{b}_hf_tok_s']:>10.1f} "
+              f"{res.get(f'decode_b{b}_over_hf_ratio', float('nan')):>15.2f} "
+              f"{res[f'decode_b{b}_over_hf_same_batch_ratio']:>17.2f}")
+    if args.json:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
