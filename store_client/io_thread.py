@@ -62,7 +62,7 @@ class IOCompletion:
     elapsed_s: float = 0.0  # submit -> completion
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs are found in and removed from queues by object
 class _Job:
     tag: object
     op: str
