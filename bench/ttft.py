@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.prepare import DEFAULT_CACHE_DIR, prepare_model  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
-from proto.pdorch.v1 import worker_pb2 as pb  # noqa: E402
-from tests.fixtures.workers import start_cluster  # noqa: E402
+from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
+from engine.tokenizer import Tokenizer
+from proto.pdorch.v1 import worker_pb2 as pb
+from tests.fixtures.workers import start_cluster
 
 
 def prompt_ids(tok: Tokenizer, n: int, salt: int) -> list[int]:

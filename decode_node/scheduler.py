@@ -78,7 +78,7 @@ class DecodeScheduler:
                 while self._waiting and len(self._running) < self._max_running:
                     self._running.append(self._waiting.popleft())
                 worked = self._step() if self._running else False
-            except Exception:  # noqa: BLE001 - a bug must fail requests, not kill the thread silently
+            except Exception:  # a bug must fail requests, not kill the thread silently
                 log.exception("decode scheduler step failed")
                 for req in self._running + list(self._waiting):
                     self._finish(req, DecodeEvent(error=WorkerError("decode scheduler error (see worker log)")))

@@ -18,7 +18,7 @@ import time
 
 from decode_node.admission import Admission
 from decode_node.prefill_client import PrefillClient
-from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
+from decode_node.request import DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.sampler import make_generator

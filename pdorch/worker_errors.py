@@ -65,7 +65,7 @@ def grpc_errors(context: grpc.ServicerContext, what: str):
         yield
     except WorkerError as e:
         context.abort(e.code, str(e))
-    except Exception as e:  # noqa: BLE001 - last-resort mapping, logged with the traceback
+    except Exception as e:  # last-resort mapping, logged with the traceback
         # NOTE: handlers never call context.abort themselves (it raises a bare Exception that
         # this clause would swallow); they raise WorkerError and let this function map it.
         log.exception("%s failed", what)

@@ -48,7 +48,7 @@ class WorkerRuntime:
             if close is not None:
                 try:
                     close()
-                except Exception:  # noqa: BLE001 - best effort at shutdown
+                except Exception:  # best effort at shutdown
                     log.exception("closing %s failed", type(obj).__name__)
 
 

@@ -39,7 +39,7 @@ class KVPusher:
             err = e
         try:
             on_done(task, err, nbytes, time.perf_counter() - t0)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("push callback failed for %s", task.request_id)
 
     def close(self) -> None:

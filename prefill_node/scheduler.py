@@ -26,8 +26,8 @@ import torch
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
 from engine.sampler import make_generator
-from pdorch.worker_status import WorkerLoad
 from pdorch.worker_errors import Aborted, DeadlineExceeded, PeerFailed, ShuttingDown, WorkerError
+from pdorch.worker_status import WorkerLoad
 from prefill_node.job import PrefillResult
 from prefill_node.task import Phase, PrefillTask, reusable_pages
 from store_client.page_hash import page_hashes, store_key
@@ -93,7 +93,7 @@ class PrefillScheduler:
                 self._reap(time.monotonic())
                 self._admit()
                 worked = self._compute_step()
-            except Exception:  # noqa: BLE001 - a bug must fail requests, not kill the thread silently
+            except Exception:  # a bug must fail requests, not kill the thread silently
                 log.exception("prefill scheduler iteration failed")
                 for task in list(self._tasks.values()):
                     task.fail(WorkerError("prefill scheduler error (see worker log)"))

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pdorch.worker_errors import grpc_errors
+from pdorch.worker_rpc import WorkerServicer
 from prefill_node import convert
 from prefill_node.worker import PrefillWorker
-from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 
 
-class PrefillServicer(pb_grpc.PrefillServiceServicer):
-    def __init__(self, worker: PrefillWorker):
-        self._worker = worker
+class PrefillServicer(WorkerServicer):
+    """Prefill here; Abort, Flush, Info, Stats from WorkerServicer."""
 
     def Prefill(self, request, context):
         with grpc_errors(context, "Prefill"):
@@ -20,22 +19,6 @@ class PrefillServicer(pb_grpc.PrefillServiceServicer):
             # cancels (its client went away) or dies, this frees our pages at once.
             context.add_callback(lambda: self._worker.abort(job.request_id, wait=False))
             return convert.result_to_proto(self._worker.prefill(job))
-
-    def Abort(self, request, context):
-        with grpc_errors(context, "Abort"):
-            return pb.AbortResponse(found=self._worker.abort(request.request_id))
-
-    def Flush(self, request, context):
-        with grpc_errors(context, "Flush"):
-            return pb.FlushResponse(pages_freed=self._worker.flush())
-
-    def Info(self, request, context):
-        with grpc_errors(context, "Info"):
-            return self._worker.info()
-
-    def Stats(self, request, context):
-        with grpc_errors(context, "Stats"):
-            return self._worker.stats()
 
 
 def add_to_server(worker: PrefillWorker, server) -> None:

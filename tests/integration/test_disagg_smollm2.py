@@ -99,17 +99,8 @@ def test_long_prefix_comes_back_from_the_store_after_flushing_l1(cluster, tok, r
 
 
 def test_multiturn_offload_makes_turn_two_hit_prompt_and_answer(cluster, tok, reference):
-    history = [{"role": "user", "content": "Tell me a short story about a robot who learns to paint."}]
-    turn1 = tok.encode_chat(history)
-    out1 = cluster.generate(turn1, max_tokens=40).token_ids
-    answer = tok.decode([t for t in out1 if t not in tok.eos_token_ids], skip_special_tokens=True)
-    turn2 = tok.encode_chat(history + [{"role": "assistant", "content": answer},
-                                       {"role": "user", "content": "Give the story a title."}])
-    # The tokenization condition (decode_node/offload.py): turn 2 starts with turn 1 + the generated ids.
-    assert turn2[:len(turn1) + len(out1)] == turn1 + out1
-    cluster.wait_idle("decode")  # offload saves done
-    cluster.wait_idle("prefill")
-    cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=30)
+    turn1, out1, turn2 = cluster.two_turns(tok, "Tell me a short story about a robot who learns to paint.",
+                                           "Give the story a title.")
     got = cluster.generate(turn2, max_tokens=MAX_TOKENS)
     fed = len(turn1) + len(out1) - 1  # the last generated token is never fed, so never stored
     expected = min(fed // P, reusable_pages(len(turn2), P)) * P

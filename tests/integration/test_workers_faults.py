@@ -60,16 +60,9 @@ def run_in_thread(fn, *args, **kwargs):
 
 
 def test_multiturn_with_offload_off_hits_only_the_turn_one_prompt(cluster, tok):
-    history = [{"role": "user", "content": "Describe a lighthouse at night in three sentences."}]
-    turn1 = tok.encode_chat(history)
-    out1 = cluster.generate(turn1, max_tokens=40).token_ids
-    answer = tok.decode([t for t in out1 if t not in tok.eos_token_ids], skip_special_tokens=True)
-    turn2 = tok.encode_chat(history + [{"role": "assistant", "content": answer},
-                                       {"role": "user", "content": "Now make it rhyme."}])
-    assert turn2[:len(turn1) + len(out1)] == turn1 + out1
+    turn1, out1, turn2 = cluster.two_turns(tok, "Describe a lighthouse at night in three sentences.",
+                                           "Now make it rhyme.")
     assert (len(turn1) + len(out1) - 1) // P > len(turn1) // P  # the answer filled at least one page
-    cluster.wait_idle("prefill")
-    cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=30)
     got = cluster.generate(turn2, max_tokens=4)
     assert got.cached.store == min(len(turn1) // P, reusable_pages(len(turn2), P)) * P
     assert got.cached.device == 0
