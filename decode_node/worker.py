@@ -140,8 +140,10 @@ class DecodeWorker:
             req.done = True
             yield first
             return
-        yield first
+        # NOTE: join BEFORE yielding: if the client goes away at this yield (GeneratorExit), the
+        # scheduler already owns the request and reaps it (cancelled) with its pages.
         self.scheduler.join(req)
+        yield first
         while True:
             try:
                 event = req.events.get(timeout=EVENT_WAIT_S)

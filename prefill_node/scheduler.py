@@ -26,7 +26,7 @@ import torch
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
 from engine.sampler import make_generator
-from pdorch.worker_errors import Aborted, DeadlineExceeded, PeerFailed, ShuttingDown, WorkerError
+from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, ShuttingDown, WorkerError
 from pdorch.worker_status import WorkerLoad
 from prefill_node.job import PrefillResult
 from prefill_node.task import Phase, PrefillTask, reusable_pages
@@ -49,7 +49,10 @@ class PrefillScheduler:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._waiting: collections.deque[PrefillTask] = collections.deque()
-        self._tasks: dict[str, PrefillTask] = {}  # every task still holding state
+        # Every task still holding state, in arrival order (an ordered set: tasks hash by identity).
+        # NOTE: not keyed by request id: a retried id may arrive while the old task still waits for
+        # its write-back to finish.
+        self._tasks: dict[PrefillTask, None] = {}
         self._io_inflight = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="prefill-scheduler", daemon=True)
@@ -80,6 +83,13 @@ class PrefillScheduler:
         """Called by the pusher thread when the transfer of `task` finished (or failed)."""
         self._post(("pushed", task, err))
 
+    def live_task(self, request_id: str) -> PrefillTask | None:
+        """The unanswered task with this id (scheduler thread only)."""
+        for task in self._tasks:
+            if task.request_id == request_id and not task.finished_phase and not task.future.done():
+                return task
+        return None
+
     def _post(self, item) -> None:
         self._inbox.put(item)
         self._wake.set()
@@ -95,7 +105,7 @@ class PrefillScheduler:
                 worked = self._compute_step()
             except Exception:  # a bug must fail requests, not kill the thread silently
                 log.exception("prefill scheduler iteration failed")
-                for task in list(self._tasks.values()):
+                for task in list(self._tasks):
                     task.fail(WorkerError("prefill scheduler error (see worker log)"))
                     self._maybe_release(task)
                 worked = False
@@ -103,7 +113,7 @@ class PrefillScheduler:
             if not worked:
                 self._wake.wait(IO_POLL_S if self._io_inflight else IDLE_WAIT_S)
                 self._wake.clear()
-        for task in list(self._tasks.values()):
+        for task in list(self._tasks):
             task.fail(ShuttingDown("prefill worker is shutting down"))
 
     def _drain_inbox(self) -> None:
@@ -115,13 +125,13 @@ class PrefillScheduler:
             kind = item[0]
             if kind == "submit":
                 task = item[1]
-                if task.request_id in self._tasks:
-                    task.fail(WorkerError(f"request id {task.request_id!r} is already being prefilled"))
+                if self.live_task(task.request_id) is not None:
+                    task.fail(InvalidRequest(f"request id {task.request_id!r} is already being prefilled"))
                     continue
-                self._tasks[task.request_id] = task
+                self._tasks[task] = None
                 self._waiting.append(task)
             elif kind == "abort":
-                task = self._tasks.get(item[1])
+                task = self.live_task(item[1])
                 # NOTE: the future may already hold the answer while the phase still says PUSHING
                 # (the pusher answers first); an abort then is a no-op, like for unknown ids.
                 if task is not None and not task.finished_phase and not task.future.done():
@@ -174,7 +184,7 @@ class PrefillScheduler:
         task.phase = Phase.COMPUTING
 
     def _reap(self, now: float) -> None:
-        for task in list(self._tasks.values()):
+        for task in list(self._tasks):
             if not task.finished_phase and now > task.deadline:
                 task.fail(DeadlineExceeded(
                     f"prefill of {task.request_id} missed its deadline ({task.job.timeout_s:.1f}s) "
@@ -189,7 +199,7 @@ class PrefillScheduler:
         if task.page_ids:
             self._rt.allocator.release(task.page_ids)
             task.page_ids = []
-        self._tasks.pop(task.request_id, None)
+        self._tasks.pop(task, None)
         if task in self._waiting:
             self._waiting.remove(task)
 
@@ -230,7 +240,7 @@ class PrefillScheduler:
                 task.phase = Phase.COMPUTING
 
     def _compute_step(self) -> bool:
-        computing = [t for t in self._tasks.values() if t.phase is Phase.COMPUTING]
+        computing = [t for t in self._tasks if t.phase is Phase.COMPUTING]
         if not computing:
             return False
         computing.sort(key=lambda t: t.created)

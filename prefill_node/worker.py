@@ -92,7 +92,7 @@ class PrefillWorker:
             return True
 
         def _abort_known() -> bool:
-            known = request_id in self._scheduler._tasks
+            known = self._scheduler.live_task(request_id) is not None
             self._scheduler.abort(request_id)
             return known
         return self._scheduler.call(_abort_known)

@@ -54,7 +54,8 @@ class FakeStoreIO:
 
     def __init__(self, present=()):
         self.present, self.saved, self.done = set(present), [], []
-        self.hold = threading.Event()
+        self.hold = threading.Event()  # hold every completion
+        self.hold_saves = threading.Event()  # hold save completions only
         self.held = []
 
     def submit_load(self, tag, keys, addrs):
@@ -65,11 +66,13 @@ class FakeStoreIO:
 
     def submit_save(self, tag, keys, addrs):
         self.saved.extend(keys)
-        self.done.append(IOCompletion(tag, "save", len(keys), "ok"))
+        held = self.hold.is_set() or self.hold_saves.is_set()
+        (self.held if held else self.done).append(IOCompletion(tag, "save", len(keys), "ok"))
         return True
 
     def release(self):
         self.hold.clear()
+        self.hold_saves.clear()
         self.done.extend(self.held)
         self.held = []
 
@@ -184,5 +187,22 @@ def test_concurrent_requests_share_the_token_budget():
         steps = [(c.token_ids[0] // 100, c.start_pos, len(c.token_ids)) for c in rt.runner.chunks]
         assert steps == [(0, 0, 6), (0, 6, 4), (1, 0, 2), (1, 2, 6), (1, 8, 2)]
         settle(sched, rt)
+    finally:
+        sched.stop()
+
+
+def test_a_retried_request_id_is_served_while_the_old_task_still_writes_back():
+    io = FakeStoreIO()
+    io.hold_saves.set()  # the first request's write-back stays in flight
+    sched, rt, _ = make(store_io=io)
+    try:
+        tokens = list(range(200, 209))
+        assert submit(sched, tokens, "same").future.result(5).cached.device == 0
+        again = submit(sched, tokens, "same").future.result(5)
+        assert again.cached.device == 8  # L1 pages of the first attempt, still pinned by its save
+        assert sched.call(lambda: rt.allocator.num_available()) < 8
+        io.release()
+        settle(sched, rt)
+        assert rt.allocator.num_available() == 8
     finally:
         sched.stop()
