@@ -26,7 +26,14 @@ import torch
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
 from engine.sampler import make_generator
-from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, ShuttingDown, WorkerError
+from pdorch.worker_errors import (
+    Aborted,
+    DeadlineExceeded,
+    InvalidRequest,
+    PeerFailed,
+    ShuttingDown,
+    WorkerError,
+)
 from pdorch.worker_status import WorkerLoad
 from prefill_node.job import PrefillResult
 from prefill_node.task import Phase, PrefillTask, reusable_pages
