@@ -8,7 +8,8 @@ x fp32 = 737,280 bytes), with the objects in another process's segment (TCP loop
   (3) inproc   store_client load bandwidth while a CPU-bound Python scheduler loop runs in this process
   (4) outproc  raw `batch_get_into` while the same loop runs in a separate process (CPU contention
                floor on 2 cores, no GIL involved)
-  (5) loop     scheduler loop iterations/s alone vs with loads in flight
+  (5) loop     scheduler loop iterations/s alone vs with loads in flight; controls without a shared
+               GIL: the loop in another process during (4), and this loop while another process loads
   (6) per-page the seeds' pattern: one Python allocation + one file open/readinto + one copy per
                page, on a thread, under the same in-process loop
 
@@ -75,6 +76,29 @@ def hold_segment_process(master: str, metadata: str, segment_mb: int) -> None:
     rc = s.setup("127.0.0.1", metadata, segment_mb << 20, 16 << 20, "tcp", "", master)
     print("ready" if rc == 0 else f"setup failed {rc}", flush=True)
     sys.stdin.read()
+    s.close()
+
+
+def raw_loader_process(master: str, metadata: str, seconds: float, pages: int, batch: int) -> None:
+    """`--raw-loader`: after a line on stdin, raw loads for `seconds` in this separate process; prints GB/s."""
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
+    dst = np.zeros((batch, PAGE_NBYTES), dtype=np.uint8)
+    s.register_buffer(dst.ctypes.data, dst.nbytes)
+    print("ready" if rc == 0 else f"setup failed {rc}", flush=True)
+    sys.stdin.readline()
+    keys = [f"bench-store-io/{i}" for i in range(pages)]
+    addrs = [dst.ctypes.data + i * PAGE_NBYTES for i in range(batch)]
+    nbytes, n, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        first = (n * batch) % pages
+        idx = [(first + i) % pages for i in range(batch)]
+        codes = s.batch_get_into([keys[i] for i in idx], addrs, [PAGE_NBYTES] * batch)
+        nbytes += sum(c for c in codes if c > 0)
+        n += 1
+    print(nbytes / (time.perf_counter() - t0) / 1e9, flush=True)
     s.close()
 
 
@@ -205,6 +229,19 @@ class Bench:
         elapsed = time.perf_counter() - t0
         return nbytes / elapsed / 1e9, its / elapsed
 
+    def loop_with_outproc_loads(self, master) -> tuple[float, float]:
+        """(this process's loop it/s, GB/s) while ANOTHER process runs raw loads: CPU cost, no GIL."""
+        loader = _spawn(["--raw-loader", master.master_address, master.metadata_url, str(self.seconds),
+                         str(self.pages), str(self.batch)])
+        try:
+            loader.stdin.write("go\n")
+            loader.stdin.flush()
+            its = self.loop_alone()
+            gbps = float(loader.stdout.readline())
+        finally:
+            _stop(loader)
+        return its, gbps
+
     def loop_alone(self) -> float:
         state, its, t0 = {"table": {}}, 0, time.perf_counter()
         while time.perf_counter() - t0 < self.seconds:
@@ -255,8 +292,8 @@ def run(args) -> dict:
             holder = _spawn(["--hold-segment", master.master_address, master.metadata_url, str(segment_mb)])
             bench = Bench(master, args.pages, args.batch, args.seconds, holder, args.io_threads)
             samples: dict[str, list[float]] = {k: [] for k in (
-                "raw", "idle", "inproc", "loop_with", "outproc", "loop_outproc", "loop_alone", "per_page",
-                "per_page_alone")}
+                "raw", "idle", "inproc", "loop_with", "outproc", "loop_outproc", "loop_alone", "loop_ext_loads",
+                "ext_loads", "per_page", "per_page_alone")}
             for r in range(args.runs):
                 samples["raw"].append(bench.raw_gbps())
                 bench.dst[:] = 0
@@ -269,6 +306,9 @@ def run(args) -> dict:
                 samples["outproc"].append(gbps)
                 samples["loop_outproc"].append(its)
                 samples["loop_alone"].append(bench.loop_alone())
+                its, gbps = bench.loop_with_outproc_loads(master)
+                samples["loop_ext_loads"].append(its)
+                samples["ext_loads"].append(gbps)
                 samples["per_page"].append(bench.per_page_gbps(with_loop=True))
                 samples["per_page_alone"].append(bench.per_page_gbps(with_loop=False))
                 if not args.json:
@@ -294,6 +334,9 @@ def run(args) -> dict:
         # Loop slowdown per GB/s moved: in-process (GIL + CPU) vs other process (CPU only).
         "loop_slowdown_per_gbps": (1.0 - med["loop_with"] / med["loop_alone"]) / med["inproc"],
         "loop_outproc_slowdown_per_gbps": (1.0 - med["loop_outproc"] / med["loop_alone"]) / med["outproc"],
+        "loop_with_outproc_loads_it_s": med["loop_ext_loads"], "outproc_loader_gbps": med["ext_loads"],
+        "loop_outproc_loads_slowdown_ratio": 1.0 - med["loop_ext_loads"] / med["loop_alone"],
+        "loop_outproc_loads_slowdown_per_gbps": (1.0 - med["loop_ext_loads"] / med["loop_alone"]) / med["ext_loads"],
         "per_page_alone_gbps": med["per_page_alone"],
         "per_page_loop_ratio": med["per_page"] / med["per_page_alone"],
         "client_loop_ratio": med["inproc"] / med["idle"],
@@ -314,8 +357,12 @@ def table(res: dict) -> str:
          f"slowdown = {res['loop_slowdown_ratio']:.0%}  (target < 30%)"),
         ("    loop it/s in the other process during (4)", f"{res['loop_outproc_with_raw_loads_it_s']:.0f}",
          f"slowdown = {res['loop_outproc_slowdown_ratio']:.0%}  (CPU contention alone)"),
-        ("    loop slowdown per GB/s: in-process / other", "",
-         f"{res['loop_slowdown_per_gbps']:.2f} / {res['loop_outproc_slowdown_per_gbps']:.2f}"),
+        ("    loop it/s here while another process loads", f"{res['loop_with_outproc_loads_it_s']:.0f}",
+         (f"slowdown = {res['loop_outproc_loads_slowdown_ratio']:.0%} at {res['outproc_loader_gbps']:.2f} GB/s "
+         "(no GIL shared)")),
+        ("    loop slowdown per GB/s: (5) / the two controls", "",
+         (f"{res['loop_slowdown_per_gbps']:.2f} / {res['loop_outproc_slowdown_per_gbps']:.2f} / "
+         f"{res['loop_outproc_loads_slowdown_per_gbps']:.2f}")),
         ("(6) per-page alloc+open+readinto+copy + loop", f"{res['per_page_baseline_gbps']:.2f} GB/s",
          f"vs {res['per_page_alone_gbps']:.2f} GB/s without the loop: x{res['per_page_loop_ratio']:.2f}"),
         ("    store_client under the loop, (3)/(2)", "", f"x{res['client_loop_ratio']:.2f}"),
@@ -339,12 +386,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--busy-loop", type=float, help=argparse.SUPPRESS)
     p.add_argument("--hold-segment", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--raw-loader", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.busy_loop is not None:
         busy_loop_process(args.busy_loop)
         return 0
     if args.hold_segment:
         hold_segment_process(args.hold_segment[0], args.hold_segment[1], int(args.hold_segment[2]))
+        return 0
+    if args.raw_loader:
+        m, meta, secs, pages, batch = args.raw_loader
+        raw_loader_process(m, meta, float(secs), int(pages), int(batch))
         return 0
     if args.io_threads is None:
         from pdorch.config import StoreConfig
