@@ -192,7 +192,8 @@ class PrefillScheduler:
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
-            if not task.finished_phase and now > task.deadline:
+            # NOTE: a PUSHING task whose future is done was already answered by the pusher.
+            if not task.finished_phase and not task.future.done() and now > task.deadline:
                 task.fail(DeadlineExceeded(
                     f"prefill of {task.request_id} missed its deadline ({task.job.timeout_s:.1f}s) "
                     f"in phase {task.phase.value}"))
