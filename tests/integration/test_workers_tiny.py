@@ -3,6 +3,7 @@ metrics. Real processes and a real transfer engine over TCP on loopback."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 import urllib.request
@@ -10,7 +11,9 @@ import urllib.request
 import grpc
 import pytest
 
+from pdorch.registration import connect
 from proto.pdorch.v1 import worker_pb2 as pb
+from tests.fixtures.processes import stop_process
 from tests.fixtures.workers import start_cluster
 
 P = 16
@@ -93,9 +96,6 @@ def test_metrics_endpoints(cluster):
 
 
 def test_worker_registers_in_etcd_and_deregisters_on_stop(cluster, etcd_server):
-    from pdorch.registration import connect
-    from tests.fixtures.processes import stop_process
-
     wp = cluster.spawn_worker("prefill", sections={"discovery": {
         "mode": "etcd", "etcd_endpoints": (etcd_server.endpoint,), "cluster": "wtest"}})
     cluster.wait_ready(wp)
@@ -106,3 +106,20 @@ def test_worker_registers_in_etcd_and_deregisters_on_stop(cluster, etcd_server):
     stop_process(wp.proc)  # SIGTERM: the worker revokes its lease on the way out
     assert client.get(key)[0] is None
     cluster.workers.remove(wp)
+
+
+def test_requests_beyond_the_decode_pool_wait_for_pages_instead_of_failing(cluster):
+    small = cluster.spawn_worker("decode", num_pages=8, kv_watermark=1.0)
+    cluster.wait_ready(small)
+    try:
+        # 5 pages each (65-token prompt + spare page + 8 generated tokens): one at a time fits in 8.
+        prompts = [prompt(65, seed=40 + i) for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda ids: cluster.generate(ids, max_tokens=8, ignore_eos=True,
+                                                                  decode=small), prompts))
+        assert [len(r.token_ids) for r in results] == [8, 8, 8, 8]
+        st = cluster.decode_stub(small).Stats(pb.StatsRequest(), timeout=10)
+        assert st.pool_integrity_ok and st.info.free_pages == 8 and st.requests_finished == 4
+    finally:
+        stop_process(small.proc)
+        cluster.workers.remove(small)
