@@ -24,7 +24,6 @@ import time
 import torch
 
 from engine.model_runner import Chunk
-from engine.page_allocator import OutOfPages
 from engine.sampler import make_generator
 from pdorch.worker_errors import (
     Aborted,
@@ -35,9 +34,9 @@ from pdorch.worker_errors import (
     WorkerError,
 )
 from pdorch.worker_status import WorkerLoad
+from prefill_node import prefix
 from prefill_node.job import PrefillResult
-from prefill_node.task import Phase, PrefillTask, reusable_pages
-from store_client.page_hash import page_hashes, store_key
+from prefill_node.task import Phase, PrefillTask
 
 log = logging.getLogger(__name__)
 
@@ -179,16 +178,10 @@ class PrefillScheduler:
     def _on_loaded(self, task: PrefillTask, pages_ok: int, reason: str) -> None:
         if task.finished_phase:
             return
-        task.store_pages = pages_ok
         self._rec.count_store_loaded(pages_ok)
-        if pages_ok == 0 and reason:
-            log.debug("store load for %s: %s", task.request_id, reason)
-        first = task.device_pages
-        if self._prefix_cache:
-            for i in range(first, first + pages_ok):
-                self._rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
-        task.num_computed_tokens = (task.device_pages + pages_ok) * task.job.page_size
-        task.phase = Phase.COMPUTING
+        if reason != "ok":
+            log.debug("store load for %s: %d pages, %s", task.request_id, pages_ok, reason)
+        prefix.on_loaded(task, self._rt, pages_ok, self._prefix_cache)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -212,40 +205,16 @@ class PrefillScheduler:
             self._waiting.remove(task)
 
     def _admit(self) -> None:
-        alloc = self._rt.allocator
         while self._waiting:
             task = self._waiting[0]
-            if task.finished_phase:
-                self._waiting.popleft()
-                continue
-            page_size = task.job.page_size
-            num_pages = -(-task.prompt_len // page_size)
-            task.page_hashes = page_hashes(list(task.job.token_ids), page_size)
-            reusable = task.page_hashes[:reusable_pages(task.prompt_len, page_size)]
-            matched = alloc.match_prefix(reusable) if self._prefix_cache else []
-            try:
-                fresh = alloc.allocate(num_pages - len(matched))
-            except OutOfPages:
-                if matched:
-                    alloc.release(matched)
-                if self._write_back:
-                    # Queued write-backs pin pages; under pressure serving beats write-back.
-                    self._rt.store_io.cancel_saves()
-                return  # wait for pages to come back (the deadline still applies)
+            if not task.finished_phase:
+                if not prefix.admit(task, self._rt, self._prefix_cache):
+                    if self._write_back:
+                        # Queued write-backs pin pages; under pressure serving beats write-back.
+                        self._rt.store_io.cancel_saves()
+                    return  # wait for pages to come back (the deadline still applies)
+                self._io_inflight += task.phase is Phase.LOADING
             self._waiting.popleft()
-            task.page_ids = list(matched) + list(fresh)
-            task.device_pages = len(matched)
-            task.num_computed_tokens = len(matched) * page_size
-            to_load = reusable[len(matched):]
-            if to_load and self._rt.store_io is not None and self._rt.store.enabled:
-                keys = [store_key(self._rt.fingerprint, h) for h in to_load]
-                addrs = self._rt.pool.page_addrs(task.page_ids[len(matched):len(matched) + len(to_load)])
-                self._rt.store_io.submit_load(("load", task), keys, addrs)
-                task.io_pending += 1
-                self._io_inflight += 1
-                task.phase = Phase.LOADING
-            else:
-                task.phase = Phase.COMPUTING
 
     def _compute_step(self) -> bool:
         computing = [t for t in self._tasks if t.phase is Phase.COMPUTING]
@@ -292,16 +261,7 @@ class PrefillScheduler:
         reused = task.device_pages + task.store_pages
         computed = task.prompt_len - reused * task.job.page_size
         self._rec.prompt_tokens(computed=computed, cached=task.cached)
-        new_full = range(reused, len(task.page_hashes))
-        if self._prefix_cache:
-            for i in new_full:
-                self._rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
-        if self._write_back and len(new_full) and self._rt.store.enabled:
-            keys = [store_key(self._rt.fingerprint, task.page_hashes[i]) for i in new_full]
-            addrs = self._rt.pool.page_addrs([task.page_ids[i] for i in new_full])
-            self._rt.store_io.submit_save(("save", task), keys, addrs)
-            task.io_pending += 1
-            self._io_inflight += 1
+        self._io_inflight += prefix.keep_computed(task, self._rt, self._prefix_cache, self._write_back)
         task.phase = Phase.PUSHING
         task.io_pending += 1
         self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
