@@ -10,11 +10,12 @@ WorkerErrors; the servicer maps them to gRPC status codes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
 import time
+
+import torch
 
 from decode_node.admission import Admission
 from decode_node.prefill_client import PrefillClient
@@ -84,7 +85,7 @@ class DecodeWorker:
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
         req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
-                            token_ids=list(job.token_ids), generator=_decode_generator(job.params))
+                            token_ids=list(job.token_ids), generator=make_generator(job.params))
         with self._lock:
             if job.request_id in self._requests:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
@@ -128,6 +129,9 @@ class DecodeWorker:
             log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
         req.cached = res.cached
+        if res.sampler_state and req.generator is not None:
+            # Continue P's random stream: seeded output equals the single-process engine's.
+            req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
         req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
         req.token_ids.append(res.first_token_id)
@@ -198,8 +202,3 @@ class DecodeWorker:
         return worker_stats(self.recorder, self.info(), integrity, self.load().active_pages)
 
 
-
-def _decode_generator(params):
-    # NOTE: seed + 1: P drew the first token from a generator seeded with `seed`; D continues on
-    # another stream so the two workers never repeat the same draw.
-    return make_generator(params if params.seed is None else dataclasses.replace(params, seed=params.seed + 1))

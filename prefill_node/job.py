@@ -50,3 +50,4 @@ class PrefillResult:
     transfer_bytes: int = 0
     transfer_s: float = 0.0
     compute_s: float = 0.0
+    sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)

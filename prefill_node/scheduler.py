@@ -252,7 +252,9 @@ class PrefillScheduler:
             params = [t.job.params for _, t in finished]
             gens = [make_generator(t.job.params) for _, t in finished]
             tokens = self._rt.sampler.sample(rows, params, gens)
-            for (_, task), token in zip(finished, tokens):
+            for (_, task), token, gen in zip(finished, tokens, gens):
+                if gen is not None:
+                    task.sampler_state = gen.get_state().numpy().tobytes()
                 self._finish_compute(task, int(token))
         return True
 
@@ -272,7 +274,8 @@ class PrefillScheduler:
             self._rec.transfer(nbytes, seconds)
             task.succeed(PrefillResult(
                 request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
-                cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s))
+                cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
+                sampler_state=task.sampler_state))
         self.push_done(task, err)
 
     def _publish_load(self) -> None:

@@ -52,6 +52,7 @@ class PrefillTask:
     store_pages: int = 0  # pages after those, loaded from the store
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1
+    sampler_state: bytes = b""
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
 
