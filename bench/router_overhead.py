@@ -10,9 +10,10 @@ stand-in that answers exactly like our gRPC one.
 Every worker streams `--tokens` synthetic tokens; the client keeps `--concurrency` streams open
 (closed loop). Two phases:
   latency     the stand-ins wait `--token-delay-ms` between tokens (like a decode step), so the
-              routers are not saturated; overhead = percentile(through router) - percentile(direct)
-              of the end-to-end stream latency (and of TTFT).
-  throughput  no delay, `--rps-tokens` tokens per request: requests/s each router sustains.
+              routers are not saturated. Added latency = TTFT percentile through the router minus
+              the same percentile direct (p50_overhead_ms / p99_overhead_ms; the end-to-end stream
+              latency difference is reported too), median over alternating short runs.
+  throughput  no delay, `--rps-tokens` tokens per request: requests/s each router sustains (best run).
 All processes share this machine's cores with the client; both routers get the same conditions.
 
     python bench/router_overhead.py [--json]
@@ -56,14 +57,14 @@ def serve_http_standin(port: int, token_delay_s: float) -> None:
 
         if not body.get("stream"):
             if token_delay_s:
-                await asyncio.sleep(token_delay_s * n)
+                await asyncio.sleep(token_delay_s * (n - 1))
             return web.json_response(chunk(n - 1))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
-            await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
-            if token_delay_s:
+            if i and token_delay_s:  # between tokens only, like router/standin.py
                 await asyncio.sleep(token_delay_s)
+            await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -127,9 +128,9 @@ class Procs:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.log_dir / f"{name}.log", "ab")
-        p = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.procs.append(p)
         return p
 
@@ -147,7 +148,7 @@ class Procs:
 
 # ------------------------------------------------------------------------------ load
 class Sample:
-    __slots__ = ("ttft", "e2e")
+    __slots__ = ("e2e", "ttft")
 
     def __init__(self, ttft: float, e2e: float):
         self.ttft, self.e2e = ttft, e2e
@@ -176,7 +177,8 @@ async def _grpc_one(stub, pb, tokens: int) -> Sample:
     return Sample(ttft or 0.0, time.perf_counter() - t0)
 
 
-async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: float, duration_s: float) -> dict:
+async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: float, duration_s: float,
+                      keep_alive: bool = False) -> dict:
     """`concurrency` clients each sending back-to-back requests; stats of those finished in the window."""
     samples: list[Sample] = []
     t_start = time.perf_counter()
@@ -189,16 +191,20 @@ async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: floa
 
         channel = grpc.aio.insecure_channel(target[len("grpc://"):])
         stub = pbg.DecodeServiceStub(channel)
-        one = lambda: _grpc_one(stub, pb, tokens)  # noqa: E731
+        one = lambda: _grpc_one(stub, pb, tokens)
         close = channel.close
     else:
         import aiohttp
 
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+        # NOTE: a new connection per request by default. sglang-router 0.3.2 answers every request
+        # on a kept-alive client connection ~44 ms late (delayed ACK against its unflushed last
+        # chunk; a plain aiohttp or curl client shows it too), which would cap it at 64/0.044 s
+        # requests/s and measure the stall, not the router. --keep-alive measures that mode.
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=not keep_alive),
                                         timeout=aiohttp.ClientTimeout(total=60))
         body = json.dumps({"input_ids": list(range(1, 65)), "stream": True,
                            "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0}}).encode()
-        one = lambda: _http_one(session, target + "/generate", body)  # noqa: E731
+        one = lambda: _http_one(session, target + "/generate", body)
         close = session.close
 
     async def client():
@@ -274,13 +280,18 @@ def run_phase(name: str, token_delay_s: float, tokens: int, args, model_dir: Pat
     procs = Procs(tmp)
     try:
         urls = start_targets(procs, tmp, token_delay_s, model_dir)
-        out = {}
-        for key in ("ours_direct", "ours", "sglang_direct", "sglang"):
-            if urls[key] is None:
-                continue
-            out[key] = asyncio.run(closed_loop(urls[key], args.concurrency, tokens, args.warmup_s, args.duration_s))
-            if not args.json:
-                print(f"  {name:10s} {key:14s} " + "  ".join(f"{k}={v:.1f}" for k, v in out[key].items()), flush=True)
+        out: dict[str, list[dict]] = {}
+        # NOTE: the machine is shared; alternating the targets in short runs and comparing each
+        # router with the direct run next to it keeps background load from deciding the result.
+        for _ in range(args.repeats):
+            for key in ("ours_direct", "ours", "sglang_direct", "sglang"):
+                if urls[key] is None:
+                    continue
+                res = asyncio.run(closed_loop(urls[key], args.concurrency, tokens, args.warmup_s, args.duration_s,
+                                              args.keep_alive))
+                if not args.json:
+                    print(f"  {name:10s} {key:14s} " + "  ".join(f"{k}={v:.1f}" for k, v in res.items()), flush=True)
+                out.setdefault(key, []).append(res)
         return out
     finally:
         procs.stop()
@@ -291,10 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=64, help="open streams (closed loop)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens per request in the latency phase")
-    ap.add_argument("--token-delay-ms", type=float, default=20.0, help="stand-in delay between tokens (latency phase)")
+    ap.add_argument("--token-delay-ms", type=float, default=40.0, help="stand-in delay between tokens (latency phase)")
     ap.add_argument("--rps-tokens", type=int, default=4, help="tokens per request in the throughput phase")
-    ap.add_argument("--warmup-s", type=float, default=2.0)
-    ap.add_argument("--duration-s", type=float, default=8.0)
+    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap.add_argument("--duration-s", type=float, default=5.0)
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per target (short runs, compared pairwise)")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="reuse client HTTP connections (default: one connection per request, see closed_loop)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--http-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -314,27 +328,38 @@ def main(argv: list[str] | None = None) -> int:
     thr = run_phase("throughput", 0.0, args.rps_tokens, args, model_dir)
     shutil.rmtree(model_dir, ignore_errors=True)
 
-    def overhead(res: dict, via: str, direct: str, field: str) -> float | None:
-        return None if via not in res else round(res[via][field] - res[direct][field], 3)
+    def overhead(via: str, direct: str, field: str) -> float | None:
+        """Median over the alternating runs of (through the router - direct)."""
+        if via not in lat:
+            return None
+        return round(statistics.median(v[field] - d[field] for v, d in zip(lat[via], lat[direct])), 3)
+
+    def best_rps(key: str) -> float | None:
+        return round(max(r["rps"] for r in thr[key]), 1) if key in thr else None
 
     result = {
         "concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
-        "p50_overhead_ms": overhead(lat, "ours", "ours_direct", "e2e_p50_ms"),
-        "p99_overhead_ms": overhead(lat, "ours", "ours_direct", "e2e_p99_ms"),
-        "ttft_p50_overhead_ms": overhead(lat, "ours", "ours_direct", "ttft_p50_ms"),
-        "sglang_router_p50_overhead_ms": overhead(lat, "sglang", "sglang_direct", "e2e_p50_ms"),
-        "sglang_router_p99_overhead_ms": overhead(lat, "sglang", "sglang_direct", "e2e_p99_ms"),
-        "rps": round(thr["ours"]["rps"], 1),
-        "direct_grpc_rps": round(thr["ours_direct"]["rps"], 1),
-        "sglang_router_rps": round(thr["sglang"]["rps"], 1) if "sglang" in thr else None,
-        "direct_http_rps": round(thr["sglang_direct"]["rps"], 1),
+        "keep_alive": args.keep_alive,
+        "p50_overhead_ms": overhead("ours", "ours_direct", "ttft_p50_ms"),
+        "p99_overhead_ms": overhead("ours", "ours_direct", "ttft_p99_ms"),
+        "e2e_p50_overhead_ms": overhead("ours", "ours_direct", "e2e_p50_ms"),
+        "e2e_p99_overhead_ms": overhead("ours", "ours_direct", "e2e_p99_ms"),
+        "sglang_router_p50_overhead_ms": overhead("sglang", "sglang_direct", "ttft_p50_ms"),
+        "sglang_router_p99_overhead_ms": overhead("sglang", "sglang_direct", "ttft_p99_ms"),
+        "sglang_router_e2e_p50_overhead_ms": overhead("sglang", "sglang_direct", "e2e_p50_ms"),
+        "rps": best_rps("ours"), "direct_grpc_rps": best_rps("ours_direct"),
+        "sglang_router_rps": best_rps("sglang"), "direct_http_rps": best_rps("sglang_direct"),
     }
     result["rps_ratio"] = round(result["rps"] / result["sglang_router_rps"], 3) if result["sglang_router_rps"] else None
     if not args.json:
-        print("\nrouter overhead (latency phase: end-to-end stream latency, through router minus direct)")
-        print(f"  pdorch router : p50 +{result['p50_overhead_ms']} ms  p99 +{result['p99_overhead_ms']} ms")
-        print(f"  sglang-router : p50 +{result['sglang_router_p50_overhead_ms']} ms  "
-              f"p99 +{result['sglang_router_p99_overhead_ms']} ms")
+        print("\nlatency added by the router (latency phase: TTFT through the router minus direct; "
+              "median over the alternating runs)")
+        print(f"  pdorch router : p50 {result['p50_overhead_ms']:+} ms  p99 {result['p99_overhead_ms']:+} ms  "
+              f"(end-to-end p50 {result['e2e_p50_overhead_ms']:+} ms)")
+        if result["sglang_router_rps"]:
+            print(f"  sglang-router : p50 {result['sglang_router_p50_overhead_ms']:+} ms  "
+                  f"p99 {result['sglang_router_p99_overhead_ms']:+} ms  "
+                  f"(end-to-end p50 {result['sglang_router_e2e_p50_overhead_ms']:+} ms)")
         print(f"max requests/s (throughput phase, {args.rps_tokens} tokens each, {args.concurrency} streams)")
         print(f"  pdorch router : {result['rps']}  sglang-router: {result['sglang_router_rps']}  "
               f"ratio {result['rps_ratio']}")

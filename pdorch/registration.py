@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from typing import Self
 
 import etcd3
 
@@ -58,7 +59,7 @@ class WorkerRegistration:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "WorkerRegistration":
+    def start(self) -> Self:
         self._client = connect(self.cfg.etcd_endpoints)
         self._register()
         self._thread = threading.Thread(target=self._keep_alive, name=f"etcd-keepalive {self.key}", daemon=True)
@@ -98,7 +99,7 @@ class WorkerRegistration:
             self._client.close()
             self._client = None
 
-    def __enter__(self) -> "WorkerRegistration":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -60,7 +60,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
                 await run.aclose()
         except APIError as e:
             raise unavailable(f"health generation failed: {e.message}") from None
-        except Exception as e:  # StreamFailed and friends
+        except Exception as e:  # noqa: BLE001 - StreamFailed or a broken worker: the probe fails
             raise unavailable(f"health generation failed: {e}") from None
         return json_response({"status": "ok", "output_ids": progress.output_ids,
                       "latency_s": round(time.perf_counter() - t0, 6)})
@@ -139,7 +139,7 @@ async def clear_store(cfg: Config) -> dict:
         s.device_name, s.local_hostname, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), STORE_FLUSH_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()
         await proc.wait()
         raise unavailable(f"clearing the store timed out after {STORE_FLUSH_TIMEOUT_S:.0f}s "

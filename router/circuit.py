@@ -30,9 +30,7 @@ class CircuitBreaker:
                 return False
             self.state = "half_open"
             self._trial_in_flight = False
-        if self._trial_in_flight:
-            return False
-        return True
+        return not self._trial_in_flight
 
     def on_sent(self) -> None:
         if self.state == "half_open":

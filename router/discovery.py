@@ -164,8 +164,8 @@ class EtcdDiscovery:
             if self._watch_id is not None:
                 try:
                     await asyncio.to_thread(self._client.cancel_watch, self._watch_id)
-                except Exception:  # noqa: BLE001 - closing anyway
-                    pass
+                except Exception as e:  # noqa: BLE001 - closing anyway
+                    log.debug("cancel_watch on stop: %s", e)
             await asyncio.to_thread(self._client.close)
             self._client = None
 

@@ -101,14 +101,16 @@ class Dispatcher:
                 w.breaker.on_sent()
                 self.metrics.worker_routed.labels(w.role, w.address).inc()
             call = d.stub.Generate(req, timeout=job.timeout_s)
+            stream = call.__aiter__()  # NOTE: cheaper per message than call.read()
             p_held, d_held, finished = True, True, False
             try:
                 first: list[worker_pb2.GenerateResponse] = []
                 try:
                     while True:
-                        msg = await call.read()
-                        if msg is grpc.aio.EOF:
-                            raise _EarlyEOF()
+                        try:
+                            msg = await stream.__anext__()
+                        except StopAsyncIteration:
+                            raise _EarlyEOF() from None
                         first.append(msg)
                         if msg.token_ids or msg.finish_reason:
                             break
@@ -126,22 +128,29 @@ class Dispatcher:
                 p.in_flight -= 1
                 p_held = False
                 self.pool.record_success(p)
-                for msg in first:
-                    yield msg
+                if first[-1].finish_reason:
+                    finished = self._done(d)
+                yield_from = first
                 while True:
+                    for msg in yield_from:
+                        yield msg
+                    if finished:
+                        return
                     try:
-                        msg = await call.read()
+                        msg = await stream.__anext__()
+                    except StopAsyncIteration:
+                        finished = self._done(d)  # ended without a finish_reason: still a clean end
+                        return
                     except grpc.aio.AioRpcError as e:
                         self.pool.record_failure(d, f"{e.code().name}: {e.details()}")
                         self.metrics.worker_errors.labels(d.role, d.address).inc()
                         raise StreamFailed(f"decode worker {d.address} failed mid-stream: "
                                            f"{e.code().name}: {e.details()}") from None
-                    if msg is grpc.aio.EOF:
-                        break
-                    yield msg
-                finished = True
-                self.pool.record_success(d)
-                return
+                    # NOTE: the chunk with finish_reason is the last one: the request is complete
+                    # here, so a consumer that stops reading after it must not cancel the call.
+                    if msg.finish_reason:
+                        finished = self._done(d)
+                    yield_from = (msg,)
             finally:
                 if p_held:
                     p.in_flight -= 1
@@ -151,6 +160,10 @@ class Dispatcher:
                     call.cancel()  # client went away (or we failed): stop the work on D and P
         assert last_error is not None
         raise last_error
+
+    def _done(self, d: Worker) -> bool:
+        self.pool.record_success(d)
+        return True
 
     async def _first_token_failure(self, e: Exception, p: Worker, d: Worker) -> APIError:
         if isinstance(e, _EarlyEOF):

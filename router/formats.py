@@ -26,8 +26,17 @@ def sse(obj) -> bytes:
 
 
 class Progress:
-    __slots__ = ("request_id", "prompt_tokens", "device", "host", "store", "output_ids", "text",
-                 "finish_reason", "matched_stop")
+    __slots__ = (
+        "device",
+        "finish_reason",
+        "host",
+        "matched_stop",
+        "output_ids",
+        "prompt_tokens",
+        "request_id",
+        "store",
+        "text",
+    )
 
     def __init__(self, request_id: str, prompt_tokens: int):
         self.request_id = request_id

@@ -17,8 +17,14 @@ from router import formats
 from router.auth import Auth
 from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
-from router.protocol import (ChatCompletionRequest, CompletionRequest, GenerateRequest, parse,
-                             sampling_from_openai, sampling_from_sglang)
+from router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    parse,
+    sampling_from_openai,
+    sampling_from_sglang,
+)
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -129,7 +135,7 @@ class GenerationHandlers:
         ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
         job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
                            max_tokens_param="sampling_params.max_new_tokens")
-        progress, first, run = await svc.start(job, "/generate", t0)
+        progress, _, run = await svc.start(job, "/generate", t0)
         if not req.stream:
             return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))
 

@@ -106,14 +106,14 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
             if b.first_token_delay_s:
                 await asyncio.sleep(b.first_token_delay_s)
             for i in range(n):
+                if i and b.token_delay_s:  # NOTE: between tokens only; the stream ends right after the last
+                    await asyncio.sleep(b.token_delay_s)
                 if b.fail_after_tokens is not None and i == b.fail_after_tokens:
                     await context.abort(grpc.StatusCode.INTERNAL, "stand-in decode: injected mid-stream failure")
                 yield worker_pb2.GenerateResponse(
                     request_id=request.request_id, token_ids=[1000 + i], text=f" w{i}",
                     prompt_tokens=len(request.token_ids), cached=cached,
                     finish_reason="length" if i == n - 1 else "")
-                if b.token_delay_s:
-                    await asyncio.sleep(b.token_delay_s)
         except asyncio.CancelledError:
             b.cancelled.append(request.request_id)
             raise
@@ -161,7 +161,7 @@ class StandinServer:
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, timeout_s: float = 10.0) -> "StandinServer":
+    def start(self, timeout_s: float = 10.0) -> StandinServer:
         ready = threading.Event()
 
         def run():

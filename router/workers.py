@@ -138,7 +138,7 @@ class WorkerPool:
             w.last_error = f"health check: {e.code().name}: {e.details()}"
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a broken channel must not kill the health loop
+        except Exception as e:  # noqa: BLE001 - a broken channel must not kill the health loop
             w.healthy = False
             w.last_error = f"health check: {e!r}"
         w.checked = True

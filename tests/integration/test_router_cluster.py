@@ -20,7 +20,7 @@ P = 16
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_model_dir):
-    c = start_cluster(tmp_path_factory.mktemp("router_cluster"), tiny_model_dir, with_store=False, num_prefill=2)
+    c = start_cluster(tmp_path_factory.mktemp("router_cluster"), tiny_model_dir, with_store=True, num_prefill=2)
     yield c
     c.stop()
 

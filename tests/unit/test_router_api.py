@@ -14,7 +14,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture
 def client(pd_router):
-    r, p, d = pd_router
+    r, _, d = pd_router
     d.behavior.cached_device, d.behavior.cached_store = 16, 32
     return openai.OpenAI(base_url=r.url + "/v1", api_key="unused", max_retries=0, timeout=20)
 
@@ -29,7 +29,7 @@ def _sse(resp: httpx.Response) -> list:
 
 
 def test_chat_non_streaming_with_usage_and_cached_tokens(client, pd_router, router_tokenizer):
-    r, p, d = pd_router
+    _, p, d = pd_router
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
                                          max_tokens=3, temperature=0, seed=7)
     assert out.object == "chat.completion" and out.model == MODEL
@@ -60,7 +60,7 @@ def test_chat_streaming_with_include_usage(client):
 
 
 def test_completions_text_and_token_prompts(client, pd_router, router_tokenizer):
-    r, p, d = pd_router
+    _, _, d = pd_router
     out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=2)
     assert out.object == "text_completion" and out.choices[0].text == " w0 w1"
     assert list(d.behavior.calls[-1].token_ids) == router_tokenizer.encode("Once upon a time")
@@ -74,7 +74,7 @@ def test_models_lists_the_served_model(client):
 
 
 def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
-    r, p, d = pd_router
+    r, _, d = pd_router
     d.behavior.cached_device, d.behavior.cached_store = 16, 16
     body = {"input_ids": list(range(1, 41)), "sampling_params": {"temperature": 0.0, "max_new_tokens": 4,
             "ignore_eos": True}, "stream": True, "stream_options": {"include_usage": True}, "lora_path": "",
@@ -99,7 +99,7 @@ def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
 
 
 def test_generate_non_streaming_text_prompt(pd_router, router_tokenizer):
-    r, p, d = pd_router
+    r, _, d = pd_router
     out = httpx.post(r.url + "/generate", json={"text": "The capital of France is",
                                                 "sampling_params": {"max_new_tokens": 2, "stop": ["\n"]}}).json()
     assert out["text"] == " w0 w1" and out["output_ids"] == [1000, 1001]

@@ -171,3 +171,19 @@ def test_session_affinity_header_pins_the_prefill_worker(standins, make_router):
                    headers={"x-session-id": "conv-1"}, timeout=20)
         chosen.add(d.behavior.calls[-1].prefill_address)
     assert len(chosen) == 1
+
+
+def test_completed_requests_are_not_cancelled_on_the_worker(pd_router):
+    r, _, d = pd_router
+    for stream in (False, True):
+        with httpx.stream("POST", r.url + "/generate", timeout=20, json={
+                "input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}, "stream": stream}) as resp:
+            assert resp.status_code == 200
+            resp.read()
+    client = openai.OpenAI(base_url=r.url + "/v1", api_key="x", max_retries=0)
+    list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                        stream=True))
+    time.sleep(0.3)
+    assert len(d.behavior.calls) == 3 and d.behavior.cancelled == []
+    workers = {w["role"]: w for w in httpx.get(r.url + "/workers").json()["workers"]}
+    assert workers["decode"]["in_flight"] == 0 and workers["prefill"]["in_flight"] == 0

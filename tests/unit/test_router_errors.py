@@ -52,7 +52,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name,path,body,param", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_a_400_with_openai_error_json(pd_router, name, path, body, param):
-    r, p, d = pd_router
+    r, _, d = pd_router
     calls_before = len(d.behavior.calls)
     kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
         else {"json": body}

@@ -16,7 +16,8 @@ def test_router_modules_do_not_import_torch():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
             + "print(','.join(bad))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
     assert out.returncode == 0, out.stderr
     assert "router.app" in modules and "router.dispatch" in modules
     assert out.stdout.strip() == "", f"torch imported by the router: {out.stdout.strip()}"
