@@ -122,3 +122,37 @@ def test_router_resyncs_after_etcd_restarts(etcd_server, standins, make_router, 
     finally:
         for reg in regs:
             reg.stop()
+
+
+def test_real_workers_register_and_the_router_follows_their_lifetime(etcd_server, tmp_path, tiny_model_dir):
+    """prefill_node/decode_node processes register in etcd; the router serves through them; a
+    killed worker (no deregistration) disappears within the lease TTL."""
+    import signal
+
+    from engine.tokenizer import Tokenizer
+    from tests.fixtures.router import RouterThread
+    from tests.fixtures.workers import start_cluster
+
+    disc = {"mode": "etcd", "etcd_endpoints": (etcd_server.endpoint,), "cluster": "e2e", "lease_ttl_s": TTL_S}
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=False, discovery=disc)
+    r = None
+    try:
+        base = router_config([], [], policy="round_robin")
+        r = RouterThread(dataclasses.replace(cluster.cfg, router=base.router), Tokenizer.from_dir(tiny_model_dir),
+                         tiny_model_dir).start()
+        c = httpx.Client(base_url=r.url, timeout=60)
+        _wait(lambda: c.get("/health").status_code == 200, 10, "the router to find both workers in etcd")
+        addrs = {(w["role"], w["address"]) for w in c.get("/workers").json()["workers"]}
+        assert addrs == {("prefill", cluster.prefill.address), ("decode", cluster.decode.address)}
+        out = c.post("/generate", json={"input_ids": list(range(10, 40)), "sampling_params": {"max_new_tokens": 3}})
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
+        cluster.prefill.proc.send_signal(signal.SIGKILL)  # dies without revoking its lease
+        t0 = time.monotonic()
+        _wait(lambda: all(w["role"] != "prefill" for w in c.get("/workers").json()["workers"]), TTL_S + 5,
+              "the killed prefill worker to leave the router's view")
+        assert time.monotonic() - t0 <= TTL_S + 3
+        assert c.post("/generate", json={"input_ids": [1, 2]}).status_code == 503
+    finally:
+        if r is not None:
+            r.stop()
+        cluster.stop()
