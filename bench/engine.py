@@ -4,20 +4,24 @@
             forward that `generate` does first (use_cache=True, logits for the last token only).
             Headline: hf_time / our_time (>= 0.83 means we are within 1.2x of HF).
   decode    B sequences of --prompt-len tokens, --new-tokens greedy steps, B = 1, 8, 32: our LLM
-            engine (continuous batching; timing starts after the prefill step) vs HF `generate`
-            at batch 1 run sequentially (the baseline) and at the same batch (context).
-            HF decode time = t(generate N new) - t(generate 1 new), i.e. without its prefill.
+            engine (continuous batching, sampler and stop checks included) vs HF `generate` at
+            batch 1 run sequentially (the baseline) and at the same batch (context). tok/s =
+            B / median decode-step time (HF's steps are timed between its logits-processor calls).
 
-Runs are repeated --reps times, ours and HF interleaved so machine noise hits both; best run kept.
+Prefill runs are repeated --reps times, ours and HF interleaved so machine noise hits both; the
+best run is kept. Medians and minimums make the ratios stable on a shared, busy machine.
 Weights: SmolLM2-135M-Instruct prepared by `pdorch model prepare` (HF loads the same directory).
 
-    python bench/engine.py [--json] [--threads 2] [--reps 2]
+    python bench/engine.py [--json] [--threads 2] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,42 +72,54 @@ def bench_prefill(llm: LLM, hf, lengths, reps: int) -> dict:
     return out
 
 
-def ours_decode_time(llm: LLM, prompts, new_tokens: int) -> float:
+def ours_step_times(llm: LLM, prompts, new_tokens: int) -> list[float]:
+    """Wall time of each decode step of our engine (after the one prefill step)."""
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     seqs = [llm.add_request(p, params) for p in prompts]
     llm.step()  # prefill of every prompt (the token budget covers them all) + first token
     assert all(s.num_computed_tokens == s.prompt_len for s in seqs), "prefill did not fit one step"
-    t0 = time.perf_counter()
+    times = []
     while llm.has_unfinished():
+        t0 = time.perf_counter()
         llm.step()
-    return time.perf_counter() - t0  # new_tokens - 1 decode steps
+        times.append(time.perf_counter() - t0)
+    return times
 
 
-def hf_generate_time(hf, prompts, new_tokens: int) -> float:
+def hf_step_times(hf, prompts, new_tokens: int) -> list[float]:
+    """Wall time of each decode step inside HF `generate`: the gaps between its logits-processor
+    calls (one per generated token; the first follows the prefill)."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+
     x = torch.tensor(prompts)
-    t0 = time.perf_counter()
     with torch.inference_mode():
         hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                    do_sample=False, pad_token_id=2)
-    return time.perf_counter() - t0
+                    do_sample=False, pad_token_id=2, logits_processor=LogitsProcessorList([Stamp()]))
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
-def bench_decode(llm: LLM, hf, batches, prompt_len: int, new_tokens: int, reps: int) -> dict:
+def bench_decode(llm: LLM, hf, batches, prompt_len: int, new_tokens: int) -> dict:
+    """Tokens/s = batch / median step time: robust to the bursts of load a shared machine has."""
     out = {}
-    steps = new_tokens - 1
     for b in batches:
         prompts = random_ids(prompt_len, seed=1000 + b, batch=b)
-        ours, hf_same = [], []
-        for _ in range(reps):
-            llm.allocator.flush()  # no prefix-cache hits between repetitions
-            ours.append(ours_decode_time(llm, prompts, new_tokens))
-            hf_same.append(hf_generate_time(hf, prompts, new_tokens) - hf_generate_time(hf, prompts, 1))
-        out[f"decode_b{b}_ours_tok_s"] = b * steps / min(ours)
-        out[f"decode_b{b}_hf_tok_s"] = b * steps / min(hf_same)
-        out[f"decode_b{b}_over_hf_same_batch_ratio"] = out[f"decode_b{b}_ours_tok_s"] / out[f"decode_b{b}_hf_tok_s"]
-    seq = out[f"decode_b{batches[0]}_hf_tok_s"] if batches[0] == 1 else None
-    if seq:
-        out["decode_hf_sequential_tok_s"] = seq
+        llm.allocator.flush()  # no prefix-cache hits from earlier runs
+        ours = statistics.median(ours_step_times(llm, prompts, new_tokens))
+        theirs = statistics.median(hf_step_times(hf, prompts, new_tokens))
+        out[f"decode_b{b}_ours_step_s"] = ours
+        out[f"decode_b{b}_hf_step_s"] = theirs
+        out[f"decode_b{b}_ours_tok_s"] = b / ours
+        out[f"decode_b{b}_hf_tok_s"] = b / theirs
+        out[f"decode_b{b}_over_hf_same_batch_ratio"] = theirs / ours
+    if 1 in batches:
+        seq = out["decode_hf_sequential_tok_s"] = out["decode_b1_hf_tok_s"]
         for b in batches:
             out[f"decode_b{b}_over_hf_ratio"] = out[f"decode_b{b}_ours_tok_s"] / seq
     return out
@@ -114,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2", help="model source for `prepare_model`")
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="prefill repetitions (best kept)")
     ap.add_argument("--prefill-lengths", default="128,512,2048")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -132,10 +148,11 @@ def main(argv=None) -> int:
               max_num_batched_tokens=max(batches) * args.prompt_len)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     res = {"torch_threads": args.threads, "decode_prompt_len_tokens": args.prompt_len,
-           "decode_new_tokens": args.new_tokens}
+           "decode_new_tokens": args.new_tokens, "load_avg_1m_before": os.getloadavg()[0]}
     res.update(bench_prefill(llm, hf, lengths, args.reps))
-    res.update(bench_decode(llm, hf, batches, args.prompt_len, args.new_tokens, args.reps))
+    res.update(bench_decode(llm, hf, batches, args.prompt_len, args.new_tokens))
 
+    res["load_avg_1m_after"] = os.getloadavg()[0]  # context: other processes share these cores
     print(f"{'prefill tokens':>16} {'ours tok/s':>11} {'HF tok/s':>10} {'HF time / ours':>15}")
     for n in lengths:
         print(f"{n:>16} {res[f'prefill_{n}_ours_tok_s']:>11.0f} {res[f'prefill_{n}_hf_tok_s']:>10.0f} "
