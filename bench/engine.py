@@ -4,9 +4,11 @@
             forward that `generate` does first (use_cache=True, logits for the last token only).
             Headline: hf_time / our_time (>= 0.83 means we are within 1.2x of HF).
   decode    B sequences of --prompt-len tokens, --new-tokens greedy steps, B = 1, 8, 32: our LLM
-            engine (continuous batching, sampler and stop checks included) vs HF `generate` at
-            batch 1 run sequentially (the baseline) and at the same batch (context). tok/s =
-            B / median decode-step time (HF's steps are timed between its logits-processor calls).
+            engine (continuous batching, sampler and stop checks included) vs HF's generate loop
+            (forward with its KV cache + argmax) at batch 1 = requests run sequentially (the
+            baseline) and at the same batch (context); the two step alternately. tok/s = B /
+            median step time. `decode_b1_hf_generate_tok_s` times HF `generate` itself (between
+            its logits-processor calls) as a cross-check of the baseline.
 
 Prefill runs are repeated --reps times, ours and HF interleaved so machine noise hits both; the
 best run is kept. Medians and minimums make the ratios stable on a shared, busy machine.
@@ -72,20 +74,6 @@ def bench_prefill(llm: LLM, hf, lengths, reps: int) -> dict:
     return out
 
 
-def ours_step_times(llm: LLM, prompts, new_tokens: int) -> list[float]:
-    """Wall time of each decode step of our engine (after the one prefill step)."""
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    seqs = [llm.add_request(p, params) for p in prompts]
-    llm.step()  # prefill of every prompt (the token budget covers them all) + first token
-    assert all(s.num_computed_tokens == s.prompt_len for s in seqs), "prefill did not fit one step"
-    times = []
-    while llm.has_unfinished():
-        t0 = time.perf_counter()
-        llm.step()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def hf_step_times(hf, prompts, new_tokens: int) -> list[float]:
     """Wall time of each decode step inside HF `generate`: the gaps between its logits-processor
     calls (one per generated token; the first follows the prefill)."""
@@ -105,14 +93,38 @@ def hf_step_times(hf, prompts, new_tokens: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
+def lockstep_decode(llm: LLM, hf, prompts, new_tokens: int) -> tuple[list[float], list[float]]:
+    """Per-step wall times of our engine and of HF's generate loop, stepped alternately.
+
+    HF side = what `generate` does per token: one forward with its KV cache, greedy argmax.
+    NOTE: alternating single steps makes a burst of load from other processes hit both sides.
+    """
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    seqs = [llm.add_request(p, params) for p in prompts]
+    llm.step()  # prefill of every prompt (the token budget covers them all) + first token
+    assert all(s.num_computed_tokens == s.prompt_len for s in seqs), "prefill did not fit one step"
+    with torch.inference_mode():
+        out = hf(torch.tensor(prompts), use_cache=True, logits_to_keep=1)
+        cache, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        ours, theirs = [], []
+        while llm.has_unfinished():
+            t0 = time.perf_counter()
+            llm.step()
+            t1 = time.perf_counter()
+            out = hf(nxt, cache=cache, use_cache=True)
+            cache, nxt = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+            ours.append(t1 - t0)
+            theirs.append(time.perf_counter() - t1)
+    return ours, theirs
+
+
 def bench_decode(llm: LLM, hf, batches, prompt_len: int, new_tokens: int) -> dict:
     """Tokens/s = batch / median step time: robust to the bursts of load a shared machine has."""
     out = {}
     for b in batches:
         prompts = random_ids(prompt_len, seed=1000 + b, batch=b)
         llm.allocator.flush()  # no prefix-cache hits from earlier runs
-        ours = statistics.median(ours_step_times(llm, prompts, new_tokens))
-        theirs = statistics.median(hf_step_times(hf, prompts, new_tokens))
+        ours, theirs = (statistics.median(t) for t in lockstep_decode(llm, hf, prompts, new_tokens))
         out[f"decode_b{b}_ours_step_s"] = ours
         out[f"decode_b{b}_hf_step_s"] = theirs
         out[f"decode_b{b}_ours_tok_s"] = b / ours
@@ -122,6 +134,9 @@ def bench_decode(llm: LLM, hf, batches, prompt_len: int, new_tokens: int) -> dic
         seq = out["decode_hf_sequential_tok_s"] = out["decode_b1_hf_tok_s"]
         for b in batches:
             out[f"decode_b{b}_over_hf_ratio"] = out[f"decode_b{b}_ours_tok_s"] / seq
+        # cross-check of the HF baseline: HF `generate` itself at batch 1, steps timed inside it
+        prompts = random_ids(prompt_len, seed=1001)
+        out["decode_b1_hf_generate_tok_s"] = 1 / statistics.median(hf_step_times(hf, prompts, new_tokens))
     return out
 
 
@@ -149,6 +164,10 @@ def main(argv=None) -> int:
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     res = {"torch_threads": args.threads, "decode_prompt_len_tokens": args.prompt_len,
            "decode_new_tokens": args.new_tokens, "load_avg_1m_before": os.getloadavg()[0]}
+    # NOTE: the first forward of each pays one-off costs (allocator, kernel selection): not measured.
+    llm.generate(random_ids(32, seed=1), SamplingParams(temperature=0, max_tokens=2))
+    with torch.inference_mode():
+        hf(torch.tensor(random_ids(32, seed=1)), use_cache=True, logits_to_keep=1)
     res.update(bench_prefill(llm, hf, lengths, args.reps))
     res.update(bench_decode(llm, hf, batches, args.prompt_len, args.new_tokens))
 
