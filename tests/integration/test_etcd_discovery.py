@@ -14,7 +14,7 @@ import httpx
 from pdorch.config import DiscoveryConfig
 from pdorch.registration import WorkerRegistration, connect, worker_key
 from tests.fixtures.processes import stop_process
-from tests.fixtures.router import router_config
+from tests.fixtures.router import router_config, wait_until
 
 TTL_S = 2
 
@@ -23,13 +23,6 @@ def _disc(etcd, **kw) -> DiscoveryConfig:
     return DiscoveryConfig(mode="etcd", etcd_endpoints=(etcd.endpoint,), cluster="t", lease_ttl_s=TTL_S, **kw)
 
 
-def _wait(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_registration_is_kept_alive_and_removed_on_stop(etcd_server):
@@ -67,7 +60,7 @@ def test_registration_of_a_killed_process_disappears_within_the_lease_ttl(etcd_s
         proc.kill()  # no revoke: only the lease expiry removes the key
         proc.wait(timeout=10)
         t0 = time.monotonic()
-        _wait(lambda: client.get(key)[0] is None, TTL_S + 3, "the dead worker's key to expire")
+        wait_until(lambda: client.get(key)[0] is None, TTL_S + 3, "the dead worker's key to expire")
         assert time.monotonic() - t0 <= TTL_S + 2
     finally:
         stop_process(proc)
@@ -85,14 +78,14 @@ def test_router_watch_adds_and_drops_workers(etcd_server, standins, make_router)
         c = httpx.Client(base_url=r.url, timeout=20)
         assert c.get("/health").status_code == 503  # no decode worker yet
         dec = WorkerRegistration(cfg.discovery, "decode", "d-a", d.address).start()
-        _wait(lambda: c.get("/health").status_code == 200, 5, "the router to see the decode registration")
+        wait_until(lambda: c.get("/health").status_code == 200, 5, "the router to see the decode registration")
         ids = {(w["role"], w["worker_id"], w["address"]) for w in c.get("/workers").json()["workers"]}
         assert ids == {("prefill", "p-a", p.address), ("decode", "d-a", d.address)}
         out = c.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
         assert out.status_code == 200 and d.behavior.calls[-1].prefill_address == p.address
         dec.stop()
         dec = None
-        _wait(lambda: [w for w in c.get("/workers").json()["workers"] if w["role"] == "decode"] == [], 5,
+        wait_until(lambda: [w for w in c.get("/workers").json()["workers"] if w["role"] == "decode"] == [], 5,
               "the router to drop the deregistered decode worker")
         assert c.post("/generate", json={"input_ids": [1]}).status_code == 503
     finally:
@@ -113,11 +106,11 @@ def test_router_resyncs_after_etcd_restarts(etcd_server, standins, make_router, 
     r = make_router([], [], cfg=cfg)
     c = httpx.Client(base_url=r.url, timeout=20)
     try:
-        _wait(lambda: c.get("/health").status_code == 200, 5, "the router to see both workers")
+        wait_until(lambda: c.get("/health").status_code == 200, 5, "the router to see both workers")
         restart_etcd(etcd_server)
         assert c.get("/health").status_code == 200  # known workers stay while etcd is away
         regs.append(WorkerRegistration(cfg.discovery, "decode", "d2", d2.address).start())
-        _wait(lambda: len([w for w in c.get("/workers").json()["workers"] if w["role"] == "decode"]) == 2, 10,
+        wait_until(lambda: len([w for w in c.get("/workers").json()["workers"] if w["role"] == "decode"]) == 2, 10,
               "the router to see a registration made after etcd came back")
     finally:
         for reg in regs:
@@ -141,14 +134,14 @@ def test_real_workers_register_and_the_router_follows_their_lifetime(etcd_server
         r = RouterThread(dataclasses.replace(cluster.cfg, router=base.router), Tokenizer.from_dir(tiny_model_dir),
                          tiny_model_dir).start()
         c = httpx.Client(base_url=r.url, timeout=60)
-        _wait(lambda: c.get("/health").status_code == 200, 10, "the router to find both workers in etcd")
+        wait_until(lambda: c.get("/health").status_code == 200, 10, "the router to find both workers in etcd")
         addrs = {(w["role"], w["address"]) for w in c.get("/workers").json()["workers"]}
         assert addrs == {("prefill", cluster.prefill.address), ("decode", cluster.decode.address)}
         out = c.post("/generate", json={"input_ids": list(range(10, 40)), "sampling_params": {"max_new_tokens": 3}})
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 3
         cluster.prefill.proc.send_signal(signal.SIGKILL)  # dies without revoking its lease
         t0 = time.monotonic()
-        _wait(lambda: all(w["role"] != "prefill" for w in c.get("/workers").json()["workers"]), TTL_S + 5,
+        wait_until(lambda: all(w["role"] != "prefill" for w in c.get("/workers").json()["workers"]), TTL_S + 5,
               "the killed prefill worker to leave the router's view")
         assert time.monotonic() - t0 <= TTL_S + 3
         assert c.post("/generate", json={"input_ids": [1, 2]}).status_code == 503

@@ -10,16 +10,11 @@ import httpx
 import openai
 import pytest
 
+from tests.fixtures.router import wait_until
+
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def _wait(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _gen(r, ids=(1, 2, 3), n=2, **kw):
@@ -107,8 +102,8 @@ def test_client_disconnect_mid_stream_cancels_the_worker_call(standins, make_rou
         assert data, "the router closed the stream early"
         seen += data
     s.close()
-    _wait(lambda: "gone-mid-stream" in d.behavior.cancelled, 5, "the decode stand-in to see the cancellation")
-    _wait(lambda: d_in_flight(r) == 0, 5, "the router to release the request")
+    wait_until(lambda: "gone-mid-stream" in d.behavior.cancelled, 5, "the decode stand-in to see the cancellation")
+    wait_until(lambda: d_in_flight(r) == 0, 5, "the router to release the request")
 
 
 def test_client_disconnect_before_first_token_cancels_the_worker_call(standins, make_router):
@@ -117,10 +112,10 @@ def test_client_disconnect_before_first_token_cancels_the_worker_call(standins, 
     r = make_router([p.address], [d.address], policy="round_robin")
     s = _raw_stream_request(r.port, {"input_ids": [1], "sampling_params": {"max_new_tokens": 3}, "stream": True,
                                      "rid": "gone-early"})
-    _wait(lambda: len(d.behavior.calls) == 1, 5, "the request to reach the decode stand-in")
+    wait_until(lambda: len(d.behavior.calls) == 1, 5, "the request to reach the decode stand-in")
     s.close()
-    _wait(lambda: "gone-early" in d.behavior.cancelled, 3, "the decode stand-in to see the cancellation")
-    _wait(lambda: d_in_flight(r) == 0, 5, "the router to release the request")
+    wait_until(lambda: "gone-early" in d.behavior.cancelled, 3, "the decode stand-in to see the cancellation")
+    wait_until(lambda: d_in_flight(r) == 0, 5, "the router to release the request")
 
 
 def d_in_flight(r) -> int:
