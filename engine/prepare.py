@@ -14,6 +14,7 @@ safetensors.numpy + tokenizers only (transformers is only the test reference).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import json
@@ -147,18 +148,21 @@ def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def make_tiny_model(out_dir: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
+def make_tiny_model(out_dir: str | pathlib.Path, seed: int = 0, tie_word_embeddings: bool = True,
+                    rope_scaling: dict | None = None) -> pathlib.Path:
     """A random-weights Llama of tiny dims with the SmolLM2 tokenizer (for fast tests)."""
     from safetensors.numpy import save_file
 
-    from engine.gguf_convert import read_gguf_tokenizer, write_tokenizer_files
+    from engine.gguf_convert import write_tokenizer_files
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = read_gguf_tokenizer(smollm2_gguf_path())
+    tok = _smollm2_tokenizer()
     cfg = llama_config(vocab_size=len(tok.tokens), hidden_size=64, intermediate_size=128, num_layers=2,
                        num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-                       max_position_embeddings=2048, tie=True, bos=tok.bos_id, eos=tok.eos_id, pad=tok.pad_id)
+                       max_position_embeddings=2048, tie=tie_word_embeddings, bos=tok.bos_id, eos=tok.eos_id,
+                       pad=tok.pad_id)
+    cfg["rope_scaling"] = rope_scaling
     rng = np.random.default_rng(seed)
 
     def rand(*shape):
@@ -167,6 +171,8 @@ def make_tiny_model(out_dir: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
     h, f, q, kv = 64, 128, 4 * 16, 2 * 16
     tensors = {"model.embed_tokens.weight": rand(cfg["vocab_size"], h),
                "model.norm.weight": np.ones(h, np.float32)}
+    if not tie_word_embeddings:
+        tensors["lm_head.weight"] = rand(cfg["vocab_size"], h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         tensors.update({
@@ -180,6 +186,13 @@ def make_tiny_model(out_dir: str | pathlib.Path, seed: int = 0) -> pathlib.Path:
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     write_tokenizer_files(tok, out, cfg["max_position_embeddings"])
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _smollm2_tokenizer():
+    from engine.gguf_convert import read_gguf_tokenizer
+
+    return read_gguf_tokenizer(smollm2_gguf_path())  # NOTE: parsing the GGUF takes ~2 s; once per process
 
 
 def llama_config(*, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
