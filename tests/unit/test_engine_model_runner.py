@@ -74,3 +74,17 @@ def test_bad_chunks_are_rejected(runner):
         runner.forward([Chunk([0], 0, tokens(5, 0))])
     with pytest.raises(ValueError, match="bad chunk"):
         runner.forward([Chunk([0], 0, [])])
+
+
+def test_bf16_kv_pool_close_to_fp32(runner):
+    """kv_dtype bfloat16: K/V are rounded on write and widened on read; compute stays fp32."""
+    arch, model = runner.arch, runner.model
+    half = ModelRunner(model, arch, KVPool(arch, num_pages=16, page_size=PAGE, dtype=torch.bfloat16))
+    assert half.pool.page_nbytes * 2 == runner.pool.page_nbytes
+    toks = tokens(19, 4)
+    ref = one_shot(runner, toks)
+    pages = list(range(5))
+    half.forward([Chunk(pages, 0, toks[:-1])])
+    got = half.forward([Chunk(pages, 18, toks[-1:])])[0]
+    assert got.dtype == torch.float32 and got.argmax() == ref.argmax()
+    assert (got - ref).abs().max() < 0.05
