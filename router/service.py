@@ -60,6 +60,7 @@ class RouterService:
         self.aliases = model_aliases(cfg.model.name, cfg.model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
         self._hash_pages = isinstance(policy, CacheAware)
+        self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0
 
     # ------------------------------------------------------------------ validation
@@ -92,8 +93,8 @@ class RouterService:
         n = len(token_ids)
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
-        vocab = getattr(self.tokenizer, "vocab_size", 0)
-        if vocab and any(t < 0 or t >= vocab for t in token_ids):
+        vocab = self._vocab_size
+        if vocab and (min(token_ids) < 0 or max(token_ids) >= vocab):
             raise bad_request(f"token ids must be in [0, {vocab})", param="input_ids")
         limit = self.context_limit()
         if limit and n >= limit:
