@@ -39,9 +39,20 @@ class Behavior:
     flushes: int = 0
 
 
-def _info(role: str, b: Behavior, worker_id: str) -> worker_pb2.WorkerInfo:
-    return worker_pb2.WorkerInfo(role=role, worker_id=worker_id, model=b.model, page_size=b.page_size,
+# The RPCs both stand-ins answer alike (each servicer sets `role` and `flush_pages`).
+async def _info_rpc(self, request, context) -> worker_pb2.WorkerInfo:
+    b = self.b
+    return worker_pb2.WorkerInfo(role=self.role, worker_id=self.worker_id, model=b.model, page_size=b.page_size,
                                  total_pages=1024, free_pages=1024, max_context_tokens=b.max_context_tokens)
+
+
+async def _flush_rpc(self, request, context) -> worker_pb2.FlushResponse:
+    self.b.flushes += 1
+    return worker_pb2.FlushResponse(pages_freed=self.flush_pages)
+
+
+async def _abort_rpc(self, request, context) -> worker_pb2.AbortResponse:
+    return worker_pb2.AbortResponse(found=False)
 
 
 class StandinPrefill(worker_pb2_grpc.PrefillServiceServicer):
@@ -64,15 +75,8 @@ class StandinPrefill(worker_pb2_grpc.PrefillServiceServicer):
             request_id=request.request_id, first_token_id=1000, prompt_tokens=len(request.token_ids),
             cached=worker_pb2.CachedTokens(device=b.cached_device, store=b.cached_store))
 
-    async def Info(self, request, context):
-        return _info("prefill", self.b, self.worker_id)
-
-    async def Flush(self, request, context):
-        self.b.flushes += 1
-        return worker_pb2.FlushResponse(pages_freed=3)
-
-    async def Abort(self, request, context):
-        return worker_pb2.AbortResponse(found=False)
+    role, flush_pages = "prefill", 3
+    Info, Flush, Abort = _info_rpc, _flush_rpc, _abort_rpc
 
 
 class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
@@ -118,15 +122,8 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
             b.cancelled.append(request.request_id)
             raise
 
-    async def Info(self, request, context):
-        return _info("decode", self.b, self.worker_id)
-
-    async def Flush(self, request, context):
-        self.b.flushes += 1
-        return worker_pb2.FlushResponse(pages_freed=5)
-
-    async def Abort(self, request, context):
-        return worker_pb2.AbortResponse(found=False)
+    role, flush_pages = "decode", 5
+    Info, Flush, Abort = _info_rpc, _flush_rpc, _abort_rpc
 
 
 async def serve(role: str, port: int, b: Behavior, worker_id: str = "", ready: threading.Event | None = None,

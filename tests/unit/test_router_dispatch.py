@@ -90,10 +90,13 @@ def _raw_stream_request(port: int, body: dict) -> socket.socket:
     return s
 
 
+def _pair(standins, make_router, **decode_behavior):
+    p, d = standins("prefill"), standins("decode", **decode_behavior)
+    return make_router([p.address], [d.address], policy="round_robin"), d
+
+
 def test_client_disconnect_mid_stream_cancels_the_worker_call(standins, make_router):
-    p = standins("prefill")
-    d = standins("decode", token_delay_s=0.05)
-    r = make_router([p.address], [d.address], policy="round_robin")
+    r, d = _pair(standins, make_router, token_delay_s=0.05)
     s = _raw_stream_request(r.port, {"input_ids": [1], "sampling_params": {"max_new_tokens": 1000}, "stream": True,
                                      "rid": "gone-mid-stream"})
     seen = b""
@@ -107,9 +110,7 @@ def test_client_disconnect_mid_stream_cancels_the_worker_call(standins, make_rou
 
 
 def test_client_disconnect_before_first_token_cancels_the_worker_call(standins, make_router):
-    p = standins("prefill")
-    d = standins("decode", first_token_delay_s=5)
-    r = make_router([p.address], [d.address], policy="round_robin")
+    r, d = _pair(standins, make_router, first_token_delay_s=5)
     s = _raw_stream_request(r.port, {"input_ids": [1], "sampling_params": {"max_new_tokens": 3}, "stream": True,
                                      "rid": "gone-early"})
     wait_until(lambda: len(d.behavior.calls) == 1, 5, "the request to reach the decode stand-in")
