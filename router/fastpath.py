@@ -25,6 +25,9 @@ from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")
 
+# A 128k-token prompt as JSON token ids is ~1 MiB; anything far beyond is a mistake or an attack.
+MAX_BODY_BYTES = 32 << 20
+
 
 class FastPath:
     def __init__(self, app, handlers: dict, metrics: RouterMetrics, known_routes: set[str]):
@@ -51,12 +54,19 @@ class FastPath:
 
     async def _serve(self, handler, scope, receive, send, route: str):
         status_seen = []
-        chunks = []
+        chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                status_seen.append(413)
+                self.metrics.requests.labels(route, "413").inc()
+                return await APIError(413, f"request body larger than {MAX_BODY_BYTES >> 20} MiB",
+                                      "invalid_request_error").response()(scope, receive, send)
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)

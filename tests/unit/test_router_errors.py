@@ -133,3 +133,13 @@ def test_queue_limit_is_429(standins, make_router):
     assert results == [200, 200]
     assert httpx.post(r.url + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 1}},
                       timeout=20).status_code == 200
+
+
+def test_oversized_body_is_a_413(pd_router):
+    from router.fastpath import MAX_BODY_BYTES
+
+    r, _, _ = pd_router
+    resp = httpx.post(r.url + "/generate", content=b"[" + b"1," * (MAX_BODY_BYTES // 2) + b"1]",
+                      headers={"content-type": "application/json"}, timeout=60)
+    assert resp.status_code == 413 and "larger than" in resp.json()["error"]["message"]
+    assert httpx.get(r.url + "/health").status_code == 200
