@@ -62,7 +62,6 @@ class FastPath:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                status_seen.append(413)
                 self.metrics.requests.labels(route, "413").inc()
                 return await APIError(413, f"request body larger than {MAX_BODY_BYTES >> 20} MiB",
                                       "invalid_request_error").response()(scope, receive, send)
