@@ -14,7 +14,7 @@ Prefill runs are repeated --reps times, ours and HF interleaved so machine noise
 best run is kept. Medians and minimums make the ratios stable on a shared, busy machine.
 Weights: SmolLM2-135M-Instruct prepared by `pdorch model prepare` (HF loads the same directory).
 
-    python bench/engine.py [--json] [--threads 2] [--reps 3]
+    python bench/engine.py [--json] [--threads 2] [--reps 4]
 """
 
 from __future__ import annotations
@@ -64,10 +64,13 @@ def bench_prefill(llm: LLM, hf, lengths, reps: int) -> dict:
         pages = list(range(-(-n // page)))
         x, chunk = torch.tensor([ids]), Chunk(pages, 0, ids)
         ours_t, hf_t = [], []
-        for _ in range(reps):  # interleaved
-            ours_t.append(best_time(lambda c=chunk: runner.forward([c]), 1))
-            with torch.inference_mode():
-                hf_t.append(best_time(lambda x=x: hf(x, use_cache=True, logits_to_keep=1), 1))
+        for i in range(reps):  # interleaved, alternating who goes first
+            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                if side == 0:
+                    ours_t.append(best_time(lambda c=chunk: runner.forward([c]), 1))
+                else:
+                    with torch.inference_mode():
+                        hf_t.append(best_time(lambda x=x: hf(x, use_cache=True, logits_to_keep=1), 1))
         o, h = min(ours_t), min(hf_t)
         out.update({f"prefill_{n}_ours_s": o, f"prefill_{n}_hf_s": h, f"prefill_{n}_ours_tok_s": n / o,
                     f"prefill_{n}_hf_tok_s": n / h, f"prefill_{n}_hf_over_ours_ratio": h / o})
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2", help="model source for `prepare_model`")
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3, help="prefill repetitions (best kept)")
+    ap.add_argument("--reps", type=int, default=4, help="prefill repetitions (best kept)")
     ap.add_argument("--prefill-lengths", default="128,512,2048")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=128)
