@@ -71,6 +71,9 @@ class LLM:
                              f"model context of {limit} tokens")
         if self._pages_for(len(prompt_ids) + params.max_tokens) > self.allocator.num_total:
             raise ValueError(f"request needs more KV pages than the pool holds ({self.allocator.num_total})")
+        bad = [t for t in prompt_ids if not 0 <= t < self.arch.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary (0..{self.arch.vocab_size - 1})")
         seq = Sequence(request_id or f"req-{next(self._ids)}", prompt_ids, params)
         seq.generator = make_generator(params, self.model.device)
         seq.stop_checker = StopChecker(self.tokenizer, params, self.eos_token_ids)

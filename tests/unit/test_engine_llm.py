@@ -49,6 +49,10 @@ def test_small_pool_queues_requests(tiny_model_dir, one_at_a_time):
     llm.allocator.check_integrity()
     with pytest.raises(ValueError, match="more KV pages than the pool"):
         llm.add_request(list(range(3, 100)), GREEDY)
+    with pytest.raises(ValueError, match=r"\[49152\] outside the vocabulary"):
+        llm.add_request([5, 49152], GREEDY)
+    with pytest.raises(ValueError, match="empty prompt"):
+        llm.add_request([], GREEDY)
 
 
 def test_seeded_sampling_and_stop(tiny_model_dir):
