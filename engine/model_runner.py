@@ -61,7 +61,11 @@ class ModelRunner:
         self.group = arch.num_heads // arch.num_kv_heads
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
-        """Logits [len(chunks), vocab] (fp32) at each chunk's last token."""
+        """Logits [len(chunks), vocab] (fp32) at each chunk's last token.
+
+        NOTE: not re-entrant (the batch layout lives on self during the call): one forward at a
+        time, from the worker's scheduler thread.
+        """
         if not chunks:
             raise ValueError("forward() needs at least one chunk")
         P, dev = self.pool.page_size, self.device
@@ -75,6 +79,8 @@ class ModelRunner:
             if len(c.page_ids) < need:
                 raise ValueError(f"chunk ending at position {c.end} needs {need} pages, got {len(c.page_ids)}")
             table = torch.as_tensor(list(c.page_ids[:need]), dtype=torch.long)
+            if int(table.min()) < 0 or int(table.max()) >= self.pool.num_pages:
+                raise ValueError(f"page ids {c.page_ids[:need]} outside the pool (0..{self.pool.num_pages - 1})")
             p = torch.arange(c.start_pos, c.end)
             ids.append(torch.as_tensor(list(c.token_ids), dtype=torch.long))
             pos.append(p)

@@ -72,6 +72,8 @@ def test_mixed_batch_of_decode_and_prefill(runner):
 def test_bad_chunks_are_rejected(runner):
     with pytest.raises(ValueError, match="needs 2 pages, got 1"):
         runner.forward([Chunk([0], 0, tokens(5, 0))])
+    with pytest.raises(ValueError, match="outside the pool"):
+        runner.forward([Chunk([0, 64], 0, tokens(5, 0))])
     with pytest.raises(ValueError, match="bad chunk"):
         runner.forward([Chunk([0], 0, [])])
 
