@@ -46,6 +46,9 @@ class ModelArch:
         archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         if archs[0] not in SUPPORTED_ARCHITECTURES:
             raise ModelDirError(f"config.json architectures={archs!r}: only {SUPPORTED_ARCHITECTURES} are supported")
+        if cfg.get("sliding_window") or cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise ModelDirError("config.json asks for sliding-window attention or biases, which this engine "
+                                "does not implement")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
