@@ -35,6 +35,25 @@ _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate",
            "/get_server_info", "/get_model_info", "/health", "/health_generate", "/metrics", "/workers"}
 
 
+class RouterApp(FastAPI):
+    """FastAPI with `FastPath` in front of its whole middleware stack.
+
+    NOTE: `add_middleware` would put FastPath inside Starlette's ServerErrorMiddleware and
+    FastAPI's own layers, each wrapping every streamed chunk's `send`; FastPath needs none of
+    them (it answers its own errors), so it runs first and hands other requests to FastAPI.
+    """
+
+    fastpath: FastPath | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.fastpath is None:
+            return await super().__call__(scope, receive, send)
+        await self.fastpath(scope, receive, send)
+
+    async def call_fastapi(self, scope, receive, send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI:
     metrics = RouterMetrics()
     rc = cfg.router
@@ -55,7 +74,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
             await discovery.stop()
             await pool.close()
 
-    app = FastAPI(title="pdorch router", version="1", lifespan=lifespan)
+    app = RouterApp(title="pdorch router", version="1", lifespan=lifespan)
     app.state.service = svc
     app.state.pool = pool
     app.state.metrics = metrics
@@ -95,8 +114,10 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.add_api_route("/generate", _route(gen.generate), methods=["POST"], name="generate",
                       summary="SGLang-native generation: `text` or `input_ids`, cumulative chunks",
                       openapi_extra=document_bodies(GenerateRequest))
-    app.add_middleware(FastPath, handlers={"/v1/chat/completions": gen.chat, "/v1/completions": gen.completions,
-                                           "/generate": gen.generate}, metrics=metrics, known_routes=_ROUTES)
+    app.fastpath = FastPath(app.call_fastapi, handlers={"/v1/chat/completions": gen.chat,
+                                                        "/v1/completions": gen.completions,
+                                                        "/generate": gen.generate},
+                            metrics=metrics, known_routes=_ROUTES)
 
     @app.get("/v1/models")
     async def models(request: Request):
