@@ -99,7 +99,7 @@ class Dispatcher:
                 w.in_flight += 1
                 w.routed += 1
                 w.breaker.on_sent()
-                self.metrics.worker_routed.labels(w.role, w.address).inc()
+                self.metrics.child(self.metrics.worker_routed, w.role, w.address).inc()
             call = d.stub.Generate(req, timeout=job.timeout_s)
             stream = call.__aiter__()  # NOTE: cheaper per message than call.read()
             p_held, d_held, finished = True, True, False

@@ -18,6 +18,7 @@ class RouterMetrics:
 
     def __init__(self):
         r = self.registry = CollectorRegistry()
+        self._children: dict = {}
         self.requests = Counter("pdorch_router_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.ttft = Histogram("pdorch_router_ttft_seconds", "Time to first token", ["route"],
@@ -37,6 +38,15 @@ class RouterMetrics:
         self.retries = Counter("pdorch_router_retries", "Requests retried on another P/D pair", registry=r)
         self.queue_depth = Gauge("pdorch_router_queue_depth", "Requests in flight in the router", registry=r)
         self.workers_healthy = Gauge("pdorch_router_workers_healthy", "Healthy workers", ["role"], registry=r)
+
+    # NOTE: `.labels(...)` takes a lock and builds a key on every call; the hot path asks for the
+    # same few children thousands of times a second, so it keeps them here.
+    def child(self, metric, *labels):
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

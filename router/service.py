@@ -169,13 +169,13 @@ class _Run:
         msg = await self._agen.__anext__()
         now = time.perf_counter()
         m = self.svc.metrics
-        m.ttft.labels(self.route).observe(now - self.t0)
+        m.child(m.ttft, self.route).observe(now - self.t0)
         self._last = now
         text = self.progress.add(msg)
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
         for tier in ("device", "host", "store"):
-            m.cached_tokens.labels(tier).inc(getattr(p, tier))
+            m.child(m.cached_tokens, tier).inc(getattr(p, tier))
         return text
 
     def __aiter__(self) -> AsyncIterator[str]:
@@ -198,5 +198,5 @@ class _Run:
         finally:
             m = self.svc.metrics
             m.completion_tokens.inc(len(self.progress.output_ids))
-            m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
+            m.child(m.e2e, self.route).observe(time.perf_counter() - self.t0)
             self.svc.release()
