@@ -26,7 +26,14 @@ log = logging.getLogger("pdorch.router")
 _CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
                     ("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_time_ms", 10_000),
-                    ("grpc.http2.max_pings_without_data", 0)]
+                    ("grpc.http2.max_pings_without_data", 0),
+                    # NOTE: per-call cost matters at thousands of calls/s (bench/router_overhead.py).
+                    # gRPC's retry layer buffers every call for a replay, but the dispatcher retries
+                    # itself (on another P/D pair); the minimal stack drops optional filters
+                    # (census, message-size checks; the 64 MiB limits above become moot).
+                    # Deadlines, cancellation and keepalive are unaffected (tested).
+                    ("grpc.enable_retries", 0),
+                    ("grpc.minimal_stack", 1)]
 
 
 @dataclass(eq=False)

@@ -183,3 +183,17 @@ def test_completed_requests_are_not_cancelled_on_the_worker(pd_router):
     assert len(d.behavior.calls) == 3 and d.behavior.cancelled == []
     workers = {w["role"]: w for w in httpx.get(r.url + "/workers").json()["workers"]}
     assert workers["decode"]["in_flight"] == 0 and workers["prefill"]["in_flight"] == 0
+
+
+def test_worker_call_past_its_deadline_is_a_504_and_stopped_on_the_worker(standins, make_router):
+    # NOTE: guards the router's lean gRPC channel options (minimal stack, no retries): the
+    # per-call deadline must still be enforced and propagated to the worker.
+    p = standins("prefill")
+    d = standins("decode", first_token_delay_s=5.0)
+    r = make_router([p.address], [d.address], policy="round_robin", request_timeout_s=0.3)
+    t0 = time.monotonic()
+    resp = _gen(r, rid="too-slow")
+    assert resp.status_code == 504, resp.text
+    assert "DEADLINE_EXCEEDED" in resp.json()["error"]["message"]
+    assert time.monotonic() - t0 < 4.0  # two attempts of 0.3 s plus probes, not the worker's 5 s
+    wait_until(lambda: d.behavior.cancelled.count("too-slow") == 2, 3, "the decode stand-in to see both deadlines")
