@@ -130,7 +130,11 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ health
     async def check(self, w: Worker) -> bool:
-        timeout = max(0.2, min(2.0, self.health_interval_s))
+        # NOTE: the deadline has a 1 s floor even with a shorter interval: the first Info on a new
+        # channel includes the connection set-up, which took > 0.3 s on a loaded 2-core machine and
+        # marked the only worker unhealthy. A dead process still fails at once (UNAVAILABLE); the
+        # floor only delays noticing a hung one.
+        timeout = max(1.0, min(2.0, self.health_interval_s))
         try:
             w.info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
             if not w.healthy:
