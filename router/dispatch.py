@@ -2,6 +2,9 @@
 
     pick P (policy) + D (least load) --> D.Generate(token ids, prefill_address=P) --> chunks
 
+- The Generate stream runs on router/grpc_stream.py (the event loop reads the worker's socket
+  itself); chunks that arrive together are handed on together, so they cost one client write.
+
 - Before the first token arrives, a failure is retried once on a different P/D pair (the
   failed workers are excluded when others are routable). Which worker failed is decided by
   probing both with Info; the one that does not answer gets the circuit-breaker failure.
@@ -22,6 +25,7 @@ import grpc
 from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.metrics import RouterMetrics
+from router.grpc_stream import RpcError, StreamCall
 from router.policies import Policy, RouteContext, SessionAffinity
 from router.workers import Worker, WorkerPool
 
@@ -29,6 +33,7 @@ log = logging.getLogger("pdorch.router")
 
 # gRPC codes that mean "the request itself is bad": answered 400, never retried.
 _CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
+GENERATE_PATH = "/pdorch.v1.DecodeService/Generate"
 
 
 class StreamFailed(Exception):
@@ -83,8 +88,9 @@ class Dispatcher:
             self.pool.record_failure(d, error)
             self.metrics.worker_errors.labels(d.role, d.address).inc()
 
-    async def stream(self, job: Job) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        """Yield D's chunks. Raises APIError before the first token, StreamFailed after it."""
+    async def stream(self, job: Job) -> AsyncIterator[list[worker_pb2.GenerateResponse]]:
+        """Yield D's chunks in batches (all that arrived together; the first batch holds the first
+        token). Raises APIError before the first token, StreamFailed after it."""
         tried_p: set[Worker] = set()
         tried_d: set[Worker] = set()
         last_error: APIError | None = None
@@ -100,21 +106,21 @@ class Dispatcher:
                 w.routed += 1
                 w.breaker.on_sent()
                 self.metrics.child(self.metrics.worker_routed, w.role, w.address).inc()
-            call = d.stub.Generate(req, timeout=job.timeout_s)
-            stream = call.__aiter__()  # NOTE: cheaper per message than call.read()
+            call: StreamCall | None = None
             p_held, d_held, finished = True, True, False
             try:
                 first: list[worker_pb2.GenerateResponse] = []
                 try:
+                    call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
+                                              worker_pb2.GenerateResponse.FromString, job.timeout_s)
                     while True:
-                        try:
-                            msg = await stream.__anext__()
-                        except StopAsyncIteration:
-                            raise _EarlyEOF() from None
-                        first.append(msg)
-                        if msg.token_ids or msg.finish_reason:
+                        batch = await call.next_batch()
+                        if not batch:
+                            raise _EarlyEOF()
+                        first.extend(batch)
+                        if any(m.token_ids or m.finish_reason for m in batch):
                             break
-                except (grpc.aio.AioRpcError, _EarlyEOF) as e:
+                except (RpcError, _EarlyEOF) as e:
                     p.in_flight -= 1
                     d.in_flight -= 1
                     p_held = d_held = False
@@ -128,35 +134,31 @@ class Dispatcher:
                 p.in_flight -= 1
                 p_held = False
                 self.pool.record_success(p)
-                if first[-1].finish_reason:
-                    finished = self._done(d)
-                yield_from = first
+                batch = first
                 while True:
-                    for msg in yield_from:
-                        yield msg
+                    # NOTE: the chunk with finish_reason is the last one: the request is complete
+                    # here, so a consumer that stops reading after it must not cancel the call.
+                    if batch[-1].finish_reason:
+                        finished = self._done(d)
+                    yield batch
                     if finished:
                         return
                     try:
-                        msg = await stream.__anext__()
-                    except StopAsyncIteration:
-                        finished = self._done(d)  # ended without a finish_reason: still a clean end
-                        return
-                    except grpc.aio.AioRpcError as e:
+                        batch = await call.next_batch()
+                    except RpcError as e:
                         self.pool.record_failure(d, f"{e.code().name}: {e.details()}")
                         self.metrics.worker_errors.labels(d.role, d.address).inc()
                         raise StreamFailed(f"decode worker {d.address} failed mid-stream: "
                                            f"{e.code().name}: {e.details()}") from None
-                    # NOTE: the chunk with finish_reason is the last one: the request is complete
-                    # here, so a consumer that stops reading after it must not cancel the call.
-                    if msg.finish_reason:
-                        finished = self._done(d)
-                    yield_from = (msg,)
+                    if not batch:
+                        finished = self._done(d)  # ended without a finish_reason: still a clean end
+                        return
             finally:
                 if p_held:
                     p.in_flight -= 1
                 if d_held:
                     d.in_flight -= 1
-                if not finished:
+                if not finished and call is not None:
                     call.cancel()  # client went away (or we failed): stop the work on D and P
         assert last_error is not None
         raise last_error

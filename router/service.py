@@ -139,7 +139,7 @@ class RouterService:
     async def start(self, job: Job, route: str, t0: float):
         """Admit, run until the first token; returns (Progress, first text delta, run).
 
-        `run` is an async iterator of the remaining text deltas (the Progress updates as it
+        `run` is an async iterator of the remaining text deltas (one per batch of D's chunks) (the Progress updates as it
         goes) and must be closed with `run.aclose()` (idempotent); it releases the admission.
         Cancelling the caller (client disconnect) cancels the worker call.
         """
@@ -166,12 +166,12 @@ class _Run:
         self._last = t0
 
     async def first(self) -> str:
-        msg = await self._agen.__anext__()
+        batch = await self._agen.__anext__()
         now = time.perf_counter()
         m = self.svc.metrics
         m.child(m.ttft, self.route).observe(now - self.t0)
         self._last = now
-        text = self.progress.add(msg)
+        text = self._fold(batch)
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
         for tier in ("device", "host", "store"):
@@ -183,11 +183,19 @@ class _Run:
 
     async def _rest(self) -> AsyncIterator[str]:
         itl = self.svc.metrics.itl
-        async for msg in self._agen:
+        async for batch in self._agen:
             now = time.perf_counter()
             itl.observe(now - self._last)
+            for _ in range(len(batch) - 1):
+                itl.observe(0.0)  # NOTE: chunks that arrived together reach the client together
             self._last = now
-            yield self.progress.add(msg)
+            yield self._fold(batch)
+
+    def _fold(self, batch: list) -> str:
+        """Fold D's chunks into the Progress; returns their text delta."""
+        if len(batch) == 1:
+            return self.progress.add(batch[0])
+        return "".join([self.progress.add(msg) for msg in batch])
 
     async def aclose(self) -> None:
         if self._closed:

@@ -19,6 +19,7 @@ import grpc
 
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
+from router.grpc_stream import Channel
 
 log = logging.getLogger("pdorch.router")
 
@@ -42,8 +43,9 @@ class Worker:
     address: str  # gRPC host:port
     worker_id: str
     breaker: CircuitBreaker
-    channel: grpc.aio.Channel | None = None
+    channel: grpc.aio.Channel | None = None  # Info / Flush / health checks
     stub: object = None
+    calls: Channel | None = None  # the Generate streams (router/grpc_stream.py: the hot path)
     healthy: bool = False
     checked: bool = False  # at least one health check finished
     info: worker_pb2.WorkerInfo | None = None
@@ -94,7 +96,7 @@ class WorkerPool:
             channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
             w = Worker(role, address, worker_id or address,
                        CircuitBreaker(self.failure_threshold, self.cooldown_s),
-                       channel=channel, stub=stub_cls(channel), meta=meta or {})
+                       channel=channel, stub=stub_cls(channel), calls=Channel(address), meta=meta or {})
             self._workers[key] = w
             log.info("worker added: %s %s (%s)", role, address, w.worker_id)
             asyncio.get_running_loop().create_task(self.check(w))
@@ -109,6 +111,8 @@ class WorkerPool:
         log.info("worker removed: %s %s", role, address)
         for cb in self.on_remove:
             cb(w)
+        if w.calls is not None:
+            w.calls.close()
         if w.channel is not None:
             await w.channel.close(grace=None)
 

@@ -73,17 +73,22 @@ def test_models_lists_the_served_model(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
-def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
-    r, _, d = pd_router
-    d.behavior.cached_device, d.behavior.cached_store = 16, 16
+def _generate_stream(url: str) -> list:
     body = {"input_ids": list(range(1, 41)), "sampling_params": {"temperature": 0.0, "max_new_tokens": 4,
             "ignore_eos": True}, "stream": True, "stream_options": {"include_usage": True}, "lora_path": "",
             "return_logprob": False, "logprob_start_len": -1}  # what SGLang's bench_multiturn sends
-    with httpx.stream("POST", r.url + "/generate", json=body, timeout=20) as resp:
+    with httpx.stream("POST", url + "/generate", json=body, timeout=20) as resp:
         assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         events = _sse(resp)
     assert events[-1] == "[DONE]"
-    chunks = events[:-1]
+    return events[:-1]
+
+
+def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
+    r, _, d = pd_router
+    d.behavior.cached_device, d.behavior.cached_store = 16, 16
+    d.behavior.token_delay_s = 0.1  # tokens arrive one by one, like decode steps
+    chunks = _generate_stream(r.url)
     assert [c["output_ids"] for c in chunks] == [[1000], [1000, 1001], [1000, 1001, 1002],
                                                  [1000, 1001, 1002, 1003]]
     assert [c["text"] for c in chunks] == [" w0", " w0 w1", " w0 w1 w2", " w0 w1 w2 w3"]
@@ -96,6 +101,22 @@ def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
     sent = d.behavior.calls[-1]
     assert sent.sampling.ignore_eos and sent.sampling.max_tokens == 4
+
+
+def test_generate_tokens_that_arrive_together_share_a_chunk_and_stay_cumulative(pd_router):
+    r, _, d = pd_router
+    for _ in range(5):  # no delay: the stand-in's tokens usually reach the router in one read
+        chunks = _generate_stream(r.url)
+        assert 1 <= len(chunks) <= 4
+        previous: list = []
+        for c in chunks:
+            ids = c["output_ids"]
+            assert len(ids) > len(previous) and ids[:len(previous)] == previous  # grows, never rewrites
+            assert c["text"] == "".join(f" w{t - 1000}" for t in ids)
+            assert c["meta_info"]["completion_tokens"] == len(ids)
+            previous = ids
+        assert previous == [1000, 1001, 1002, 1003]
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
 
 
 def test_generate_non_streaming_text_prompt(pd_router, router_tokenizer):
