@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from load_client import closed_loop
+
 
 # ------------------------------------------------------------------------------ HTTP stand-in
 def serve_http_standin(port: int, token_delay_s: float) -> None:
@@ -149,109 +151,6 @@ class Procs:
         self.procs.clear()
 
 
-# ------------------------------------------------------------------------------ load
-class Sample:
-    __slots__ = ("e2e", "ttft")
-
-    def __init__(self, ttft: float, e2e: float):
-        self.ttft, self.e2e = ttft, e2e
-
-
-async def _http_one(session, url: str, body: bytes) -> Sample:
-    t0 = time.perf_counter()
-    ttft = None
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {await resp.text()}")
-        async for line in resp.content:
-            if ttft is None and line.startswith(b"data: {"):
-                ttft = time.perf_counter() - t0
-    return Sample(ttft or 0.0, time.perf_counter() - t0)
-
-
-async def _grpc_one(stub, pb, tokens: int) -> Sample:
-    t0 = time.perf_counter()
-    ttft = None
-    req = pb.GenerateRequest(request_id="b", token_ids=list(range(1, 65)), prefill_address="unused",
-                             sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0))
-    async for _ in stub.Generate(req, timeout=60):
-        if ttft is None:
-            ttft = time.perf_counter() - t0
-    return Sample(ttft or 0.0, time.perf_counter() - t0)
-
-
-async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: float, duration_s: float,
-                      keep_alive: bool = False, stagger_s: float = 0.0) -> dict:
-    """`concurrency` clients each sending back-to-back requests; stats of those finished in the window.
-
-    Client i starts `i * stagger_s / concurrency` late. NOTE: with stagger 0 and a fixed stream
-    length, the closed-loop streams stay in lockstep: every request ends, and its successor's
-    first token comes back, inside one burst of 64 stream ends + 64 new requests, so each TTFT
-    measures how the client process digests that burst (direct HTTP TTFT p50 17-20 ms with no
-    first-token delay) and the router-minus-direct difference is noise of +-10 ms for either
-    router. Spreading the starts over one token interval keeps 64 streams open and lets new
-    requests arrive at independent phases, as they do against a real server.
-    """
-    samples: list[Sample] = []
-    completed = [0]
-    t_start = time.perf_counter()
-    t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
-    if target.startswith("grpc://"):
-        import grpc
-
-        from proto.pdorch.v1 import worker_pb2 as pb
-        from proto.pdorch.v1 import worker_pb2_grpc as pbg
-
-        channel = grpc.aio.insecure_channel(target[len("grpc://"):])
-        stub = pbg.DecodeServiceStub(channel)
-        one = lambda: _grpc_one(stub, pb, tokens)
-        close = channel.close
-    else:
-        import aiohttp
-
-        # NOTE: a new connection per request by default. sglang-router 0.3.2 answers every request
-        # on a kept-alive client connection ~44 ms late (delayed ACK against its unflushed last
-        # chunk; a plain aiohttp or curl client shows it too), which would cap it at 64/0.044 s
-        # requests/s and measure the stall, not the router. --keep-alive measures that mode.
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=not keep_alive),
-                                        timeout=aiohttp.ClientTimeout(total=60))
-        body = json.dumps({"input_ids": list(range(1, 65)), "stream": True,
-                           "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0}}).encode()
-        one = lambda: _http_one(session, target + "/generate", body)
-        close = session.close
-
-    async def client(i: int):
-        await asyncio.sleep(i * stagger_s / concurrency)
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= t_end:
-                return
-            s = await one()
-            completed[0] += 1
-            if t0 >= t_measure and time.perf_counter() <= t_end:
-                samples.append(s)
-
-    try:
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-    finally:
-        await close()
-    if not samples:
-        raise RuntimeError(f"no request to {target} finished inside the measuring window")
-    return dict(summarize(samples, duration_s), completed=completed[0])
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))]
-
-
-def summarize(samples: list[Sample], duration_s: float) -> dict:
-    e2e = [s.e2e * 1000 for s in samples]
-    ttft = [s.ttft * 1000 for s in samples]
-    return {"requests": len(samples), "rps": len(samples) / duration_s, "e2e_p50_ms": statistics.median(e2e),
-            "e2e_p99_ms": pct(e2e, 0.99), "ttft_p50_ms": statistics.median(ttft), "ttft_p99_ms": pct(ttft, 0.99)}
-
-
 # ------------------------------------------------------------------------------ phase
 def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path) -> dict:
     """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
@@ -313,7 +212,7 @@ def run_phase(name: str, token_delay_s: float, tokens: int, args, model_dir: Pat
                 pid = urls["pids"].get(key)
                 cpu0 = cpu_seconds(pid) if pid else 0.0
                 res = asyncio.run(closed_loop(urls[key], args.concurrency, tokens, args.warmup_s, args.duration_s,
-                                              args.keep_alive, token_delay_s))
+                                              args.keep_alive, token_delay_s, args.client))
                 if pid:  # the router's own CPU per request, whatever the stand-ins and the client cost
                     res["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0) * 1000 / res["completed"]
                 if not args.json:
@@ -336,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per target (short runs, compared pairwise)")
     ap.add_argument("--keep-alive", action="store_true",
                     help="reuse client HTTP connections (default: one connection per request, see closed_loop)")
+    ap.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
+                    help="load generator (bench/load_client.py): lean asyncio HTTP + lean gRPC, or aiohttp + grpc.aio")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--http-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -369,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
-        "keep_alive": args.keep_alive,
+        "keep_alive": args.keep_alive, "client": args.client,
         "p50_overhead_ms": overhead("ours", "ours_direct", "ttft_p50_ms"),
         "p99_overhead_ms": overhead("ours", "ours_direct", "ttft_p99_ms"),
         "e2e_p50_overhead_ms": overhead("ours", "ours_direct", "e2e_p50_ms"),

@@ -24,8 +24,8 @@ import grpc
 
 from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
-from router.metrics import RouterMetrics
 from router.grpc_stream import RpcError, StreamCall
+from router.metrics import RouterMetrics
 from router.policies import Policy, RouteContext, SessionAffinity
 from router.workers import Worker, WorkerPool
 

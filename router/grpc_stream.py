@@ -19,7 +19,6 @@ with the same `code()` / `details()` as grpc.aio's. No compression, no server pu
 from __future__ import annotations
 
 import asyncio
-import collections
 import socket
 from urllib.parse import unquote
 
@@ -92,8 +91,21 @@ def _grpc_timeout(seconds: float) -> bytes:
 class StreamCall:
     """One server-streaming call. Read with `next_batch()`; `cancel()` if you stop early."""
 
-    __slots__ = ("_conn", "stream_id", "_deserialize", "_messages", "_buffer", "_waiter", "_status",
-                 "_details", "_headers_seen", "_timer", "_pending", "send_window", "_recv_unacked")
+    __slots__ = (
+        "_buffer",
+        "_conn",
+        "_deserialize",
+        "_details",
+        "_headers_seen",
+        "_messages",
+        "_pending",
+        "_recv_unacked",
+        "_status",
+        "_timer",
+        "_waiter",
+        "send_window",
+        "stream_id",
+    )
 
     def __init__(self, conn: _Connection, stream_id: int, deserialize):
         self._conn = conn
@@ -358,24 +370,25 @@ class _Connection(asyncio.Protocol):
         self.streams[stream_id] = call
         call._timer = self.loop.call_at(deadline, call._on_deadline)
         call._pending = len(message).to_bytes(5, "big") + message  # flag byte 0 + 4-byte length
-        self.transport.write(_frame(_HEADERS, _END_HEADERS, stream_id, header_block))
-        self._send_pending(call)
+        # NOTE: HEADERS and the first DATA frames leave in one write: one syscall, and the worker
+        # usually reads the whole request at once.
+        self._send_pending(call, _frame(_HEADERS, _END_HEADERS, stream_id, header_block))
         return call
 
-    def _send_pending(self, call: StreamCall) -> None:
+    def _send_pending(self, call: StreamCall, head: bytes = b"") -> None:
         data = call._pending
-        if not data:
-            return
-        out = []
-        while data:
-            n = min(len(data), self.peer_max_frame, self.send_window, call.send_window)
+        out = [head] if head else []
+        sent = 0
+        while sent < len(data):
+            n = min(len(data) - sent, self.peer_max_frame, self.send_window, call.send_window)
             if n <= 0:
                 break
-            chunk, data = data[:n], data[n:]
             self.send_window -= n
             call.send_window -= n
-            out.append(_frame(_DATA, 0 if data else _END_STREAM, call.stream_id, chunk))
-        call._pending = data
+            end = sent + n == len(data)
+            out.append(_frame(_DATA, _END_STREAM if end else 0, call.stream_id, data[sent:sent + n]))
+            sent += n
+        call._pending = data[sent:] if sent else data
         if out:
             self.transport.write(b"".join(out))
 
@@ -459,7 +472,7 @@ class Channel:
         connecting = self._connecting
         try:
             conn = await asyncio.wait_for(asyncio.shield(connecting), max(0.0, deadline - loop.time()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"connecting to {self.address} timed out") from None
         except OSError as e:
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {self.address}: {e}") from None
