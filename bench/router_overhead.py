@@ -7,8 +7,8 @@ stand-in that answers exactly like our gRPC one.
     client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (below)
     client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)
 
-Every worker streams `--tokens` synthetic tokens; the client keeps `--concurrency` streams open
-(closed loop). Two phases:
+Every worker streams `--tokens` synthetic tokens; the client (bench/load_client.py, `--client`)
+keeps `--concurrency` streams open (closed loop). Two phases:
   latency     the stand-ins wait `--token-delay-ms` between tokens (like a decode step), so the
               routers are not saturated. Added latency = TTFT percentile through the router minus
               the same percentile direct (p50_overhead_ms / p99_overhead_ms; the end-to-end stream
