@@ -89,6 +89,7 @@ def test_abort_ends_the_stream_and_frees_pages(cluster):
 
 
 def test_metrics_endpoints(cluster):
+    cluster.generate(prompt(20, seed=3), max_tokens=2)  # NOTE: labelled counters appear once used
     for wp, name in ((cluster.prefill, "pdorch_prefill"), (cluster.decode, "pdorch_decode")):
         text = urllib.request.urlopen(f"http://127.0.0.1:{wp.metrics_port}/metrics", timeout=5).read().decode()
         assert f"{name}_queue_depth" in text and f"{name}_pool_usage_ratio" in text
