@@ -25,13 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     from engine.prepare import prepare_model
     from engine.tokenizer import Tokenizer
     from router.app import create_app
+    from router.listen import PortInUse, listen_sockets
 
+    try:
+        sockets = listen_sockets(cfg.router.host, cfg.router.port)
+    except PortInUse as e:
+        print(f"router: {e} (router.port / router.host)", file=sys.stderr)
+        return 1
     model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: print(m, file=sys.stderr))
     app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
     # NOTE: access logs off: one log line per request costs more than the routing itself. No
     # X-Forwarded-* rewriting either (nothing reads the client address; it is a layer per request).
-    uvicorn.run(app, host=cfg.router.host, port=cfg.router.port, log_level=args.log_level, access_log=False,
-                proxy_headers=False, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, proxy_headers=False,
+                            timeout_graceful_shutdown=30)
+    uvicorn.Server(config).run(sockets=sockets)  # see router/listen.py
     return 0
 
 
