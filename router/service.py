@@ -10,7 +10,6 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.requests import Request
@@ -178,16 +177,19 @@ class _Run:
             m.child(m.cached_tokens, tier).inc(getattr(p, tier))
         return text
 
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._rest()
+    # NOTE: an async iterator class, not an async generator: a consumer that stops early (the
+    # handlers stop at finish_reason) would leave a generator for the GC, whose finalizer makes
+    # the loop schedule its aclose() through call_soon_threadsafe: a task and an eventfd wake-up
+    # per request.
+    def __aiter__(self) -> _Run:
+        return self
 
-    async def _rest(self) -> AsyncIterator[str]:
-        itl = self.svc.metrics.itl
-        async for batch in self._agen:
-            now = time.perf_counter()
-            itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
-            self._last = now
-            yield self._fold(batch)
+    async def __anext__(self) -> str:
+        batch = await self._agen.__anext__()  # StopAsyncIteration ends this iterator too
+        now = time.perf_counter()
+        self.svc.metrics.itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
+        self._last = now
+        return self._fold(batch)
 
     def _fold(self, batch: list) -> str:
         """Fold D's chunks into the Progress; returns their text delta."""
