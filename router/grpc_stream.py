@@ -1,10 +1,9 @@
 """A lean gRPC client for the router's hot call: server-streaming calls over one HTTP/2 connection.
 
-Why not grpc.aio: at hundreds of requests/s it was most of the router's CPU (bench/router_overhead.py):
-every streamed message crosses gRPC's poller thread (C queue -> socket -> event loop -> future),
-~0.4 ms of CPU per 4-token call on top of the HTTP side. Here the event loop reads the worker's
-socket itself and parses the frames in place: one read can carry several tokens, and they go to
-the client in one write. Everything else (Info, Flush, health checks) stays on grpc.aio.
+Why not grpc.aio: it was most of the router's CPU (bench/router_overhead.py): every streamed message
+crosses gRPC's poller thread (C queue -> socket -> event loop -> future), ~0.4 ms per 4-token call.
+Here the event loop reads the worker's socket and parses frames in place; one read can carry several
+tokens, which go to the client in one write. Info, Flush and health checks stay on grpc.aio.
 
     Channel(address) -- one TCP connection, reopened after it breaks or the server sends GOAWAY
       call(path, request, deserialize, timeout_s) -> StreamCall   (HEADERS + DATA, END_STREAM)
@@ -31,8 +30,7 @@ _DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 _CANCEL = 0x8
 
-# NOTE: our receive windows are large so a worker never waits on us for window updates; they are
-# topped up when half is used (_RECV_WINDOW / 2 bytes consumed).
+# NOTE: large receive windows, so a worker never waits on us; topped up when half is used.
 _RECV_WINDOW = 1 << 24
 _DEFAULT_WINDOW = 65535
 _KEEPALIVE_S = 10.0  # with calls open and nothing read for this long, ping; no answer in as long -> broken
@@ -448,6 +446,7 @@ class Channel:
         self._conn: _Connection | None = None
         self._connecting: asyncio.Future | None = None
         self._authority = address.encode()
+        self._header_prefix: dict[str, bytes] = {}  # path -> the header block without grpc-timeout
         self._closed = False
 
     async def call(self, path: str, message: bytes, deserialize, timeout_s: float) -> StreamCall:
@@ -457,10 +456,13 @@ class Channel:
         conn = self._conn
         if conn is None or not conn.usable:
             conn = await self._connect(loop, deadline)
-        headers = (b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
-                   + _literal_indexed_name(4, path.encode()) + _literal_indexed_name(1, self._authority)
-                   + _literal_indexed_name(31, b"application/grpc") + _literal(b"te", b"trailers")
-                   + _literal(b"grpc-timeout", _grpc_timeout(deadline - loop.time())))
+        prefix = self._header_prefix.get(path)
+        if prefix is None:
+            prefix = self._header_prefix[path] = (
+                b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
+                + _literal_indexed_name(4, path.encode()) + _literal_indexed_name(1, self._authority)
+                + _literal_indexed_name(31, b"application/grpc") + _literal(b"te", b"trailers"))
+        headers = prefix + _literal(b"grpc-timeout", _grpc_timeout(deadline - loop.time()))
         return conn.start(headers, message, deserialize, deadline)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:

@@ -138,8 +138,9 @@ class RouterService:
     async def start(self, job: Job, route: str, t0: float):
         """Admit, run until the first token; returns (Progress, first text delta, run).
 
-        `run` is an async iterator of the remaining text deltas (one per batch of D's chunks) (the Progress updates as it
-        goes) and must be closed with `run.aclose()` (idempotent); it releases the admission.
+        `run` is an async iterator of the remaining text deltas, one per batch of D's chunks (the
+        Progress updates as it goes), and must be closed with `run.aclose()` (idempotent); it
+        releases the admission.
         Cancelling the caller (client disconnect) cancels the worker call.
         """
         self.admit()
