@@ -67,8 +67,6 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
 
     @app.get("/metrics")
     async def prom_metrics():
-        for role in ("prefill", "decode"):
-            metrics.workers_healthy.labels(role).set(len(pool.routable(role)))
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def server_info() -> dict:

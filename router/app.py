@@ -60,6 +60,8 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s)
     policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
+    metrics.queue_depth = lambda: svc.in_flight  # gauges are read at scrape time
+    metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
     auth = Auth(rc.api_key, rc.admin_key)
     discovery = make_discovery(cfg.discovery, pool)
 

@@ -105,7 +105,7 @@ class Dispatcher:
                 w.in_flight += 1
                 w.routed += 1
                 w.breaker.on_sent()
-                self.metrics.child(self.metrics.worker_routed, w.role, w.address).inc()
+                self.metrics.worker_routed.labels(w.role, w.address).inc()
             call: StreamCall | None = None
             p_held, d_held, finished = True, True, False
             try:

@@ -47,7 +47,7 @@ class FastPath:
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
-                self.metrics.child(self.metrics.requests, route, message["status"]).inc()
+                self.metrics.requests.labels(route, message["status"]).inc()
             await send(message)
 
         await self.app(scope, receive, counting_send)
@@ -87,7 +87,7 @@ class FastPath:
                     state["done"] = True
             else:
                 status_seen.append(message["status"])
-                self.metrics.child(self.metrics.requests, route, message["status"]).inc()
+                self.metrics.requests.labels(route, message["status"]).inc()
             await send(message)
 
         watcher = asyncio.get_running_loop().create_task(watch())

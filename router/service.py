@@ -6,10 +6,10 @@ context checks, the 429 / 503 gates, timing metrics, client-disconnect handling)
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 
 from starlette.requests import Request
@@ -61,6 +61,13 @@ class RouterService:
         self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0
+        # NOTE: request ids are a random per-process prefix + a counter: unique across routers
+        # sharing workers, without uuid4's urandom syscall per request.
+        self._id_prefix = os.urandom(8).hex()
+        self._id_counter = itertools.count()
+
+    def _new_request_id(self) -> str:
+        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     # ------------------------------------------------------------------ validation
     def check_model(self, model: str) -> None:
@@ -114,7 +121,7 @@ class RouterService:
             hashes = page_hashes(token_ids, self.cfg.model.page_size)
         header = self.cfg.router.session_affinity_header
         session = request.headers.get(header) if header else None
-        return Job(request_id or uuid.uuid4().hex, token_ids, sampling, hashes, self.cfg.router.request_timeout_s,
+        return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, self.cfg.router.request_timeout_s,
                    session)
 
     # ------------------------------------------------------------------ admission
@@ -128,11 +135,9 @@ class RouterService:
             raise unavailable(f"no healthy {missing} worker is available; retry later",
                               max(1, int(self.cfg.router.health_check_interval_s)))
         self.in_flight += 1
-        self.metrics.queue_depth.set(self.in_flight)
 
     def release(self) -> None:
         self.in_flight -= 1
-        self.metrics.queue_depth.set(self.in_flight)
 
     # ------------------------------------------------------------------ running
     async def start(self, job: Job, route: str, t0: float):
@@ -169,13 +174,13 @@ class _Run:
         batch = await self._agen.__anext__()
         now = time.perf_counter()
         m = self.svc.metrics
-        m.child(m.ttft, self.route).observe(now - self.t0)
+        m.ttft.labels(self.route).observe(now - self.t0)
         self._last = now
         text = self._fold(batch)
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
         for tier in ("device", "host", "store"):
-            m.child(m.cached_tokens, tier).inc(getattr(p, tier))
+            m.cached_tokens.labels(tier).inc(getattr(p, tier))
         return text
 
     # NOTE: an async iterator class, not an async generator: a consumer that stops early (the
@@ -207,5 +212,5 @@ class _Run:
         finally:
             m = self.svc.metrics
             m.completion_tokens.inc(len(self.progress.output_ids))
-            m.child(m.e2e, self.route).observe(time.perf_counter() - self.t0)
+            m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
             self.svc.release()
