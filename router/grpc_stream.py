@@ -22,13 +22,29 @@ import socket
 from urllib.parse import unquote
 
 import grpc
-from hpack import Decoder
 
-_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE, _CONTINUATION = (
-    0x0, 0x1, 0x3, 0x4, 0x5, 0x6, 0x7, 0x8, 0x9)
-_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-_CANCEL = 0x8
+from router.http2 import (
+    ACK,
+    CANCEL,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PUSH_PROMISE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    HeaderDecoder,
+    frame,
+    literal,
+    literal_indexed_name,
+)
 
 # NOTE: large receive windows, so a worker never waits on us; topped up when half is used.
 _RECV_WINDOW = 1 << 24
@@ -53,32 +69,6 @@ class RpcError(Exception):
 
     def details(self) -> str:
         return self._details
-
-
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """HPACK literal header field without indexing, new name, no Huffman (RFC 7541 6.2.2)."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-def _literal_indexed_name(index: int, value: bytes) -> bytes:
-    """Literal without indexing whose name is static-table entry `index` (RFC 7541 6.2.2)."""
-    return _hpack_int(index, 4) + _hpack_int(len(value), 7) + value
-
-
-def _hpack_int(value: int, prefix_bits: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((value,))
-    out, value = [limit], value - limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _grpc_timeout(seconds: float) -> bytes:
@@ -137,7 +127,7 @@ class StreamCall:
 
     def cancel(self) -> None:
         if self._status is None:
-            self._conn.reset_stream(self, _CANCEL)
+            self._conn.reset_stream(self, CANCEL)
             self._finish(grpc.StatusCode.CANCELLED, "cancelled by the router")
 
     # ------------------------------------------------------------------ called by the connection
@@ -149,7 +139,7 @@ class StreamCall:
             if n - pos - 5 < length:
                 break
             if buf[pos]:
-                self._conn.reset_stream(self, _CANCEL)
+                self._conn.reset_stream(self, CANCEL)
                 self._finish(grpc.StatusCode.INTERNAL, "compressed gRPC message (compression is not enabled)")
                 return
             self._messages.append(self._deserialize(buf[pos + 5:pos + 5 + length]))
@@ -163,7 +153,7 @@ class StreamCall:
             self._headers_seen = True
             status = next((v for k, v in headers if k == b":status"), b"")
             if status != b"200":
-                self._conn.reset_stream(self, _CANCEL)
+                self._conn.reset_stream(self, CANCEL)
                 self._finish(grpc.StatusCode.UNAVAILABLE if status in (b"502", b"503", b"504")
                              else grpc.StatusCode.UNKNOWN, f"worker answered HTTP {status.decode() or '?'}")
             return
@@ -191,7 +181,7 @@ class StreamCall:
     def _on_deadline(self) -> None:
         self._timer = None
         if self._status is None:
-            self._conn.reset_stream(self, _CANCEL)
+            self._conn.reset_stream(self, CANCEL)
             self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
 
     def _wake(self) -> None:
@@ -217,7 +207,7 @@ class _Connection(asyncio.Protocol):
         self._recv_unacked = 0
         self._buf = b""
         self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
-        self._decoder = Decoder()
+        self._headers = HeaderDecoder()
         self._last_read = loop.time()
         self._ping_sent_at: float | None = None
         self._keepalive: asyncio.TimerHandle | None = None
@@ -230,8 +220,8 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         settings = (b"\x00\x02" + (0).to_bytes(4, "big")  # ENABLE_PUSH = 0
                     + b"\x00\x04" + _RECV_WINDOW.to_bytes(4, "big"))  # INITIAL_WINDOW_SIZE
-        transport.write(_PREFACE + _frame(_SETTINGS, 0, 0, settings)
-                        + _frame(_WINDOW_UPDATE, 0, 0, (_RECV_WINDOW - _DEFAULT_WINDOW).to_bytes(4, "big")))
+        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
+                        + frame(WINDOW_UPDATE, 0, 0, (_RECV_WINDOW - _DEFAULT_WINDOW).to_bytes(4, "big")))
         self._keepalive = self.loop.call_later(_KEEPALIVE_S, self._check_alive)
 
     def connection_lost(self, exc) -> None:
@@ -258,45 +248,45 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ frames
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._header_block is not None and kind != _CONTINUATION:
+        if self._header_block is not None and kind != CONTINUATION:
             raise _ProtocolError("expected CONTINUATION")
-        if kind == _DATA:
+        if kind == DATA:
             self._on_data(flags, stream_id, payload)
-        elif kind == _HEADERS:
-            if flags & _PADDED:
+        elif kind == HEADERS:
+            if flags & PADDED:
                 payload = payload[1:len(payload) - payload[0]]
-            if flags & _PRIORITY:
+            if flags & PRIORITY:
                 payload = payload[5:]
             self._header_block = (stream_id, flags, bytearray(payload))
-            if flags & _END_HEADERS:
+            if flags & END_HEADERS:
                 self._end_header_block()
-        elif kind == _CONTINUATION:
+        elif kind == CONTINUATION:
             if self._header_block is None or self._header_block[0] != stream_id:
                 raise _ProtocolError("unexpected CONTINUATION")
             self._header_block[2].extend(payload)
-            if flags & _END_HEADERS:
+            if flags & END_HEADERS:
                 self._end_header_block()
-        elif kind == _RST_STREAM:
+        elif kind == RST_STREAM:
             call = self.streams.get(stream_id)
             if call is not None:
                 code = int.from_bytes(payload[:4], "big")
                 call._finish(_RST_CODES.get(code, grpc.StatusCode.INTERNAL), f"stream reset by the worker (HTTP/2 error {code})")
-        elif kind == _SETTINGS:
-            if not flags & _ACK:
+        elif kind == SETTINGS:
+            if not flags & ACK:
                 self._on_settings(payload)
-        elif kind == _PING:
-            if flags & _ACK:
+        elif kind == PING:
+            if flags & ACK:
                 self._ping_sent_at = None
             else:
-                self.transport.write(_frame(_PING, _ACK, 0, payload))
-        elif kind == _GOAWAY:
+                self.transport.write(frame(PING, ACK, 0, payload))
+        elif kind == GOAWAY:
             last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
             self.usable = False
             self.broken_reason = f"the worker at {self.address} is going away"
             for sid, call in list(self.streams.items()):
                 if sid > last:  # never processed by the worker: safe to retry elsewhere
                     call._finish(grpc.StatusCode.UNAVAILABLE, self.broken_reason)
-        elif kind == _WINDOW_UPDATE:
+        elif kind == WINDOW_UPDATE:
             increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
             if stream_id == 0:
                 self.send_window += increment
@@ -307,7 +297,7 @@ class _Connection(asyncio.Protocol):
                 if call is not None:
                     call.send_window += increment
                     self._send_pending(call)
-        elif kind == _PUSH_PROMISE:
+        elif kind == PUSH_PROMISE:
             raise _ProtocolError("server push was disabled")
         # PRIORITY and unknown frame types are ignored (RFC 9113 5.5)
 
@@ -316,20 +306,20 @@ class _Connection(asyncio.Protocol):
         size = len(payload)
         self._recv_unacked += size
         if self._recv_unacked >= _RECV_WINDOW // 2:
-            self.transport.write(_frame(_WINDOW_UPDATE, 0, 0, self._recv_unacked.to_bytes(4, "big")))
+            self.transport.write(frame(WINDOW_UPDATE, 0, 0, self._recv_unacked.to_bytes(4, "big")))
             self._recv_unacked = 0
-        if flags & _PADDED:
+        if flags & PADDED:
             payload = payload[1:len(payload) - payload[0]]
         call = self.streams.get(stream_id)
         if call is None:
             return  # a stream we already reset or finished
         call._recv_unacked += size
         if call._recv_unacked >= _RECV_WINDOW // 2:
-            self.transport.write(_frame(_WINDOW_UPDATE, 0, stream_id, call._recv_unacked.to_bytes(4, "big")))
+            self.transport.write(frame(WINDOW_UPDATE, 0, stream_id, call._recv_unacked.to_bytes(4, "big")))
             call._recv_unacked = 0
         if payload:
             call._on_data(payload)
-        if flags & _END_STREAM and call._status is None:
+        if flags & END_STREAM and call._status is None:
             call._finish(grpc.StatusCode.INTERNAL, "the worker ended the stream without trailers")
 
     def _end_header_block(self) -> None:
@@ -338,12 +328,12 @@ class _Connection(asyncio.Protocol):
         try:
             # NOTE: every block must be decoded, even for streams we no longer track: HPACK's
             # dynamic table is shared by the whole connection.
-            headers = self._decoder.decode(bytes(block), raw=True)
-        except Exception as e:  # noqa: BLE001 - hpack raises several error types
-            raise _ProtocolError(f"bad header block: {e}") from None
+            headers = self._headers.decode(bytes(block))
+        except ValueError as e:
+            raise _ProtocolError(str(e)) from None
         call = self.streams.get(stream_id)
         if call is not None:
-            call._on_headers(headers, bool(flags & _END_STREAM))
+            call._on_headers(headers, bool(flags & END_STREAM))
 
     def _on_settings(self, payload: bytes) -> None:
         for i in range(0, len(payload) - 5, 6):
@@ -354,7 +344,7 @@ class _Connection(asyncio.Protocol):
                     call.send_window += delta
             elif key == 0x5:  # MAX_FRAME_SIZE
                 self.peer_max_frame = value
-        self.transport.write(_frame(_SETTINGS, _ACK, 0))
+        self.transport.write(frame(SETTINGS, ACK, 0))
         for call in list(self.streams.values()):
             self._send_pending(call)
 
@@ -370,7 +360,7 @@ class _Connection(asyncio.Protocol):
         call._pending = len(message).to_bytes(5, "big") + message  # flag byte 0 + 4-byte length
         # NOTE: HEADERS and the first DATA frames leave in one write: one syscall, and the worker
         # usually reads the whole request at once.
-        self._send_pending(call, _frame(_HEADERS, _END_HEADERS, stream_id, header_block))
+        self._send_pending(call, frame(HEADERS, END_HEADERS, stream_id, header_block))
         return call
 
     def _send_pending(self, call: StreamCall, head: bytes = b"") -> None:
@@ -384,7 +374,7 @@ class _Connection(asyncio.Protocol):
             self.send_window -= n
             call.send_window -= n
             end = sent + n == len(data)
-            out.append(_frame(_DATA, _END_STREAM if end else 0, call.stream_id, data[sent:sent + n]))
+            out.append(frame(DATA, END_STREAM if end else 0, call.stream_id, data[sent:sent + n]))
             sent += n
         call._pending = data[sent:] if sent else data
         if out:
@@ -392,7 +382,7 @@ class _Connection(asyncio.Protocol):
 
     def reset_stream(self, call: StreamCall, code: int) -> None:
         if call.stream_id in self.streams and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(_frame(_RST_STREAM, 0, call.stream_id, code.to_bytes(4, "big")))
+            self.transport.write(frame(RST_STREAM, 0, call.stream_id, code.to_bytes(4, "big")))
 
     def forget(self, call: StreamCall) -> None:
         self.streams.pop(call.stream_id, None)
@@ -408,7 +398,7 @@ class _Connection(asyncio.Protocol):
             return
         if self.streams and self._ping_sent_at is None and now - self._last_read >= _KEEPALIVE_S:
             self._ping_sent_at = now
-            self.transport.write(_frame(_PING, 0, 0, bytes(8)))
+            self.transport.write(frame(PING, 0, 0, bytes(8)))
         self._keepalive = self.loop.call_later(_KEEPALIVE_S / 2, self._check_alive)
 
     def _broken(self, reason: str) -> None:
@@ -460,9 +450,9 @@ class Channel:
         if prefix is None:
             prefix = self._header_prefix[path] = (
                 b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
-                + _literal_indexed_name(4, path.encode()) + _literal_indexed_name(1, self._authority)
-                + _literal_indexed_name(31, b"application/grpc") + _literal(b"te", b"trailers"))
-        headers = prefix + _literal(b"grpc-timeout", _grpc_timeout(deadline - loop.time()))
+                + literal_indexed_name(4, path.encode()) + literal_indexed_name(1, self._authority)
+                + literal_indexed_name(31, b"application/grpc") + literal(b"te", b"trailers"))
+        headers = prefix + literal(b"grpc-timeout", _grpc_timeout(deadline - loop.time()))
         return conn.start(headers, message, deserialize, deadline)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Connection:
