@@ -13,7 +13,10 @@ keeps `--concurrency` streams open (closed loop). Two phases:
               routers are not saturated. Added latency = TTFT percentile through the router minus
               the same percentile direct (p50_overhead_ms / p99_overhead_ms; the end-to-end stream
               latency difference is reported too), median over alternating short runs. The
-              clients' starts are spread over one token interval (see closed_loop).
+              clients' starts are spread over one token interval, and each client waits a random
+              time in [0, `--think-ms`) (default: one token interval) before each request, so
+              requests arrive at random phases of the other streams' tokens (see closed_loop;
+              `--think-ms 0` is the earlier back-to-back loop).
   throughput  no delay, `--rps-tokens` tokens per request: requests/s each router sustains (best run),
               and each router process's own CPU time per request (median run), which does not
               depend on what the stand-ins and the client cost on shared cores.
@@ -197,7 +200,7 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def run_phase(name: str, token_delay_s: float, tokens: int, args, model_dir: Path) -> dict:
+def run_phase(name: str, token_delay_s: float, tokens: int, think_s: float, args, model_dir: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"router_overhead_{name}_"))
     procs = Procs(tmp)
     try:
@@ -212,7 +215,7 @@ def run_phase(name: str, token_delay_s: float, tokens: int, args, model_dir: Pat
                 pid = urls["pids"].get(key)
                 cpu0 = cpu_seconds(pid) if pid else 0.0
                 res = asyncio.run(closed_loop(urls[key], args.concurrency, tokens, args.warmup_s, args.duration_s,
-                                              args.keep_alive, token_delay_s, args.client))
+                                              args.keep_alive, token_delay_s, args.client, think_s))
                 if pid:  # the router's own CPU per request, whatever the stand-ins and the client cost
                     res["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0) * 1000 / res["completed"]
                 if not args.json:
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=64, help="open streams (closed loop)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens per request in the latency phase")
     ap.add_argument("--token-delay-ms", type=float, default=40.0, help="stand-in delay between tokens (latency phase)")
+    ap.add_argument("--think-ms", type=float, default=None,
+                    help="latency phase: random wait in [0, this) before each request (default: --token-delay-ms)")
     ap.add_argument("--rps-tokens", type=int, default=4, help="tokens per request in the throughput phase")
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--duration-s", type=float, default=5.0)
@@ -252,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.prepare import make_tiny_model
 
     model_dir = make_tiny_model(Path(tempfile.mkdtemp(prefix="router_overhead_model_")))
-    lat = run_phase("latency", args.token_delay_ms / 1000, args.tokens, args, model_dir)
-    thr = run_phase("throughput", 0.0, args.rps_tokens, args, model_dir)
+    think_ms = args.token_delay_ms if args.think_ms is None else args.think_ms
+    lat = run_phase("latency", args.token_delay_ms / 1000, args.tokens, think_ms / 1000, args, model_dir)
+    thr = run_phase("throughput", 0.0, args.rps_tokens, 0.0, args, model_dir)
     shutil.rmtree(model_dir, ignore_errors=True)
 
     def overhead(via: str, direct: str, field: str) -> float | None:
@@ -270,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
-        "keep_alive": args.keep_alive, "client": args.client,
+        "keep_alive": args.keep_alive, "client": args.client, "think_ms": think_ms,
         "p50_overhead_ms": overhead("ours", "ours_direct", "ttft_p50_ms"),
         "p99_overhead_ms": overhead("ours", "ours_direct", "ttft_p99_ms"),
         "e2e_p50_overhead_ms": overhead("ours", "ours_direct", "e2e_p50_ms"),
