@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.prepare import prepare_model
     from engine.tokenizer import Tokenizer
     from router.app import create_app
+    from router.http_protocol import RouterHttpProtocol
     from router.listen import PortInUse, listen_sockets
 
     try:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     # NOTE: access logs off: one log line per request costs more than the routing itself. No
     # X-Forwarded-* rewriting either (nothing reads the client address; it is a layer per request).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, proxy_headers=False,
-                            timeout_graceful_shutdown=30)
+                            timeout_graceful_shutdown=30, http=RouterHttpProtocol)
     uvicorn.Server(config).run(sockets=sockets)  # see router/listen.py
     return 0
 
