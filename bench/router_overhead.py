@@ -46,6 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 from load_client import closed_loop
 
+from pdorch.ports import free_port
+
 
 # ------------------------------------------------------------------------------ HTTP stand-in
 def serve_http_standin(port: int, token_delay_s: float) -> None:
@@ -93,12 +95,6 @@ def serve_http_standin(port: int, token_delay_s: float) -> None:
 
 
 # ------------------------------------------------------------------------------ processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
     import urllib.request
 

@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
+from pdorch.ports import free_port
+
 MASTER_BINARY = "mooncake_master"
 
 
@@ -39,12 +41,6 @@ def find_master_binary() -> str:
         return found
     raise MasterError(f"{MASTER_BINARY} not found next to {sys.executable} nor on PATH; "
                       "install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -67,7 +63,7 @@ class MasterProcess:
         chosen = []
         for p in (rpc_port, metadata_port, metrics_port):
             while not p or p in ports:  # three distinct ports, even when free_port repeats one
-                p = _free_port()
+                p = free_port()
             ports.add(p)
             chosen.append(p)
         self.rpc_port, self.metadata_port, self.metrics_port = chosen
