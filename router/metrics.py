@@ -60,21 +60,14 @@ class _Family:
 
     def labels(self, *values):
         child = self.children.get(values)
-        if child is None:
+        if child is None:  # a new child, or values that are not all str (an int HTTP status)
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values!r}")
             key = tuple(str(v) for v in values)
-            child = self.children.get(key) or self._new_child()
-            self.children[key] = self.children[values] = child  # the caller's spelling finds it without str()
+            child = self.children.get(key)
+            if child is None:
+                child = self.children[key] = self._new_child()
         return child
-
-    def _samples(self):
-        """(label values, child) once per child (children are cached under two keys sometimes)."""
-        seen = set()
-        for values, child in list(self.children.items()):
-            if id(child) not in seen:
-                seen.add(id(child))
-                yield tuple(str(v) for v in values), child
 
 
 class LoopCounter(_Family):
@@ -86,7 +79,7 @@ class LoopCounter(_Family):
 
     def collect(self):
         family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for values, child in self._samples():
+        for values, child in self.children.items():
             family.add_metric(values, child.value)
         return family
 
@@ -101,7 +94,7 @@ class LoopHistogram(_Family):
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for values, child in self._samples():
+        for values, child in self.children.items():
             cumulative, total = [], 0
             for bound, n in zip((*map(float, self.buckets), float("inf")), child.counts):
                 total += n
