@@ -23,29 +23,30 @@ class PortInUse(Exception):
 
 def listen_sockets(host: str, port: int, count: int = ACCEPT_SOCKETS) -> list[socket.socket]:
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    def bound(reuse_port: bool) -> socket.socket:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(address)
+        except OSError as e:
+            s.close()
+            raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        return s
+
     # NOTE: a plain bind first, so a port taken by anything (another router included: it would
     # otherwise share the port through SO_REUSEPORT) fails with a clear error instead.
-    probe = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(address)
-    except OSError as e:
-        raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    finally:
-        probe.close()
+    bound(reuse_port=False).close()
     if not hasattr(socket, "SO_REUSEPORT"):
         count = 1  # NOTE: not Linux/BSD: one socket, one accept per loop turn
     sockets: list[socket.socket] = []
     try:
         for _ in range(count):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if count > 1:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind(address)
-    except OSError as e:
+            sockets.append(bound(reuse_port=count > 1))
+    except PortInUse:
         for s in sockets:
             s.close()
-        raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        raise
     return sockets
