@@ -65,7 +65,25 @@ class StoreConfig:
                                  min=1, max=4096)
     max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "
                                        "this new saves are dropped, never blocking requests", min=0)
-    master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher)", min=1, max=65535)
+    master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher; workers read the "
+                                    "store's fill level there for eviction)", min=1, max=65535)
+    master_eviction_high_watermark: float = _key(0.9, "mooncake_master's own generic eviction starts above "
+                                                 "this fill ratio (the backstop behind `eviction: chain`)",
+                                                 min=0.1, max=1.0)
+    eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
+                         "deepest in their conversation and least recently used first (tails before heads) "
+                         "before the master's watermark is reached; `master` = only mooncake_master's "
+                         "generic eviction", choices=["chain", "master"])
+    evict_high_watermark: float = _key(0.85, "chain eviction: start removing pages when the store is this "
+                                       "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
+    evict_low_watermark: float = _key(0.8, "chain eviction: remove pages until the store is this full",
+                                      min=0.0, max=1.0)
+    evict_interval_s: float = _key(0.2, "chain eviction: how often the store's fill level is read",
+                                   min=0.01, max=60.0)
+    evict_depth_weight_s: float = _key(1.0, "chain eviction: a page one step deeper in its conversation "
+                                       "counts as used this many seconds earlier (0 = plain LRU)", min=0.0)
+    evict_index_pages: int = _key(262144, "chain eviction: store pages this worker remembers (key, depth, "
+                                  "last use); the oldest are forgotten beyond it", min=1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +97,9 @@ class PrefillConfig:
     chunk_tokens: int = _key(512, "Prefill token budget per scheduler step (chunked prefill)", min=1)
     max_queued_requests: int = _key(256, "Requests waiting before new ones are rejected", min=1)
     prefix_cache: bool = _key(True, "Keep computed pages in the L1 prefix cache")
+    persist_wait_s: float = _key(0.5, "Under pool pressure a request waits up to this long for store writes "
+                                 "of L1 pages (write-back, write-before-evict) before unpersisted pages are "
+                                 "evicted anyway (counted by reason)", min=0.0, max=60.0)
     request_timeout_s: float = _key(60.0, "Default deadline when the caller gives none", min=0.1)
 
 

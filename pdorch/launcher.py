@@ -148,7 +148,8 @@ class LocalCluster:
             from store_client.master import MasterError, MasterProcess  # NOTE: lazy, only serve needs it
             host, rpc, metadata, metrics = master_ports(self.cfg)
             try:
-                master = MasterProcess(rpc, metadata, metrics, host=host, log_dir=str(self.log_dir))
+                master = MasterProcess(rpc, metadata, metrics, host=host, log_dir=str(self.log_dir),
+                                       eviction_high_watermark_ratio=self.cfg.store.master_eviction_high_watermark)
             except MasterError as e:
                 raise ServeError(str(e)) from None
             master_argv = tuple(master.command())
