@@ -2,8 +2,9 @@
 
 Model (prepared, loaded), KV pool + page allocator, model runner and sampler, the model
 fingerprint used in store keys, the transfer engine (P2P handshake; the pool registered once),
-and the store client with its I/O thread. Both workers use the same function so their pools,
-fingerprints and store keys can never diverge.
+and the store client with its I/O thread (with `store.eviction: chain` also the chain index the
+schedulers touch and the evictor thread that reads it). Both workers use the same function so
+their pools, fingerprints and store keys can never diverge.
 """
 
 from __future__ import annotations
@@ -39,8 +40,12 @@ class WorkerRuntime:
     segment: str
     store: Any | None
     store_io: Any | None
+    chain_index: Any | None = None  # ChainIndex; schedulers call chain_index.touch(keys, first_depth)
+    evictor: Any | None = None  # StoreEvictor thread, started here
 
     def close(self) -> None:
+        if self.evictor is not None:  # first: it removes through the store closed below
+            self.evictor.stop()
         if self.store_io is not None:
             self.store_io.close()
         for obj in (self.store, self.transfer):
@@ -91,7 +96,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
     transfer.register(pool.base_ptr, pool.nbytes)
-    store = store_io = None
+    store = store_io = chain_index = evictor = None
     if use_store and cfg.store.enabled:
         from store_client.io_thread import StoreIO
         from store_client.metrics import StoreMetrics
@@ -100,8 +105,15 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -
         store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry) if registry is not None else None)
         store.register_buffer(pool.base_ptr, pool.nbytes)
         store_io = StoreIO(store)
+        if cfg.store.eviction == "chain":
+            from store_client.chain_index import ChainIndex
+            from store_client.evictor import StoreEvictor, master_metrics_url
+
+            chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
+            evictor = StoreEvictor(store, chain_index, cfg.store, master_metrics_url(cfg.store)).start()
     log.info("runtime ready: %s, %d pages of %d bytes, segment %s, fingerprint %s, store %s",
              model_dir, num_pages, pool.page_nbytes, segment, fingerprint, "on" if store else "off")
     return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,
                          allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint,
-                         transfer=transfer, segment=segment, store=store, store_io=store_io)
+                         transfer=transfer, segment=segment, store=store, store_io=store_io,
+                         chain_index=chain_index, evictor=evictor)
