@@ -3,8 +3,9 @@
 Each step: take new requests (their prompt KV already sits in their pages, written by P), drop
 aborted / expired ones, fill the batch up to `max_running_requests` (FIFO), give every request a
 page for the position it feeds, run ONE forward of 1-token chunks, sample, run the stop checks,
-stream the new tokens, offload pages that just filled, and free finished requests' pages once no
-offload still reads them. Requests join and leave at every step.
+stream the new tokens, offload the pages that just filled (ALL of this step's pages in ONE store
+write, each page owned by its request so an abort takes only its own pages out), and free finished
+requests' pages once no offload still reads them. Requests join and leave at every step.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 
 import torch
+from prometheus_client import Counter
 
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.request import DecodeEvent, DecodeRequest
@@ -45,6 +47,11 @@ class DecodeScheduler:
         self._waiting: collections.deque[DecodeRequest] = collections.deque()
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
+        self._filled: list[tuple[DecodeRequest, str, int, int]] = []  # this step's (request, key, page id, depth)
+        self._offload_steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
+                                      "(each submits ONE store write for all of them)", registry=recorder.registry)
+        self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
+                                      registry=recorder.registry)
         self._io_inflight = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
@@ -100,11 +107,17 @@ class DecodeScheduler:
     def _poll_io(self) -> None:
         if self._rt.store_io is None:
             return
+        index = getattr(self._rt, "chain_index", None)
         for done in self._rt.store_io.poll():
-            req = done.tag
             self._io_inflight -= 1
-            req.io_pending -= 1
+            owners, keys, depths = done.tag
+            for req in owners:  # the distinct requests of one step's offload
+                req.io_pending -= 1
             self._rec.count_store_written(done.pages_ok, kind="offload")
+            if index is not None:  # in the store now: the evictor ranks them by depth in their chain
+                for key, depth, ok in zip(keys, depths, done.page_ok):
+                    if ok:
+                        index.touch([key], first_depth=depth)
         still = []
         for req in self._draining:
             if req.io_pending > 0:
@@ -129,6 +142,8 @@ class DecodeScheduler:
             self._rec.request_finished()
         else:
             self._rec.request_failed(aborted=aborted)
+        if aborted and req.io_pending > 0:
+            self._rt.store_io.cancel_owner(req)  # its queued offload pages are not written
         if req in self._running:
             self._running.remove(req)
         elif req in self._waiting:
@@ -173,7 +188,22 @@ class DecodeScheduler:
                 self._finish(req, event)
             elif event.token_ids or event.text:
                 req.emit(event)
+        self._offload_filled()
         return True
+
+    def _offload_filled(self) -> None:
+        """One store write for every page that filled in this step (bounded queue, deadline: StoreIO)."""
+        filled, self._filled = self._filled, []
+        if not filled:
+            return
+        owners = tuple(dict.fromkeys(req for req, _, _, _ in filled))  # io_pending taken in _after_feed
+        self._offload_steps.inc()
+        self._offload_pages.inc(len(filled))
+        keys = [key for _, key, _, _ in filled]
+        self._rt.store_io.submit_save((owners, keys, [depth for _, _, _, depth in filled]), keys,
+                                      self._rt.pool.page_addrs([page for _, _, page, _ in filled]),
+                                      owners=[req for req, _, _, _ in filled])
+        self._io_inflight += 1
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
@@ -182,7 +212,9 @@ class DecodeScheduler:
             return
         h = extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
         if self._offload and self._rt.store.enabled:
-            self._rt.store_io.submit_save(req, [store_key(self._rt.fingerprint, h)],
-                                          self._rt.pool.page_addrs([req.page_ids[k]]))
-            req.io_pending += 1
-            self._io_inflight += 1
+            key = store_key(self._rt.fingerprint, h)
+            if not any(r is req for r, _, _, _ in self._filled):
+                # NOTE: taken now, not at submission: a request finishing in this very step must
+                # keep its pages until the step's write has read them.
+                req.io_pending += 1
+            self._filled.append((req, key, req.page_ids[k], k))

@@ -3,16 +3,23 @@
 Every page is in exactly one state:
 
     free       ref 0, no hash    -> in `_free` (FIFO)
-    evictable  ref 0, has hash   -> in `_evictable` (LRU first), still matchable by its hash
+    evictable  ref 0, has hash   -> in `_evictable_persisted` or `_evictable` (LRU first), still
+                                    matchable by its hash
     used       ref > 0           -> held by sequences (may or may not have a hash)
 
-Allocation order ("eviction order"): all free pages first, then evictable pages least recently
-released first. `check_integrity()` asserts the partition and the two hash maps agree.
+A cached page is *persisted* once the store is known to hold it (written, skipped as present, or
+loaded from it). Allocation order ("eviction order"): free pages first, then persisted evictable
+pages, then unpersisted ones, each least recently released first. So a page leaves L1 without
+being in the store only when nothing else is left, and every such loss is counted by its reason
+(`evicted_unpersisted`): "no self-made holes" (DESIGN.md section 4a).
+`check_integrity()` asserts the partition and that the hash maps agree.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
+
+UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
 
 
 class OutOfPages(RuntimeError):
@@ -26,14 +33,33 @@ class PageAllocator:
         self.num_total = num_pages
         self._ref = [0] * num_pages
         self._free: deque[int] = deque(range(num_pages))
-        self._evictable: OrderedDict[int, str] = OrderedDict()  # page -> hash, LRU first
+        self._evictable: OrderedDict[int, str] = OrderedDict()  # unpersisted: page -> hash, LRU first
+        self._evictable_persisted: OrderedDict[int, str] = OrderedDict()  # in the store too
         self._hash_to_page: dict[str, int] = {}
         self._page_to_hash: dict[int, str] = {}
+        self._persisted: set[int] = set()  # cached pages the store holds
+        self._unpersisted_reason: dict[int, str] = {}  # cached pages whose write failed or was dropped
         self.num_evicted = 0  # cached pages reclaimed by allocate(), for metrics
+        self.evicted_unpersisted: Counter[str] = Counter()  # cached pages lost from L1 and store, by reason
 
     # -- queries -----------------------------------------------------------------------------
     def num_available(self) -> int:
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + len(self._evictable) + len(self._evictable_persisted)
+
+    def num_available_without_loss(self) -> int:
+        """Pages allocate() can hand out without dropping a page the store lacks."""
+        return len(self._free) + len(self._evictable_persisted)
+
+    def num_unpersisted(self) -> int:
+        """Cached pages the store is not known to hold."""
+        return len(self._hash_to_page) - len(self._persisted)
+
+    def is_persisted(self, page_id: int) -> bool:
+        return page_id in self._persisted
+
+    def unpersisted_reason(self, page_id: int) -> str | None:
+        """Why a cached, unpersisted page is not in the store (None: persisted, uncached or pending)."""
+        return self._unpersisted_reason.get(page_id)
 
     def num_free(self) -> int:
         return len(self._free)
@@ -49,7 +75,16 @@ class PageAllocator:
 
     def eviction_order(self) -> list[int]:
         """The pages allocate() would hand out next, in order."""
-        return list(self._free) + list(self._evictable)
+        return list(self._free) + list(self._evictable_persisted) + list(self._evictable)
+
+    def lru_unpersisted(self, n: int) -> list[int]:
+        """Up to n unpersisted evictable pages, the ones allocate() would drop first."""
+        out = []
+        for page in self._evictable:
+            if len(out) >= n:
+                break
+            out.append(page)
+        return out
 
     # -- operations --------------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
@@ -63,7 +98,12 @@ class PageAllocator:
             if self._free:
                 page = self._free.popleft()
             else:
-                page, h = self._evictable.popitem(last=False)
+                if self._evictable_persisted:
+                    page, h = self._evictable_persisted.popitem(last=False)
+                    self._persisted.discard(page)
+                else:
+                    page, h = self._evictable.popitem(last=False)
+                    self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
                 del self._hash_to_page[h], self._page_to_hash[page]
                 self.num_evicted += 1
             self._ref[page] = 1
@@ -73,9 +113,12 @@ class PageAllocator:
     def retain(self, page_ids) -> None:
         for page in page_ids:
             if self._ref[page] == 0:
-                if page not in self._evictable:
+                if page in self._evictable:
+                    del self._evictable[page]
+                elif page in self._evictable_persisted:
+                    del self._evictable_persisted[page]
+                else:
                     raise ValueError(f"retain of free page {page}")
-                del self._evictable[page]
             self._ref[page] += 1
 
     def release(self, page_ids) -> None:
@@ -93,6 +136,8 @@ class PageAllocator:
                 h = self._page_to_hash.get(page)
                 if h is None:
                     self._free.append(page)
+                elif page in self._persisted:
+                    self._evictable_persisted[page] = h
                 else:
                     self._evictable[page] = h
 
@@ -106,6 +151,30 @@ class PageAllocator:
             out.append(page)
         self.retain(out)
         return out
+
+    def lookup(self, page_hashes) -> list[int | None]:
+        """For each hash, its cached page (retained for the caller) or None: gaps do not stop the
+        match, because a chained hash names its whole prefix (a page after a gap is still valid)."""
+        out = [self._hash_to_page.get(h) for h in page_hashes]
+        self.retain([p for p in out if p is not None])
+        return out
+
+    def mark_persisted(self, page_ids) -> None:
+        """The store now holds these pages (cached ones; others are ignored)."""
+        for page in page_ids:
+            h = self._page_to_hash.get(page)
+            if h is None or page in self._persisted:
+                continue
+            self._persisted.add(page)
+            self._unpersisted_reason.pop(page, None)
+            if self._evictable.pop(page, None) is not None:
+                self._evictable_persisted[page] = h
+
+    def mark_unpersisted(self, page_ids, reason: str) -> None:
+        """Writing these cached pages to the store failed or was dropped, for `reason`."""
+        for page in page_ids:
+            if page in self._page_to_hash and page not in self._persisted:
+                self._unpersisted_reason[page] = reason
 
     def cache(self, page_hash: str, page_id: int) -> int:
         """Register a fully written, referenced page under its hash; returns the page holding it.
@@ -125,17 +194,31 @@ class PageAllocator:
         return page_id
 
     def flush(self) -> int:
-        """Forget every cached hash; evictable pages become free. Returns the entries dropped."""
+        """Forget every cached hash; evictable pages become free. Returns the entries dropped.
+
+        Unpersisted pages dropped here count under reason "flush" (an operator's choice).
+        """
         dropped = len(self._hash_to_page)
+        self.evicted_unpersisted["flush"] += self.num_unpersisted()
+        self._free.extend(self._evictable_persisted)
         self._free.extend(self._evictable)
         self._evictable.clear()
+        self._evictable_persisted.clear()
         self._hash_to_page.clear()
         self._page_to_hash.clear()
+        self._persisted.clear()
+        self._unpersisted_reason.clear()
         return dropped
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless free + evictable + used == total and the maps agree."""
-        free, evictable = set(self._free), set(self._evictable)
+        free, persisted = set(self._free), set(self._evictable_persisted)
+        assert not (persisted & set(self._evictable)), "page evictable twice"
+        assert all(p in self._persisted for p in persisted), "persisted-evictable page not persisted"
+        assert not any(p in self._persisted for p in self._evictable), "persisted page in the unpersisted LRU"
+        assert self._persisted <= set(self._page_to_hash), "persisted page without a hash"
+        assert set(self._unpersisted_reason) <= set(self._page_to_hash) - self._persisted, "stale reason"
+        evictable = persisted | set(self._evictable)
         used = {p for p in range(self.num_total) if self._ref[p] > 0}
         assert len(free) == len(self._free), f"duplicate page in free list: {list(self._free)}"
         assert not (free & evictable) and not (free & used) and not (evictable & used), "page in two states"
@@ -143,6 +226,7 @@ class PageAllocator:
             f"free {len(free)} + evictable {len(evictable)} + used {len(used)} != total {self.num_total}")
         assert all(r >= 0 for r in self._ref), "negative ref count"
         assert all(p not in self._page_to_hash for p in free), "free page still has a hash"
-        assert all(self._page_to_hash.get(p) == h for p, h in self._evictable.items()), "evictable hash mismatch"
+        assert all(self._page_to_hash.get(p) == h for d in (self._evictable, self._evictable_persisted)
+                   for p, h in d.items()), "evictable hash mismatch"
         assert len(self._hash_to_page) == len(self._page_to_hash), "hash maps differ in size"
         assert all(self._page_to_hash[p] == h for h, p in self._hash_to_page.items()), "hash maps disagree"

@@ -1,10 +1,17 @@
-"""Prefix reuse for one prefill task: L1 match + allocation, store load, and caching what was made.
+"""Prefix reuse for one prefill task: L1 lookup + allocation, one store load, the compute plan.
 
-Tiers in order (DESIGN.md sections 4-5): the worker's own L1 (PageAllocator.match_prefix by page
-hash), then the store for the next reusable pages, read with one batched `batch_get_into` straight
-into the task's pool pages on the I/O thread. A missing key fails only its page and those after
-it, so no separate existence check (and no read lease) is needed. Only full pages are cached,
-and never the page holding the last prompt token (see task.reusable_pages).
+Tiers (DESIGN.md sections 4-4a): every reusable page is looked up in the worker's own L1
+(`PageAllocator.lookup` by page hash), and ALL pages L1 lacks are read with ONE store load
+(`batch_get_into` straight into the task's pool pages, on the I/O thread). A page missing from
+both is a hole: it costs only itself. The compute plan is then the holes, in order, followed by
+the uncached tail; each range attends to every page before it, whichever tier that page came from.
+
+    reusable pages   | 0 L1 | 1 store | 2 hole | 3 store | 4 L1 | tail (last page, partial) |
+    computed             -       -      page 2      -        -     tail
+
+Why gaps don't end the match: a page's key is the chained hash of ALL token ids up to its end,
+so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
+Only full pages are cached, never the page holding the last prompt token (task.reusable_pages).
 
 Functions run on the scheduler thread only (they touch the allocator).
 """
@@ -15,53 +22,59 @@ from prefill_node.task import Phase, PrefillTask, reusable_pages
 from store_client.page_hash import page_hashes, store_key
 
 
-def admit(task: PrefillTask, rt, prefix_cache: bool) -> bool:
-    """Give the task its pages (L1 matches first) and start its store load; False when the pool
-    is full right now (nothing is held then)."""
+def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
+    """Give the task its pages (L1 hits first) and start its store load. False when the pool cannot
+    give the pages right now (nothing is held then; `task.pages_short` says how many are missing).
+
+    allow_loss=False: only free pages and pages the store also holds may be reclaimed from L1.
+    """
     alloc, page_size = rt.allocator, task.job.page_size
     num_pages = -(-task.prompt_len // page_size)
+    n_reuse = reusable_pages(task.prompt_len, page_size)
     task.page_hashes = page_hashes(list(task.job.token_ids), page_size)
-    reusable = task.page_hashes[:reusable_pages(task.prompt_len, page_size)]
-    matched = alloc.match_prefix(reusable) if prefix_cache else []
-    if num_pages - len(matched) > alloc.num_available():
-        alloc.release(matched)
+    found = alloc.lookup(task.page_hashes[:n_reuse]) if prefix_cache else [None] * n_reuse
+    found += [None] * (num_pages - n_reuse)
+    need = found.count(None)
+    available = alloc.num_available() if allow_loss else alloc.num_available_without_loss()
+    if need > available:
+        alloc.release([p for p in found if p is not None])
+        task.pages_short = need - available
         return False
-    task.page_ids = list(matched) + alloc.allocate(num_pages - len(matched))
-    task.device_pages = len(matched)
-    task.num_computed_tokens = len(matched) * page_size
-    to_load = reusable[len(matched):]
-    if to_load and rt.store_io is not None and rt.store.enabled:
-        keys = [store_key(rt.fingerprint, h) for h in to_load]
-        rt.store_io.submit_load(("load", task), keys, rt.pool.page_addrs(task.page_ids[len(matched):len(reusable)]))
+    fresh = iter(alloc.allocate(need))
+    task.page_ids = [p if p is not None else next(fresh) for p in found]
+    task.device_pages = n_reuse - found[:n_reuse].count(None)
+    task.backfill = [i for i in range(n_reuse) if found[i] is not None and _needs_write(alloc, found[i])]
+    missing = [i for i in range(n_reuse) if found[i] is None]
+    touch = getattr(rt, "chain_index", None)
+    if touch is not None:  # the store evictor keeps recently used chains, heads longest
+        touch.touch([store_key(rt.fingerprint, h) for h in task.page_hashes])
+    if missing and rt.store_io is not None and rt.store.enabled:
+        keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
+        rt.store_io.submit_load(("load", task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
+        task.loading = missing
         task.io_pending += 1
         task.phase = Phase.LOADING
     else:
-        task.phase = Phase.COMPUTING
+        task.plan_compute(missing)
     return True
 
 
-def on_loaded(task: PrefillTask, rt, pages_ok: int, prefix_cache: bool) -> None:
-    """The store load finished: `pages_ok` leading pages are in the pool; compute from there."""
-    task.store_pages = pages_ok
-    if prefix_cache:
-        for i in range(task.device_pages, task.device_pages + pages_ok):
-            rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
-    task.num_computed_tokens = (task.device_pages + pages_ok) * task.job.page_size
-    task.phase = Phase.COMPUTING
+def on_loaded(task: PrefillTask, rt, page_ok, prefix_cache: bool) -> None:
+    """The store load finished: loaded pages join L1 (as persisted), the others become holes."""
+    alloc = rt.allocator
+    ok = list(page_ok) + [False] * (len(task.loading) - len(page_ok))
+    holes = []
+    for i, good in zip(task.loading, ok):
+        if not good:
+            holes.append(i)
+            continue
+        task.store_pages += 1
+        if prefix_cache and alloc.cache(task.page_hashes[i], task.page_ids[i]) == task.page_ids[i]:
+            alloc.mark_persisted([task.page_ids[i]])
+    task.loading = []
+    task.plan_compute(holes)
 
 
-def keep_computed(task: PrefillTask, rt, prefix_cache: bool, write_back: bool) -> bool:
-    """Cache the full pages computed here in L1 and queue them for write-back; True if a save was queued.
-
-    NOTE: the save reads the pages on the I/O thread, so the task keeps them until its completion.
-    """
-    new_full = range(task.device_pages + task.store_pages, len(task.page_hashes))
-    if prefix_cache:
-        for i in new_full:
-            rt.allocator.cache(task.page_hashes[i], task.page_ids[i])
-    if not (write_back and len(new_full) and rt.store_io is not None and rt.store.enabled):
-        return False
-    keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in new_full]
-    rt.store_io.submit_save(("save", task), keys, rt.pool.page_addrs([task.page_ids[i] for i in new_full]))
-    task.io_pending += 1
-    return True
+def _needs_write(alloc, page: int) -> bool:
+    """An L1 hit the store lacks and nobody is writing: backfill it (repairs a hole made earlier)."""
+    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) != "pending"

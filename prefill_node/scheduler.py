@@ -2,12 +2,15 @@
 
 Each iteration (never spinning, never blocking on I/O):
   1. drain the inbox (new tasks, aborts, calls such as flush / integrity checks, push results),
-  2. poll store I/O completions (loads into our pages, write-backs from them),
+  2. poll store I/O completions (loads into our pages, writes from them),
   3. fail tasks whose deadline passed or that were aborted,
-  4. admit waiting tasks: L1 match, allocate the rest, start a store load of the next pages,
+  4. admit waiting tasks: L1 lookup, allocate the rest, one store load of every page L1 lacks;
+     under pool pressure wait (at most `persist_wait_s`) for writes of L1 pages rather than drop
+     pages the store lacks (persistence.py),
   5. run ONE forward over up to `chunk_tokens` prompt tokens taken FIFO across computing tasks
-     (chunked prefill batched across requests), sample first tokens of tasks that completed,
-     and hand them to the pusher (transfer runs on the pusher's threads, not here).
+     (chunked prefill batched across requests; a task's holes and tail are separate chunks of the
+     same forward), sample first tokens of tasks that completed, and hand them to the pusher
+     (transfer runs on the pusher's threads, not here).
 
 NOTE: only this thread touches the allocator; other threads talk to it through the inbox.
 """
@@ -36,6 +39,7 @@ from pdorch.worker_errors import (
 from pdorch.worker_status import WorkerLoad
 from prefill_node import prefix
 from prefill_node.job import PrefillResult
+from prefill_node.persistence import PersistMetrics, Persister
 from prefill_node.task import Phase, PrefillTask
 
 log = logging.getLogger(__name__)
@@ -45,11 +49,15 @@ IDLE_WAIT_S = 0.5  # wait when idle; submit/abort wake the loop at once
 
 
 class PrefillScheduler:
-    def __init__(self, rt, chunk_tokens: int, prefix_cache: bool, write_back: bool, pusher, recorder):
+    def __init__(self, rt, chunk_tokens: int, prefix_cache: bool, write_back: bool, pusher, recorder,
+                 persist_wait_s: float = 0.5):
         self._rt = rt
         self._chunk_tokens = chunk_tokens
         self._prefix_cache = prefix_cache
-        self._write_back = write_back and rt.store_io is not None
+        self._persist = Persister(rt, write_back, prefix_cache, PersistMetrics(recorder.registry))
+        self._persist_wait_s = persist_wait_s
+        self._pressure_since: float | None = None  # when the head of the queue first lacked pages
+        self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
         self._rec = recorder
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -166,22 +174,28 @@ class PrefillScheduler:
         if self._rt.store_io is None:
             return
         for done in self._rt.store_io.poll():
-            op, task = done.tag
+            op, task = done.tag[0], done.tag[1]
             self._io_inflight -= 1
-            task.io_pending -= 1
             if op == "load":
-                self._on_loaded(task, done.pages_ok, done.reason)
+                task.io_pending -= 1
+                self._on_loaded(task, done)
             else:
+                self._persist.on_saved(done)
                 self._rec.count_store_written(done.pages_ok, kind="writeback")
+                if op == "evict":  # write-before-evict retained the pages: now they may go
+                    self._rt.allocator.release(done.tag[2])
+                    continue
+                task.io_pending -= 1
             self._maybe_release(task)
 
-    def _on_loaded(self, task: PrefillTask, pages_ok: int, reason: str) -> None:
+    def _on_loaded(self, task: PrefillTask, done) -> None:
         if task.finished_phase:
             return
-        self._rec.count_store_loaded(pages_ok)
-        if reason != "ok":
-            log.debug("store load for %s: %d pages, %s", task.request_id, pages_ok, reason)
-        prefix.on_loaded(task, self._rt, pages_ok, self._prefix_cache)
+        self._rec.count_store_loaded(done.pages_ok)
+        if done.reason != "ok":
+            log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
+                      done.num_pages, done.reason)
+        prefix.on_loaded(task, self._rt, done.page_ok, self._prefix_cache)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -208,13 +222,32 @@ class PrefillScheduler:
         while self._waiting:
             task = self._waiting[0]
             if not task.finished_phase:
-                if not prefix.admit(task, self._rt, self._prefix_cache):
-                    if self._write_back:
-                        # Queued write-backs pin pages; under pressure serving beats write-back.
-                        self._rt.store_io.cancel_saves()
+                now = time.monotonic()
+                patient = self._persist.usable and self._prefix_cache and (
+                    self._pressure_since is None or now - self._pressure_since < self._persist_wait_s)
+                if not prefix.admit(task, self._rt, self._prefix_cache, allow_loss=not patient):
+                    self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
+                self._pressure_since = None
                 self._io_inflight += task.phase is Phase.LOADING
             self._waiting.popleft()
+
+    def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
+        """The head of the queue lacks pages. Writing a page to the store costs ~1 ms, recomputing it
+        later tens of ms, so first wait (bounded) for writes, and write out the unpersisted pages
+        that would otherwise be dropped; past the bound, cancel queued writes (counted) and let
+        admission drop unpersisted pages (counted by reason)."""
+        if self._pressure_since is None:
+            self._pressure_since = now
+            self._persist.metrics.pressure_waits.inc()
+        if patient:
+            self._io_inflight += bool(self._persist.write_before_evict(task.pages_short))
+        elif self._persist.usable and now - self._last_cancel >= self._persist_wait_s:
+            # NOTE: admission now allows loss until it succeeds; cancelling again at most once per
+            # bound keeps later requests' fresh write-backs from being cancelled on every iteration.
+            self._rt.store_io.cancel_saves()
+            self._persist.metrics.cancelled.inc()
+            self._last_cancel = now
 
     def _compute_step(self) -> bool:
         computing = [t for t in self._tasks if t.phase is Phase.COMPUTING]
@@ -222,30 +255,31 @@ class PrefillScheduler:
             return False
         computing.sort(key=lambda t: t.created)
         budget = self._chunk_tokens
-        batch: list[tuple[PrefillTask, int]] = []
+        batch: list[tuple[PrefillTask, int, int]] = []  # (task, start, end) of one chunk
         for task in computing:
-            if budget <= 0:
-                break
-            n = min(task.prompt_len - task.num_computed_tokens, budget)
-            batch.append((task, n))
-            budget -= n
+            # NOTE: several ranges of one task may share a forward: the runner writes every chunk's
+            # K/V of a layer before any chunk attends, so a later range sees an earlier one.
+            for start, end in task.todo:
+                if budget <= 0:
+                    break
+                end = min(end, start + budget)
+                batch.append((task, start, end))
+                budget -= end - start
         page_size = batch[0][0].job.page_size
-        chunks = []
-        for task, n in batch:
-            start = task.num_computed_tokens
-            end = start + n
-            chunks.append(Chunk(page_ids=task.page_ids[:-(-end // page_size)], start_pos=start,
-                                token_ids=list(task.job.token_ids[start:end])))
+        chunks = [Chunk(page_ids=task.page_ids[:-(-end // page_size)], start_pos=start,
+                        token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
         t0 = time.perf_counter()
         with torch.inference_mode():
             logits = self._rt.runner.forward(chunks)
         elapsed = time.perf_counter() - t0
-        total = sum(n for _, n in batch)
+        total = sum(end - start for _, start, end in batch)
         finished = []
-        for row, (task, n) in enumerate(batch):
-            task.num_computed_tokens += n
-            task.compute_s += elapsed * n / total
-            if task.num_computed_tokens == task.prompt_len:
+        for row, (task, start, end) in enumerate(batch):
+            task.todo[0][0] = end  # ranges are taken in order, so this chunk is the first range's head
+            if task.todo[0][0] == task.todo[0][1]:
+                task.todo.pop(0)
+            task.compute_s += elapsed * (end - start) / total
+            if not task.todo:
                 finished.append((row, task))
         if finished:
             rows = logits[[row for row, _ in finished]]
@@ -260,10 +294,11 @@ class PrefillScheduler:
 
     def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
         task.first_token_id = first_token
-        reused = task.device_pages + task.store_pages
-        computed = task.prompt_len - reused * task.job.page_size
-        self._rec.prompt_tokens(computed=computed, cached=task.cached)
-        self._io_inflight += prefix.keep_computed(task, self._rt, self._prefix_cache, self._write_back)
+        self._rec.prompt_tokens(computed=task.computed_tokens, cached=task.cached)
+        self._persist.metrics.holes.inc(len(task.holes))
+        saved = self._persist.save_task_pages(task)
+        task.io_pending += saved
+        self._io_inflight += saved
         task.phase = Phase.PUSHING
         task.io_pending += 1
         self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
@@ -280,6 +315,7 @@ class PrefillScheduler:
 
     def _publish_load(self) -> None:
         alloc = self._rt.allocator
+        self._persist.metrics.sync(alloc)
         free = alloc.num_available()
         active = alloc.num_total - free  # referenced pages: neither free nor evictable
         self.load = WorkerLoad(queued=len(self._waiting), running=len(self._tasks) - len(self._waiting),

@@ -47,9 +47,17 @@ class PrefillTask:
     phase: Phase = Phase.WAITING
     page_ids: list[int] = field(default_factory=list)
     page_hashes: list[str] = field(default_factory=list)  # full prompt pages only
-    num_computed_tokens: int = 0
-    device_pages: int = 0  # leading pages matched in L1
-    store_pages: int = 0  # pages after those, loaded from the store
+    # Token ranges [start, end) still to compute, in order: the holes (reusable pages found neither
+    # in L1 nor in the store), then the uncached tail. Each range attends to every page before it.
+    #     pages   | L1 | store | hole | store | tail... |
+    #     todo    [        [hole start, end), [tail start, prompt_len)]
+    todo: list[list[int]] = field(default_factory=list)
+    device_pages: int = 0  # reusable pages found in L1
+    store_pages: int = 0  # reusable pages loaded from the store
+    holes: list[int] = field(default_factory=list)  # reusable pages neither tier had: recomputed
+    loading: list[int] = field(default_factory=list)  # page indexes of the store load in flight
+    backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
+    pages_short: int = 0  # when admission failed: pages missing without dropping unpersisted ones
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1
     sampler_state: bytes = b""
@@ -68,6 +76,31 @@ class PrefillTask:
     def cached(self) -> CachedTokens:
         page_size = self.job.page_size
         return CachedTokens(device=self.device_pages * page_size, host=0, store=self.store_pages * page_size)
+
+    def computed_full_pages(self) -> list[int]:
+        """Indexes of the full pages computed here: the holes, then the tail's full page if any."""
+        n_reuse = reusable_pages(self.prompt_len, self.job.page_size)
+        return self.holes + list(range(n_reuse, len(self.page_hashes)))
+
+    @property
+    def computed_tokens(self) -> int:
+        """Prompt tokens computed here (holes + tail)."""
+        reused = self.device_pages + self.store_pages
+        return self.prompt_len - reused * self.job.page_size
+
+    def plan_compute(self, holes: list[int]) -> None:
+        """Set `todo` from the hole pages (sorted) and the tail; consecutive ranges are merged."""
+        P = self.job.page_size
+        tail_start = reusable_pages(self.prompt_len, P) * P
+        ranges = [[i * P, (i + 1) * P] for i in holes] + [[tail_start, self.prompt_len]]
+        self.todo = []
+        for r in ranges:
+            if self.todo and self.todo[-1][1] == r[0]:
+                self.todo[-1][1] = r[1]
+            else:
+                self.todo.append(r)
+        self.holes = list(holes)
+        self.phase = Phase.COMPUTING
 
     @property
     def finished_phase(self) -> bool:

@@ -33,7 +33,7 @@ class PrefillWorker:
         self._pusher = KVPusher(rt.transfer, rt.pool.page_nbytes)
         pc = cfg.prefill
         self._scheduler = PrefillScheduler(rt, pc.chunk_tokens, pc.prefix_cache, cfg.store.write_back,
-                                           self._pusher, self.recorder)
+                                           self._pusher, self.recorder, pc.persist_wait_s)
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
         self._scheduler.start()
 

@@ -16,11 +16,13 @@ Why saves never delay loads nor hold pages a later request needs:
 - The caller retains a save's pages until its completion (they must not be overwritten while
   Mooncake reads them). To bound what that pins, queued save pages are capped at
   `max_pending_save_pages`: a save that would exceed it completes at once as "dropped"
-  (write-back is best effort; the pages stay valid in L1). Under page pressure the scheduler calls
-  `cancel_saves()`: queued saves complete as "cancelled" and their pages come back within one
-  poll. A save is never waited for by any request.
-- Loads carry a deadline; a load still queued when it passes completes as "timeout" without
-  running (the request recomputes instead of waiting).
+  (the pages stay valid in L1, marked unpersisted with that reason, so the caller can write them
+  again later). Past a bounded wait under page pressure the scheduler calls `cancel_saves()`:
+  queued saves complete as "cancelled" and their pages come back within one poll.
+  `cancel_owner()` drops one owner's queued pages from shared saves (a decode step's batch).
+- Loads and saves carry a deadline; a load still queued when it passes completes as "timeout"
+  without running (the request recomputes instead of waiting), and so do a save's queued pages.
+- Completions say, per page, whether it was loaded / is now in the store (`page_ok`).
 
 Why it keeps Mooncake's bandwidth while the scheduler loop holds the GIL: each return from a
 Mooncake call must re-take the GIL, which a CPU-bound scheduler thread gives up only every
@@ -55,11 +57,12 @@ LOAD_BATCH_MAX_BYTES = 64 << 20
 class IOCompletion:
     tag: object
     op: str  # LOAD or SAVE
-    pages_ok: int  # load: leading pages now in the pool; save: pages now in the store (written + skipped)
-    reason: str  # "ok", a miss reason of store.py, or DROPPED / CANCELLED for saves
+    pages_ok: int  # load: pages now in the pool; save: pages now in the store (written + skipped)
+    reason: str  # "ok", a miss reason of store.py, or DROPPED / CANCELLED / TIMEOUT for saves
     num_pages: int = 0
     pages_skipped: int = 0  # save: already present, not rewritten
     elapsed_s: float = 0.0  # submit -> completion
+    page_ok: tuple[bool, ...] = ()  # per page of the submission (after cancel_owner removals)
 
 
 @dataclass(eq=False)  # identity: jobs are found in and removed from queues by object
@@ -70,9 +73,10 @@ class _Job:
     addrs: list[int]
     submitted: float
     deadline: float = float("inf")
+    owners: list | None = None  # save: who each page belongs to (cancel_owner), or None
     cursor: int = 0  # save: next page to hand to a thread
     running: int = 0  # save: chunks on threads now
-    ok: int = 0
+    page_ok: list[bool] = field(default_factory=list)
     skipped: int = 0
     reason: str = OK
     aborted: bool = field(default=False)  # save: stop handing out chunks (failure, cancel)
@@ -85,7 +89,7 @@ class StoreIO:
         self._chunk = cfg.save_chunk_pages
         self._load_batch_pages = max(1, LOAD_BATCH_MAX_BYTES // store.page_nbytes)
         self._max_save_pages = cfg.max_pending_save_pages
-        self._load_timeout_s = cfg.op_timeout_s
+        self._op_timeout_s = cfg.op_timeout_s
         self._metrics = store.metrics
         self._cv = threading.Condition()
         self._loads: deque[_Job] = deque()
@@ -106,7 +110,7 @@ class StoreIO:
         check_pairs(keys, addrs)
         now = time.monotonic()
         job = _Job(tag, LOAD, list(keys), list(addrs), now,
-                   deadline=now + (self._load_timeout_s if deadline_s is None else deadline_s))
+                   deadline=now + (self._op_timeout_s if deadline_s is None else deadline_s))
         with self._cv:
             if self._closed:
                 self._complete(job, 0, DISABLED)
@@ -117,10 +121,18 @@ class StoreIO:
             self._cv.notify()
         self._publish_depth()
 
-    def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int]) -> bool:
-        """Queue a write-back; False when it was dropped (its completion still arrives via poll)."""
+    def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int], owners: Sequence | None = None) -> bool:
+        """Queue a write-back; False when it was dropped (its completion still arrives via poll).
+
+        `owners` (one per page) lets cancel_owner() take one owner's pages out of a shared save.
+        Pages still queued `op_timeout_s` after submission are dropped as "timeout".
+        """
         check_pairs(keys, addrs)
-        job = _Job(tag, SAVE, list(keys), list(addrs), time.monotonic())
+        if owners is not None and len(owners) != len(keys):
+            raise ValueError(f"got {len(keys)} keys but {len(owners)} owners")
+        now = time.monotonic()
+        job = _Job(tag, SAVE, list(keys), list(addrs), now, deadline=now + self._op_timeout_s,
+                   owners=None if owners is None else list(owners), page_ok=[False] * len(keys))
         with self._cv:
             reason = DISABLED if self._closed else None
             if reason is None and self._pending_save_pages + len(keys) > self._max_save_pages:
@@ -145,22 +157,56 @@ class StoreIO:
         cancelled = 0
         with self._cv:
             for job in list(self._saves):
-                if tags is not None and job.tag not in tags:
-                    continue
-                n = len(job.keys) - job.cursor
-                cancelled += n
-                self._pending_save_pages -= n
-                job.cursor = len(job.keys)
-                job.aborted = True
-                job.reason = CANCELLED
-                self._saves.remove(job)
-                if job.running == 0:
-                    self._open[SAVE] -= 1
-                    self._complete(job, job.ok, CANCELLED)
-        if cancelled:
-            self._metrics.saves_dropped.labels(CANCELLED).inc(cancelled)
+                if tags is None or job.tag in tags:
+                    cancelled += self._drop_rest(job, CANCELLED)
         self._publish_depth()
         return cancelled
+
+    def cancel_owner(self, owner) -> int:
+        """Take `owner`'s queued (not yet running) pages out of every save; returns the pages dropped.
+
+        The saves themselves go on for their other owners; their completions arrive as usual.
+        """
+        dropped = 0
+        with self._cv:
+            for job in list(self._saves):
+                if job.owners is None:
+                    continue
+                keep = [i for i in range(job.cursor, len(job.keys)) if job.owners[i] is not owner]
+                n = len(job.keys) - job.cursor - len(keep)
+                if n == 0:
+                    continue
+                for name in ("keys", "addrs", "owners", "page_ok"):
+                    seq = getattr(job, name)
+                    setattr(job, name, seq[:job.cursor] + [seq[i] for i in keep])
+                dropped += n
+                self._pending_save_pages -= n
+                if job.cursor >= len(job.keys):
+                    self._saves.remove(job)
+                    if job.running == 0:
+                        self._open[SAVE] -= 1
+                        self._complete(job, sum(job.page_ok), job.reason)
+        if dropped:
+            self._metrics.saves_dropped.labels(CANCELLED).inc(dropped)
+        self._publish_depth()
+        return dropped
+
+    def _drop_rest(self, job: _Job, reason: str) -> int:
+        """(lock held) Drop a queued save's pages not yet handed out; complete it if nothing runs."""
+        n = len(job.keys) - job.cursor
+        self._pending_save_pages -= n
+        job.cursor = len(job.keys)
+        job.aborted = True
+        if job.reason == OK:
+            job.reason = reason
+        if job in self._saves:
+            self._saves.remove(job)
+        if n:
+            self._metrics.saves_dropped.labels(reason).inc(n)
+        if job.running == 0:
+            self._open[SAVE] -= 1
+            self._complete(job, sum(job.page_ok), job.reason)
+        return n
 
     def poll(self, timeout_s: float = 0.0) -> list[IOCompletion]:
         """Completions so far. Non-blocking by default; timeout_s > 0 waits for at least one."""
@@ -208,6 +254,9 @@ class StoreIO:
                         jobs.append(self._loads.popleft())
                         pages += len(jobs[-1].keys)
                     job = None
+                elif self._saves and not loads_only and time.monotonic() > self._saves[0].deadline:
+                    self._drop_rest(self._saves[0], TIMEOUT)  # queued past its deadline: give the pages back
+                    continue
                 elif self._saves and not loads_only:
                     job = self._saves[0]
                     lo, hi = job.cursor, min(job.cursor + self._chunk, len(job.keys))
@@ -234,7 +283,7 @@ class StoreIO:
             self._metrics.misses.labels(LOAD, TIMEOUT).inc(len(job.keys))
             self._complete(job, 0, TIMEOUT)
         for job, result in zip(live, results):
-            self._complete(job, result.pages_loaded, result.reason)
+            self._complete(job, result.pages_loaded, result.reason, result.page_ok)
         self._publish_depth()
 
     def _run_save(self, job: _Job, lo: int, hi: int) -> None:
@@ -245,29 +294,26 @@ class StoreIO:
             self._pending_save_pages -= hi - lo
             job.running -= 1
             if result is not None:
-                job.ok += result.pages_written + result.pages_skipped
+                job.page_ok[lo:hi] = result.page_ok or [False] * (hi - lo)
                 job.skipped += result.pages_skipped
                 if result.reason != OK and job.reason == OK:
                     job.reason = result.reason
                 if result.reason in (DISABLED, RPC_FAILED) and job in self._saves:
                     # The store is gone: the rest of this save cannot succeed; free its pages now.
-                    rest = len(job.keys) - job.cursor
-                    self._pending_save_pages -= rest
-                    self._metrics.saves_dropped.labels(result.reason).inc(rest)
-                    job.cursor = len(job.keys)
-                    job.aborted = True
-                    self._saves.remove(job)
-            finished = job.running == 0 and job.cursor >= len(job.keys)
+                    self._drop_rest(job, result.reason)
+                    job = None  # completed (or will be by its last running chunk)
+            finished = job is not None and job.running == 0 and job.cursor >= len(job.keys)
             if finished:
                 self._open[SAVE] -= 1
         if finished:
-            self._complete(job, job.ok, job.reason)
+            self._complete(job, sum(job.page_ok), job.reason)
         self._publish_depth()
 
     # ------------------------------------------------------------------ helpers
-    def _complete(self, job: _Job, pages_ok: int, reason: str) -> None:
+    def _complete(self, job: _Job, pages_ok: int, reason: str, page_ok=None) -> None:
+        page_ok = tuple(job.page_ok) if page_ok is None else tuple(page_ok)
         done = IOCompletion(job.tag, job.op, pages_ok, reason, len(job.keys), job.skipped,
-                            time.monotonic() - job.submitted)
+                            time.monotonic() - job.submitted, page_ok or (False,) * len(job.keys))
         with self._done_cv:
             self._done.append(done)
             self._done_cv.notify_all()

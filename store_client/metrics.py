@@ -20,6 +20,7 @@ import threading
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 OPS = ("match", "load", "save")
+EVICT_SKIP_REASONS = ("leased", "absent", "failed")
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -38,6 +39,9 @@ class StoreMetrics:
         self.hits = Counter(p + "hit_pages", "Pages found (match) or read (load)", ["op"], registry=reg)
         self.misses = Counter(p + "miss_pages", "Pages not found/read, by reason", ["op", "reason"],
                               registry=reg)
+        self.hole_pages = Counter(p + "hole_pages", "Pages read from the store after a missing page of the "
+                                  "same request (each would have been recomputed by a prefix-only reader)",
+                                  registry=reg)
         self.save_failures = Counter(p + "save_failed_pages", "Pages whose write failed, by reason",
                                      ["reason"], registry=reg)
         self.saves_dropped = Counter(p + "save_dropped_pages",
@@ -56,6 +60,22 @@ class StoreMetrics:
             self.hits.labels(op)
         for op in ("load", "save"):
             self.queue_depth.labels(op)
+
+        # Chain eviction (store_client/evictor.py): what pdorch removed from the store, and why not.
+        self.evicted_pages = Counter(p + "evicted_pages", "Pages pdorch's chain eviction removed from the store",
+                                     registry=reg)
+        self.evict_skipped = Counter(p + "evict_skipped_pages", "Eviction victims not removed, by reason "
+                                     "(leased: being read, kept; absent: already gone; failed)", ["reason"],
+                                     registry=reg)
+        self.fill_ratio = Gauge(p + "fill_ratio", "The master's allocated / capacity bytes, as last read",
+                                registry=reg)
+        self.chain_index_pages = Gauge(p + "chain_index_pages", "Store pages the chain index knows", registry=reg)
+        self.chain_index_forgotten = Counter(p + "chain_index_forgotten_pages", "Pages dropped from a full "
+                                             "chain index (left to the master's eviction)", registry=reg)
+        self.master_metrics_failures = Counter(p + "master_metrics_failures",
+                                               "Failed reads of the master's /metrics by the evictor", registry=reg)
+        for reason in EVICT_SKIP_REASONS:
+            self.evict_skipped.labels(reason)
 
 
 _default: StoreMetrics | None = None

@@ -5,8 +5,12 @@
     load_many([(keys, addrs), ...])  several requests' loads in one batch_get_into
     save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
 
-Every negative result is a miss for that page AND every page after it (the hash chain makes later
-pages useless without it); misses are counted by reason (see metrics.py). The caller recomputes.
+A load is its own existence check: a missing key fails only its own entry (-704), so one
+batch_get_into over every page a request could reuse loads all present pages, and a missing page
+costs only itself (the caller recomputes just that page: its key, and every later page's key, is a
+hash of token ids, not of KV). No separate batch_is_exist on the read path: it would take a read
+lease on every key of the conversation and block their eviction. Misses are counted by reason
+(see metrics.py); pages present after a missing one are counted as `hole` reads.
 
 Connection lifecycle (a connector thread owns it; the serving path never waits for it):
 
@@ -49,8 +53,9 @@ _RPC_FAILED = -900
 
 @dataclass(frozen=True)
 class LoadResult:
-    pages_loaded: int  # leading pages whose bytes are now in the pool
-    reason: str  # OK when all were loaded, else why page `pages_loaded` was not
+    pages_loaded: int  # pages whose bytes are now in the pool (anywhere in the request)
+    reason: str  # OK when all were loaded, else why the first missing page was not
+    page_ok: tuple[bool, ...] = ()  # per page: loaded
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class SaveResult:
     pages_skipped: int  # already in the store (not rewritten)
     pages_failed: int
     reason: str  # OK, or the reason of the first failure
+    page_ok: tuple[bool, ...] = ()  # per page: the store holds it now (written or skipped)
 
 
 def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
@@ -141,7 +147,7 @@ class KVStore:
         client = self._connector.client()
         if client is None:
             self._miss("load", total, DISABLED)
-            return [LoadResult(0, DISABLED if keys else OK) for keys, _ in requests]
+            return [LoadResult(0, DISABLED if keys else OK, (False,) * len(keys)) for keys, _ in requests]
         all_keys = [k for keys, _ in requests for k in keys]
         all_addrs = [a for _, addrs in requests for a in addrs]
         t0 = time.perf_counter()
@@ -160,17 +166,23 @@ class KVStore:
         return results
 
     def _load_result(self, codes: Sequence[int], elapsed: float) -> LoadResult:
-        n = _leading(codes, lambda c: c == self.page_nbytes)
+        # NOTE: a positive size other than page_nbytes is a foreign object under our key: not usable.
+        ok = tuple(c == self.page_nbytes for c in codes)
+        n = sum(ok)
         self.metrics.hits.labels("load").inc(n)
         self.metrics.pages_read.inc(n)
         self.metrics.bytes_read.inc(n * self.page_nbytes)
         if n == len(codes):
-            return LoadResult(n, OK)
-        code = codes[n]
-        # A positive size other than page_nbytes is a foreign object under our key: not usable.
-        reason = TRANSFER_FAILED if code >= 0 else classify(code, elapsed, self._deadline)
-        self._miss("load", len(codes) - n, reason)
-        return LoadResult(n, reason)
+            return LoadResult(n, OK, ok)
+        first = ok.index(False)
+        self.metrics.hole_pages.inc(sum(ok[first:]))  # present after a missing page: read, not lost
+        reason = OK
+        for code, good in zip(codes, ok):
+            if not good:
+                why = TRANSFER_FAILED if code >= 0 else classify(code, elapsed, self._deadline)
+                self._miss("load", 1, why)
+                reason = why if reason == OK else reason
+        return LoadResult(n, reason, ok)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
         """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""
@@ -180,7 +192,7 @@ class KVStore:
         client = self._connector.client()
         if client is None:
             self.metrics.save_failures.labels(DISABLED).inc(len(keys))
-            return SaveResult(0, 0, len(keys), DISABLED)
+            return SaveResult(0, 0, len(keys), DISABLED, (False,) * len(keys))
         t0 = time.perf_counter()
         try:
             exist = client.batch_is_exist(list(keys))
@@ -191,9 +203,14 @@ class KVStore:
             log.warning("store save raised: %s", e)
             todo, codes = list(range(len(keys))), [_RPC_FAILED] * len(keys)
         elapsed = self._observe("save", t0, codes)
+        if len(codes) != len(todo):  # defensive: a short answer fails the missing entries
+            codes = list(codes) + [_RPC_FAILED] * (len(todo) - len(codes))
         written = sum(1 for c in codes if c == 0)
         skipped = len(keys) - len(todo) + sum(1 for c in codes if c == _EXISTS)
         failed = [c for c in codes if c < 0 and c != _EXISTS]
+        page_ok = [True] * len(keys)
+        for i, c in zip(todo, codes):
+            page_ok[i] = c == 0 or c == _EXISTS
         self.metrics.pages_written.inc(written)
         self.metrics.bytes_written.inc(written * self.page_nbytes)
         self.metrics.pages_skipped.inc(skipped)
@@ -201,7 +218,29 @@ class KVStore:
         if failed:
             reason = classify(failed[0], elapsed, self._deadline)
             self.metrics.save_failures.labels(reason).inc(len(failed))
-        return SaveResult(written, skipped, len(failed), reason)
+        return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
+
+    def remove_many(self, keys: Sequence[str]) -> list[int]:
+        """Remove objects in ONE batch_remove: per key 0, or a negative code (-704 absent, -706 a
+        reader holds a lease on it, -900 master unreachable or store disabled). Never raises.
+
+        NOTE: never force=True: a leased object is being read right now (or was just found).
+        """
+        if not keys:
+            return []
+        client = self._connector.client()
+        if client is None:
+            return [_RPC_FAILED] * len(keys)
+        t0 = time.perf_counter()
+        try:
+            codes = list(client.batch_remove(list(keys)))
+        except Exception as e:  # noqa: BLE001
+            codes = []
+            log.warning("batch_remove raised: %s", e)
+        if len(codes) != len(keys):  # defensive: a short answer is a failure of the missing entries
+            codes = codes + [_RPC_FAILED] * (len(keys) - len(codes))
+        self._observe("remove", t0, codes)
+        return codes
 
     def close(self) -> None:
         """Stop the connector and close the client. Call after StoreIO.close() (no ops in flight)."""

@@ -76,25 +76,29 @@ def test_round_trip_across_two_processes(mooncake_master, peers, clients):
     assert reader.metric("pdorch_store_hit_pages_total", op="load") == N
 
 
-def test_prefix_match_and_load_stop_at_first_missing_page(mooncake_master, clients):
+def test_a_missing_page_costs_only_itself(mooncake_master, clients):
     c = clients(store_config(mooncake_master))
     assert c.store.wait_enabled(30)
     keys = _keys()
     src = page_pattern(3, N, PAGE)
-    present = [0, 1, 2, 4, 5]  # page 3 missing: 4 and 5 are useless without it
+    present = [0, 1, 2, 4, 5]  # page 3 missing: 4 and 5 are still loaded (their keys name their prefix)
     r = c.store.save([keys[i] for i in present], [src.ctypes.data + i * PAGE for i in present])
-    assert (r.pages_written, r.pages_failed) == (5, 0)
+    assert (r.pages_written, r.pages_failed, r.page_ok) == (5, 0, (True,) * 5)
 
     assert c.store.match_prefix(keys) == 3
     assert c.metric("pdorch_store_miss_pages_total", op="match", reason="absent") == 3
     loaded = c.store.load(keys, c.addrs(range(N)))
-    assert (loaded.pages_loaded, loaded.reason) == (3, "absent")
+    assert (loaded.pages_loaded, loaded.reason) == (5, "absent")
+    assert loaded.page_ok == (True, True, True, False, True, True)
     np.testing.assert_array_equal(c.pool[:3], src[:3])
-    assert c.metric("pdorch_store_miss_pages_total", op="load", reason="absent") == 3
+    np.testing.assert_array_equal(c.pool[4:], src[4:])
+    assert c.metric("pdorch_store_miss_pages_total", op="load", reason="absent") == 1
+    assert c.metric("pdorch_store_hole_pages_total") == 2
     assert c.store.match_prefix(keys[3:]) == 0
-    # Requests batched into one call keep their own prefix rule.
+    # Requests batched into one call keep their own per-page results.
     both = c.store.load_many([(keys, c.addrs(range(N))), (keys[4:], c.addrs([4, 5]))])
-    assert [(r.pages_loaded, r.reason) for r in both] == [(3, "absent"), (2, "ok")]
+    assert [(r.pages_loaded, r.reason) for r in both] == [(5, "absent"), (2, "ok")]
+    assert both[1].page_ok == (True, True)
     np.testing.assert_array_equal(c.pool[4:], src[4:])
     assert c.store.match_prefix([]) == 0
 

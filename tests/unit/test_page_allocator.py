@@ -111,3 +111,35 @@ def test_check_integrity_detects_corruption():
     a._free.append(0)  # page 0 is used and free at once
     with pytest.raises(AssertionError):
         a.check_integrity()
+
+
+def test_persisted_pages_are_evicted_before_pages_the_store_lacks(alloc):
+    pages = alloc.allocate(4)                      # [0, 1, 2, 3]
+    for i, p in enumerate(pages):
+        alloc.cache(f"h{i}", p)
+    alloc.mark_persisted([1, 3])
+    alloc.mark_unpersisted([0], "dropped")
+    alloc.release(pages)                           # released tail-first: 3, 2, 1, 0
+    assert alloc.num_unpersisted() == 2
+    assert alloc.num_available_without_loss() == 2 + 2   # free 4, 5 + persisted 3, 1
+    assert alloc.eviction_order() == [4, 5, 3, 1, 2, 0]
+    assert alloc.lru_unpersisted(5) == [2, 0]
+    assert alloc.allocate(4) == [4, 5, 3, 1]       # nothing lost yet
+    assert not alloc.evicted_unpersisted
+    assert alloc.allocate(2) == [2, 0]             # now pages the store lacks go, each counted by reason
+    assert alloc.evicted_unpersisted == {"not_written": 1, "dropped": 1}
+
+
+def test_lookup_matches_past_a_gap_and_marking_moves_evictable_pages(alloc):
+    pages = alloc.allocate(3)
+    for h, p in zip(["a", "b", "c"], pages):
+        alloc.cache(h, p)
+    alloc.release(pages)
+    assert alloc.lookup(["a", "zz", "c"]) == [0, None, 2]
+    assert (alloc.ref_count(0), alloc.ref_count(1), alloc.ref_count(2)) == (1, 0, 1)
+    alloc.release([0, 2])
+    alloc.mark_persisted([1])                      # evictable page: moves to the persisted LRU
+    assert alloc.is_persisted(1) and alloc.eviction_order()[3:] == [1, 2, 0]
+    alloc.mark_unpersisted([1], "dropped")         # persisted pages keep their state
+    assert alloc.unpersisted_reason(1) is None
+    assert alloc.flush() == 3 and alloc.evicted_unpersisted == {"flush": 2}

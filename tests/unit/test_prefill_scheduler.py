@@ -53,21 +53,24 @@ class FakeStoreIO:
     """Keys in `present` load; completions are held while `hold` is set."""
 
     def __init__(self, present=()):
-        self.present, self.saved, self.done = set(present), [], []
+        self.present, self.saved, self.done, self.loads = set(present), [], [], []
         self.hold = threading.Event()  # hold every completion
         self.hold_saves = threading.Event()  # hold save completions only
         self.held = []
 
     def submit_load(self, tag, keys, addrs):
-        n = 0
-        while n < len(keys) and keys[n] in self.present:
-            n += 1
-        (self.held if self.hold.is_set() else self.done).append(IOCompletion(tag, "load", n, "ok"))
+        self.loads.append(list(keys))
+        ok = tuple(k in self.present for k in keys)
+        reason = "ok" if all(ok) else "absent"
+        (self.held if self.hold.is_set() else self.done).append(
+            IOCompletion(tag, "load", sum(ok), reason, len(keys), page_ok=ok))
 
     def submit_save(self, tag, keys, addrs):
         self.saved.extend(keys)
+        self.present.update(keys)
         held = self.hold.is_set() or self.hold_saves.is_set()
-        (self.held if held else self.done).append(IOCompletion(tag, "save", len(keys), "ok"))
+        (self.held if held else self.done).append(
+            IOCompletion(tag, "save", len(keys), "ok", len(keys), page_ok=(True,) * len(keys)))
         return True
 
     def release(self):
@@ -82,6 +85,18 @@ class FakeStoreIO:
 
     def cancel_saves(self, tags=None):
         return 0
+
+    def _cancel_held(self):
+        """Complete held saves as cancelled (what StoreIO.cancel_saves does to queued ones)."""
+        n = 0
+        for i, d in enumerate(self.held):
+            if d.op == "save":
+                self.held[i] = IOCompletion(d.tag, "save", 0, "cancelled", d.num_pages,
+                                            page_ok=(False,) * d.num_pages)
+                n += d.num_pages
+        self.done.extend(self.held)
+        self.held = []
+        return n
 
 
 def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True):
@@ -204,5 +219,84 @@ def test_a_retried_request_id_is_served_while_the_old_task_still_writes_back():
         io.release()
         settle(sched, rt)
         assert rt.allocator.num_available() == 8
+    finally:
+        sched.stop()
+
+
+def test_a_missing_store_page_costs_only_itself():
+    tokens = list(range(300, 318))  # 18 tokens: 4 full pages, all reusable, tail = page 4 (2 tokens)
+    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    io = FakeStoreIO(present=[keys[0], keys[1], keys[3]])  # page 2 is a hole
+    sched, rt, _ = make(store_io=io)
+    try:
+        res = submit(sched, tokens).future.result(5)
+        assert io.loads == [keys]  # one load of every page L1 lacks, past the gap
+        assert (res.cached.device, res.cached.store) == (0, 12)
+        # the hole and the tail are computed, in one forward; page 3 is not recomputed
+        assert [(c.start_pos, c.end) for c in rt.runner.chunks] == [(8, 12), (16, 18)]
+        settle(sched, rt)
+        assert io.saved == [keys[2]]  # the recomputed hole goes back to the store
+        assert sched._persist.metrics.holes._value.get() == 1
+    finally:
+        sched.stop()
+
+
+def test_an_l1_hit_the_store_lacks_is_backfilled():
+    tokens = list(range(400, 413))  # 3 full pages, 3 reusable
+    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    sched, rt, _ = make(store_io=None)  # first turn without a store: L1 pages are unpersisted
+    try:
+        submit(sched, tokens, "a").future.result(5)
+        settle(sched, rt)
+        assert sched.call(lambda: rt.allocator.num_unpersisted()) == 3
+    finally:
+        sched.stop()
+    io = FakeStoreIO()
+    rt.store_io, rt.store = io, SimpleNamespace(enabled=True)
+    sched2 = PrefillScheduler(rt, 64, prefix_cache=True, write_back=True, pusher=KVPusher(FakeTransfer(), 100),
+                              recorder=WorkerRecorder("prefill"))
+    sched2.start()
+    try:
+        res = submit(sched2, tokens, "b").future.result(5)
+        assert res.cached.device == 12
+        settle(sched2, rt)
+        assert sorted(io.saved) == sorted(keys)  # all three L1 hits written back to the store
+        assert sched2.call(lambda: rt.allocator.num_unpersisted()) == 0
+    finally:
+        sched2.stop()
+
+
+def test_under_pressure_a_request_waits_for_writes_instead_of_dropping_pages():
+    io = FakeStoreIO()
+    io.hold_saves.set()  # write-backs stay in flight until released
+    sched, rt, _ = make(num_pages=6, store_io=io)
+    sched._persist_wait_s = 30.0
+    try:
+        submit(sched, list(range(500, 513)), "a").future.result(5)  # 4 pages, 3 full: saved (held)
+        late = submit(sched, list(range(600, 613)), "b")  # needs 4 pages: only 2 free, 3 pinned by a's save
+        time.sleep(0.3)
+        assert not late.future.done()
+        io.release()  # a's pages reach the store: now they may be reclaimed without loss
+        assert late.future.result(5).cached.device == 0
+        settle(sched, rt)
+        assert not rt.allocator.evicted_unpersisted  # nothing left L1 unpersisted
+        assert sched._persist.metrics.cancelled._value.get() == 0
+    finally:
+        sched.stop()
+
+
+def test_past_the_wait_bound_pages_are_dropped_with_a_counted_reason():
+    io = FakeStoreIO()
+    io.hold_saves.set()
+    sched, rt, _ = make(num_pages=6, store_io=io)
+    sched._persist_wait_s = 0.05
+    try:
+        submit(sched, list(range(700, 713)), "a").future.result(5)
+        io.cancel_saves = lambda tags=None: io._cancel_held()
+        late = submit(sched, list(range(800, 813)), "b")
+        assert late.future.result(5).cached.device == 0
+        settle(sched, rt)
+        assert rt.allocator.evicted_unpersisted["cancelled"] >= 1
+        assert sched._persist.metrics.cancelled._value.get() >= 1
     finally:
         sched.stop()

@@ -34,7 +34,7 @@ class FakeStore:
     def load_many(self, requests):
         with self._lock:
             self.calls.append(("load", [k for keys, _ in requests for k in keys]))
-        return [LoadResult(len(keys), "ok") for keys, _ in requests]
+        return [LoadResult(len(keys), "ok", (True,) * len(keys)) for keys, _ in requests]
 
     def save(self, keys, addrs):
         with self._lock:
@@ -42,8 +42,8 @@ class FakeStore:
         self.save_started.set()
         assert self.gate.wait(10)
         if self.save_result != "ok":
-            return SaveResult(0, 0, len(keys), self.save_result)
-        return SaveResult(len(keys), 0, 0, "ok")
+            return SaveResult(0, 0, len(keys), self.save_result, (False,) * len(keys))
+        return SaveResult(len(keys), 0, 0, "ok", (True,) * len(keys))
 
 
 def _keys(prefix: str, n: int) -> list[str]:
@@ -214,3 +214,34 @@ def test_queued_loads_go_out_as_one_batch(make_io, monkeypatch):
     assert all(done[t].pages_ok == 2 for t in "abc")
     # a + b fit the 5-page cap in one call; c goes alone.
     assert [c for c in store.calls if c[0] == "load"] == [("load", ["a0", "a1", "b0", "b1"]), ("load", ["c0", "c1"])]
+
+
+def test_cancel_owner_takes_only_that_owners_queued_pages_out_of_a_shared_save(make_io):
+    store = FakeStore(save_chunk_pages=2)
+    io = make_io(store)
+    store.gate.clear()
+    io.submit_save("first", ["f0"], [0])
+    assert store.save_started.wait(5)  # the thread is busy: the shared save stays queued
+    alice, bob = object(), object()
+    io.submit_save("step", ["a0", "b0", "a1", "b1"], [1, 2, 3, 4], owners=[alice, bob, alice, bob])
+    assert io.cancel_owner(alice) == 2
+    store.gate.set()
+    done = {d.tag: d for d in _wait(io, 2)}
+    assert (done["step"].pages_ok, done["step"].reason, done["step"].page_ok) == (2, "ok", (True, True))
+    assert [c[1] for c in store.calls] == [["f0"], ["b0", "b1"]]
+    assert store.registry.get_sample_value("pdorch_store_save_dropped_pages_total", {"reason": "cancelled"}) == 2
+
+
+def test_a_save_still_queued_past_its_deadline_gives_its_pages_back(make_io):
+    store = FakeStore(op_timeout_s=0.1)
+    io = make_io(store)
+    store.gate.clear()
+    io.submit_save("first", ["f0"], [0])
+    assert store.save_started.wait(5)
+    io.submit_save("late", _keys("l", 3), [1, 2, 3])
+    time.sleep(0.2)
+    store.gate.set()
+    done = {d.tag: d for d in _wait(io, 2)}
+    assert (done["late"].pages_ok, done["late"].reason, done["late"].page_ok) == (0, "timeout", (False,) * 3)
+    assert ("save", _keys("l", 3)) not in store.calls
+    assert store.registry.get_sample_value("pdorch_store_save_dropped_pages_total", {"reason": "timeout"}) == 3

@@ -23,8 +23,8 @@ def test_disabled_store_misses_everything_without_raising(disabled):
     assert not store.enabled
     assert not store.wait_enabled(0.05)
     assert store.match_prefix(["a", "b"]) == 0
-    assert store.load(["a", "b", "c"], [1, 2, 3]) == LoadResult(0, "disabled")
-    assert store.save(["a"], [1]) == SaveResult(0, 0, 1, "disabled")
+    assert store.load(["a", "b", "c"], [1, 2, 3]) == LoadResult(0, "disabled", (False, False, False))
+    assert store.save(["a"], [1]) == SaveResult(0, 0, 1, "disabled", (False,))
     assert store.load([], []) == LoadResult(0, "ok")
     assert reg.get_sample_value("pdorch_store_miss_pages_total", {"op": "load", "reason": "disabled"}) == 3
     assert reg.get_sample_value("pdorch_store_miss_pages_total", {"op": "match", "reason": "disabled"}) == 2
