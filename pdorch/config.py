@@ -77,7 +77,7 @@ class StoreConfig:
     evict_high_watermark: float = _key(0.85, "chain eviction: start removing pages when the store is this "
                                        "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
     evict_low_watermark: float = _key(0.8, "chain eviction: remove pages until the store is this full",
-                                      min=0.0, max=1.0)
+                                      min=0.0, max=1.0, below="evict_high_watermark")
     evict_interval_s: float = _key(0.2, "chain eviction: how often the store's fill level is read",
                                    min=0.01, max=60.0)
     evict_depth_weight_s: float = _key(1.0, "chain eviction: a page one step deeper in its conversation "

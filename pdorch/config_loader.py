@@ -223,6 +223,11 @@ def _build(values, errors) -> Config:
                 why = f" when {name}.{cond[0]} is {show(cond[1])}" if conditional else ""
                 errors.append(f"{name}.{f.name}: missing required value{why}; "
                               f"got {show(merged[f.name])}")
+        for f in dataclasses.fields(cls):
+            other = f.metadata.get("below")  # an ordering between two keys of one section
+            if other and f.name in merged and other in merged and not merged[f.name] < merged[other]:
+                errors.append(f"{name}.{f.name}: expected a value below {name}.{other} "
+                              f"({show(merged[other])}), got {show(merged[f.name])}")
         if len(merged) == len(dataclasses.fields(cls)):
             sections[name] = cls(**merged)
     return Config(**sections) if len(sections) == len(SECTIONS) else Config()

@@ -237,3 +237,9 @@ def test_dump_round_trips(tmp_path):
 @pytest.mark.parametrize("path", sorted((default_config_path().parent).glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_config_is_valid(path):
     assert isinstance(load_config(path, environ={}), Config)
+
+
+def test_an_ordering_between_two_keys_is_checked():
+    with pytest.raises(ConfigError, match=r"store.evict_low_watermark: expected a value below "
+                                          r"store.evict_high_watermark \(0.5\), got 0.8"):
+        load_config(None, {"store.evict_high_watermark": "0.5"}, environ={})
