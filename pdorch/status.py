@@ -1,6 +1,7 @@
-"""`pdorch status`: the router's workers, their load, and prompt-cache hit rates per tier.
+"""`pdorch status`: the router's workers, their load, prompt-cache hit rates per tier, and the store.
 
-Reads the router's admin `/workers` (JSON) and `/metrics` (Prometheus text); torch-free.
+Reads the router's admin `/workers` (JSON) and `/metrics` (Prometheus text), and with the store on
+the mooncake_master's `/metrics` (fill level and its own eviction counters); torch-free.
 """
 
 from __future__ import annotations
@@ -59,6 +60,36 @@ def fetch_status(url: str, admin_key: str = "", timeout_s: float = 5.0) -> dict[
     return {"url": url, "workers": workers, "tokens": tokens}
 
 
+def fetch_store(store_cfg, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """The store as the master reports it: fill, keys, and the master's own eviction counters
+    (pdorch's chain eviction should keep these near 0). None when the store is off."""
+    if not store_cfg.enabled:
+        return None
+    from store_client.evictor import fetch_text, master_eviction_counters, master_fill, master_metrics_url
+
+    url = master_metrics_url(store_cfg)
+    text = fetch_text(url, timeout_s)
+    if text is None:
+        return {"url": url, "eviction": store_cfg.eviction, "error": "mooncake_master metrics unreachable"}
+    fill = master_fill(text)
+    return {"url": url, "eviction": store_cfg.eviction, "master_eviction": master_eviction_counters(text),
+            **({"fill_ratio": fill.ratio, "keys": fill.key_count, "capacity_bytes": fill.capacity_bytes}
+               if fill is not None else {})}
+
+
+def render_store(store: dict[str, Any] | None) -> list[str]:
+    if store is None:
+        return ["store: off"]
+    if "error" in store:
+        return [f"store ({store['url']}): {store['error']}"]
+    head = f"store: eviction {store['eviction']}"
+    if "fill_ratio" in store:
+        head += (f", {store['fill_ratio']:.1%} of {store['capacity_bytes'] / 2**20:.0f} MiB used, "
+                 f"{store['keys']:.0f} keys")
+    counters = ", ".join(f"{k} {v:.0f}" for k, v in store["master_eviction"].items()) or "not exported"
+    return [head, f"mooncake_master's own eviction: {counters}"]
+
+
 def render_status(status: dict[str, Any]) -> str:
     rows = [("role", "address", "health", "circuit", "in flight", "routed", "errors", "queued", "running",
              "free pages")]
@@ -82,4 +113,6 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"cache hit rate {sum(cached.values()) / prompt:.1%} ({split})")
     else:
         lines.append("cache hit rate: no requests yet")
+    if "store" in status:
+        lines += render_store(status["store"])
     return "\n".join(lines)

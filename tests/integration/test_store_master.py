@@ -71,3 +71,18 @@ def test_missing_binary_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(MasterError, match="mooncake_master not found"):
         find_master_binary()
+
+
+def test_status_reads_fill_and_eviction_counters_from_a_real_master(mooncake_master):
+    from dataclasses import replace
+
+    from pdorch.config import StoreConfig
+    from pdorch.status import fetch_store
+
+    cfg = replace(StoreConfig(), master_address=mooncake_master.master_address,
+                  master_metrics_port=mooncake_master.metrics_port)
+    store = fetch_store(cfg)
+    assert store["fill_ratio"] == 0.0 and store["keys"] == 0
+    assert "evicted_keys" in store["master_eviction"]
+    assert "error" in fetch_store(replace(cfg, master_metrics_port=1))
+    assert fetch_store(replace(cfg, enabled=False)) is None

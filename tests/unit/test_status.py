@@ -38,3 +38,12 @@ def test_render_shows_workers_load_and_hit_rates():
 def test_render_without_requests():
     text = render_status({"url": "http://r", "workers": [], "tokens": {}})
     assert "cache hit rate: no requests yet" in text
+
+
+def test_render_shows_the_store_and_the_masters_own_evictions():
+    store = {"url": "http://m/metrics", "eviction": "chain", "fill_ratio": 0.84, "keys": 412,
+             "capacity_bytes": 512 * 2**20, "master_eviction": {"evicted_keys": 0, "put_no_space": 3}}
+    text = render_status({"url": "http://r", "workers": [], "tokens": {}, "store": store})
+    assert "store: eviction chain, 84.0% of 512 MiB used, 412 keys" in text
+    assert "mooncake_master's own eviction: evicted_keys 0, put_no_space 3" in text
+    assert render_status({"url": "http://r", "workers": [], "tokens": {}, "store": None}).endswith("store: off")
