@@ -39,7 +39,7 @@ from pdorch.worker_errors import (
 from pdorch.worker_status import WorkerLoad
 from prefill_node import prefix
 from prefill_node.job import PrefillResult
-from prefill_node.persistence import PersistMetrics, Persister
+from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 
 log = logging.getLogger(__name__)
