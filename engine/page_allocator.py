@@ -170,6 +170,23 @@ class PageAllocator:
             if self._evictable.pop(page, None) is not None:
                 self._evictable_persisted[page] = h
 
+    def pages_of(self, page_hashes) -> list[int]:
+        """The cached pages holding these hashes (unknown hashes are skipped)."""
+        return [p for p in (self._hash_to_page.get(h) for h in page_hashes) if p is not None]
+
+    def mark_left_store(self, page_ids, reason: str) -> None:
+        """The store no longer holds these cached pages (evicted from it): they become unpersisted,
+        so L1 now keeps them after the pages the store still holds."""
+        for page in page_ids:
+            h = self._page_to_hash.get(page)
+            if h is None:
+                continue
+            if page in self._persisted:
+                self._persisted.discard(page)
+                if self._evictable_persisted.pop(page, None) is not None:
+                    self._evictable[page] = h
+            self._unpersisted_reason[page] = reason
+
     def mark_unpersisted(self, page_ids, reason: str) -> None:
         """Writing these cached pages to the store failed or was dropped, for `reason`."""
         for page in page_ids:

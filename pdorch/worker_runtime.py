@@ -111,6 +111,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -
 
             chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
             evictor = StoreEvictor(store, chain_index, cfg.store, master_metrics_url(cfg.store)).start()
+            store.before_write = evictor.make_room  # bursts of writes make room first
     log.info("runtime ready: %s, %d pages of %d bytes, segment %s, fingerprint %s, store %s",
              model_dir, num_pages, pool.page_nbytes, segment, fingerprint, "on" if store else "off")
     return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,

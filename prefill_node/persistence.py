@@ -22,6 +22,7 @@ from prometheus_client import Counter, Gauge
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
+STORE_EVICTED = "store_evicted"  # the store's eviction removed it on purpose: not written again
 
 
 class PersistMetrics:
@@ -94,7 +95,8 @@ class Persister:
         reclaimable without loss) when the write completes. Returns the pages submitted."""
         if not self.usable or n <= 0:
             return 0
-        pages = self._rt.allocator.lru_unpersisted(n)
+        alloc = self._rt.allocator
+        pages = [p for p in alloc.lru_unpersisted(n + 64) if alloc.unpersisted_reason(p) != STORE_EVICTED][:n]
         if not pages:
             return 0
         self._rt.allocator.retain(pages)
@@ -116,6 +118,11 @@ class Persister:
             for key, depth, good in zip(keys, depths, ok):
                 if good and depth is not None:
                     index.touch([key], first_depth=depth)
+
+    def left_store(self, keys) -> None:
+        """The store evictor removed these keys: L1 pages holding them are no longer persisted."""
+        alloc = self._rt.allocator
+        alloc.mark_left_store(alloc.pages_of([k.rpartition("/")[2] for k in keys]), STORE_EVICTED)
 
     def _submit(self, tag, pages: list[int], depths: list) -> bool:
         alloc, rt = self._rt.allocator, self._rt

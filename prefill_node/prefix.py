@@ -77,4 +77,4 @@ def on_loaded(task: PrefillTask, rt, page_ok, prefix_cache: bool) -> None:
 
 def _needs_write(alloc, page: int) -> bool:
     """An L1 hit the store lacks and nobody is writing: backfill it (repairs a hole made earlier)."""
-    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) != "pending"
+    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) not in ("pending", "store_evicted")

@@ -93,6 +93,10 @@ class PrefillScheduler:
         self._post(("call", fn, fut))
         return fut.result(timeout=timeout_s)
 
+    def store_evicted(self, keys) -> None:
+        """Called by the store evictor's thread: these keys left the store (see Persister.left_store)."""
+        self._post(("evicted", list(keys)))
+
     def push_done(self, task: PrefillTask, err: Exception | None) -> None:
         """Called by the pusher thread when the transfer of `task` finished (or failed)."""
         self._post(("pushed", task, err))
@@ -158,6 +162,8 @@ class PrefillScheduler:
                     fut.set_result(fn())
                 except Exception as e:  # noqa: BLE001 - handed back to the caller
                     fut.set_exception(e)
+            elif kind == "evicted":
+                self._persist.left_store(item[1])
             elif kind == "pushed":
                 _, task, err = item
                 task.io_pending -= 1
@@ -243,9 +249,10 @@ class PrefillScheduler:
         if patient:
             self._io_inflight += bool(self._persist.write_before_evict(task.pages_short))
         elif self._persist.usable and now - self._last_cancel >= self._persist_wait_s:
-            # NOTE: admission now allows loss until it succeeds; cancelling again at most once per
-            # bound keeps later requests' fresh write-backs from being cancelled on every iteration.
-            self._rt.store_io.cancel_saves()
+            # NOTE: admission now allows loss until it succeeds. Only saves queued longer than the
+            # bound are cancelled: a pool full of running requests is no reason to drop writes that
+            # move (they finish in milliseconds), only a stalled store is.
+            self._rt.store_io.cancel_saves(min_age_s=self._persist_wait_s)
             self._persist.metrics.cancelled.inc()
             self._last_cancel = now
 

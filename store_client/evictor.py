@@ -134,6 +134,14 @@ class StoreEvictor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._forgotten_seen = 0  # index.forgotten already added to the counter
+        # The store's fill as last read, plus what this worker wrote since: make_room() acts on it
+        # between two passes (a request's write-back can be tens of MB, faster than a pass).
+        self._lock = threading.Lock()  # one removal at a time (the pass, or a writer's make_room)
+        self._capacity = 0.0
+        self._estimate = 0.0  # bytes
+        # Told the keys that left the store (removed or found absent), from the evictor's threads:
+        # the prefill worker keeps such pages in L1 longer (L1 then holds what the store lacks).
+        self.on_removed = None
 
     def start(self) -> StoreEvictor:
         if self._thread is not None:
@@ -173,13 +181,32 @@ class StoreEvictor:
             self.metrics.master_metrics_failures.inc()
             return 0
         self.metrics.fill_ratio.set(fill.ratio)
-        if fill.ratio <= self.cfg.evict_high_watermark:
-            return 0
-        share = pages_to_remove(fill, len(self.index), self.store.page_nbytes, self.cfg.evict_low_watermark)
-        removed = self._remove_lowest(share)
+        with self._lock:
+            self._capacity, self._estimate = fill.capacity_bytes, fill.allocated_bytes
+            if fill.ratio <= self.cfg.evict_high_watermark:
+                return 0
+            share = pages_to_remove(fill, len(self.index), self.store.page_nbytes, self.cfg.evict_low_watermark)
+            removed = self._remove_lowest(share)
+            self._estimate -= removed * self.store.page_nbytes
         self._export_index_size()
         log.debug("store %.3f full (%d keys): removed %d of a share of %d pages", fill.ratio, fill.key_count,
                   removed, share)
+        return removed
+
+    def make_room(self, n_pages: int) -> int:
+        """Called by a writer (an I/O thread) before it puts n_pages: when the fill as last read plus
+        this worker's writes since would pass the high watermark, remove this worker's lowest
+        pages down to the low watermark first, so a burst of writes never reaches the master's own
+        (chain-blind) eviction. Returns the pages removed."""
+        page = self.store.page_nbytes
+        with self._lock:
+            if self._capacity <= 0:
+                return 0  # no fill read yet: the next pass decides
+            after = self._estimate + n_pages * page
+            removed = 0
+            if after > self.cfg.evict_high_watermark * self._capacity:
+                removed = self._remove_lowest(math.ceil((after - self.cfg.evict_low_watermark * self._capacity) / page))
+            self._estimate = after - removed * page
         return removed
 
     def _remove_lowest(self, share: int) -> int:
@@ -213,6 +240,8 @@ class StoreEvictor:
         failed = len(keys) - len(gone) - len(leased)
         self.index.forget(gone)
         self.index.refresh(leased)
+        if gone and self.on_removed is not None:
+            self.on_removed(gone)
         self.metrics.evicted_pages.inc(removed)
         self.metrics.evict_skipped.labels("absent").inc(absent)
         self.metrics.evict_skipped.labels("leased").inc(len(leased))

@@ -149,15 +149,17 @@ class StoreIO:
         self._publish_depth()
         return True
 
-    def cancel_saves(self, tags=None) -> int:
-        """Drop queued (not yet running) save chunks, of all saves or those whose tag is in `tags`.
+    def cancel_saves(self, tags=None, min_age_s: float = 0.0) -> int:
+        """Drop queued (not yet running) save chunks, of all saves or those whose tag is in `tags`,
+        submitted at least `min_age_s` ago (a save that old is stalled, not just queued).
 
         Returns the pages cancelled. Chunks already running finish (within one chunk's time).
         """
         cancelled = 0
+        now = time.monotonic()
         with self._cv:
             for job in list(self._saves):
-                if tags is None or job.tag in tags:
+                if (tags is None or job.tag in tags) and now - job.submitted >= min_age_s:
                     cancelled += self._drop_rest(job, CANCELLED)
         self._publish_depth()
         return cancelled

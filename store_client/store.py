@@ -90,6 +90,8 @@ class KVStore:
         self.page_nbytes = page_nbytes
         self.metrics = metrics if metrics is not None else default_metrics()
         self._connector = StoreConnector(cfg, self.metrics)
+        # Called with the number of pages a save is about to put (the chain evictor makes room).
+        self.before_write = None
         if cfg.enabled:
             self._connector.start()
         else:
@@ -197,6 +199,8 @@ class KVStore:
         try:
             exist = client.batch_is_exist(list(keys))
             todo = [i for i, c in enumerate(exist) if c != 1]
+            if todo and self.before_write is not None:
+                self.before_write(len(todo))
             codes = client.batch_put_from([keys[i] for i in todo], [addrs[i] for i in todo],
                                           [self.page_nbytes] * len(todo)) if todo else []
         except Exception as e:  # noqa: BLE001

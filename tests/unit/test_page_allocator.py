@@ -143,3 +143,16 @@ def test_lookup_matches_past_a_gap_and_marking_moves_evictable_pages(alloc):
     alloc.mark_unpersisted([1], "dropped")         # persisted pages keep their state
     assert alloc.unpersisted_reason(1) is None
     assert alloc.flush() == 3 and alloc.evicted_unpersisted == {"flush": 2}
+
+
+def test_a_page_that_left_the_store_is_kept_after_pages_the_store_holds(alloc):
+    pages = alloc.allocate(3)
+    for h, p in zip(["a", "b", "c"], pages):
+        alloc.cache(h, p)
+    alloc.mark_persisted(pages)
+    alloc.release(pages)                            # persisted LRU: 2, 1, 0
+    alloc.mark_left_store(alloc.pages_of(["b", "zz"]), "store_evicted")
+    assert not alloc.is_persisted(1) and alloc.unpersisted_reason(1) == "store_evicted"
+    assert alloc.eviction_order() == [3, 4, 5, 2, 0, 1]
+    alloc.allocate(6)
+    assert alloc.evicted_unpersisted == {"store_evicted": 1}

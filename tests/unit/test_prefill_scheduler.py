@@ -83,7 +83,7 @@ class FakeStoreIO:
         out, self.done = self.done, []
         return out
 
-    def cancel_saves(self, tags=None):
+    def cancel_saves(self, tags=None, min_age_s=0.0):
         return 0
 
     def _cancel_held(self):
@@ -292,11 +292,30 @@ def test_past_the_wait_bound_pages_are_dropped_with_a_counted_reason():
     sched._persist_wait_s = 0.05
     try:
         submit(sched, list(range(700, 713)), "a").future.result(5)
-        io.cancel_saves = lambda tags=None: io._cancel_held()
+        io.cancel_saves = lambda tags=None, min_age_s=0.0: io._cancel_held()
         late = submit(sched, list(range(800, 813)), "b")
         assert late.future.result(5).cached.device == 0
         settle(sched, rt)
         assert rt.allocator.evicted_unpersisted["cancelled"] >= 1
         assert sched._persist.metrics.cancelled._value.get() >= 1
+    finally:
+        sched.stop()
+
+
+def test_pages_the_store_evictor_removed_stay_in_l1_and_are_not_written_again():
+    tokens = list(range(900, 913))  # 3 full pages
+    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    io = FakeStoreIO()
+    sched, rt, _ = make(store_io=io)
+    try:
+        submit(sched, tokens, "a").future.result(5)
+        settle(sched, rt)
+        assert sched.call(lambda: rt.allocator.num_unpersisted()) == 0
+        sched.store_evicted([keys[2]])
+        assert sched.call(lambda: rt.allocator.num_unpersisted()) == 1
+        io.saved.clear()
+        assert submit(sched, tokens, "b").future.result(5).cached.device == 12
+        settle(sched, rt)
+        assert io.saved == []  # an L1 hit the store dropped on purpose is not backfilled
     finally:
         sched.stop()

@@ -196,3 +196,16 @@ def test_thread_evicts_every_interval_and_stops(server):
     assert not ev._thread.is_alive()
     with pytest.raises(RuntimeError):
         ev.start()
+
+
+def test_make_room_removes_before_a_burst_of_writes_would_pass_the_high_watermark(server):
+    store, idx = FakeStore(), _index_of_90_pages()
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
+    ev = StoreEvictor(store, idx, _cfg(), server.url)
+    assert ev.make_room(50) == 0  # no fill read yet: nothing to act on
+    assert ev.run_once() == 0  # 0.70 full: below the high watermark
+    assert ev.make_room(10) == 0  # 0.70 + 10 pages = 0.80: fits
+    # 0.80 + 10 pages = 0.90 > 0.85: first remove down to 0.80 with the new pages, 10 pages
+    assert ev.make_room(10) == 10
+    assert store.calls == [[f"c0p{i}" for i in range(9, -1, -1)]]
+    assert ev.make_room(1) == 0  # the estimate now counts the removal: 0.81

@@ -245,3 +245,18 @@ def test_a_save_still_queued_past_its_deadline_gives_its_pages_back(make_io):
     assert (done["late"].pages_ok, done["late"].reason, done["late"].page_ok) == (0, "timeout", (False,) * 3)
     assert ("save", _keys("l", 3)) not in store.calls
     assert store.registry.get_sample_value("pdorch_store_save_dropped_pages_total", {"reason": "timeout"}) == 3
+
+
+def test_cancel_saves_with_a_minimum_age_spares_fresh_saves(make_io):
+    store = FakeStore()
+    io = make_io(store)
+    store.gate.clear()
+    io.submit_save("first", ["f0"], [0])
+    assert store.save_started.wait(5)
+    io.submit_save("old", ["o0"], [1])
+    time.sleep(0.2)
+    io.submit_save("fresh", ["n0"], [2])
+    assert io.cancel_saves(min_age_s=0.1) == 1
+    store.gate.set()
+    done = {d.tag: d.reason for d in _wait(io, 3)}
+    assert done == {"first": "ok", "old": "cancelled", "fresh": "ok"}
