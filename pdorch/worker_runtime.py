@@ -77,8 +77,13 @@ def check_integrity(allocator) -> tuple[bool, str]:
     return True, ""
 
 
-def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -> WorkerRuntime:
-    """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics)."""
+def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False) -> WorkerRuntime:
+    """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
+
+    `evict`: run the chain evictor here (prefill workers: they see every prompt's whole chain, the
+    decode worker's offloaded pages included once the next turn arrives; a decode worker sees only
+    the pages it generated, so ranking those alone would remove mid-chain pages before deep ones).
+    """
     from engine.kv_pool import KVPool
     from engine.loader import load_model
     from engine.model_runner import ModelRunner
@@ -105,7 +110,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None) -
         store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry) if registry is not None else None)
         store.register_buffer(pool.base_ptr, pool.nbytes)
         store_io = StoreIO(store)
-        if cfg.store.eviction == "chain":
+        if evict and cfg.store.eviction == "chain":
             from store_client.chain_index import ChainIndex
             from store_client.evictor import StoreEvictor, master_metrics_url
 

@@ -49,8 +49,10 @@ class Run:
 
     def __init__(self, tmp_path, eviction: str):
         self.master = MasterProcess(log_dir=str(tmp_path), kv_lease_ttl_ms=LEASE_MS).start()
+        # NOTE: depth weight 1 s: this test's rounds are milliseconds apart, so any weight makes depth
+        # dominate; 1 s keeps the order among the last round's fresh pages the test asserts on.
         self.cfg = store_config(self.master, global_segment_size_mb=SEGMENT_MB, eviction=eviction,
-                                master_metrics_port=self.master.metrics_port)
+                                master_metrics_port=self.master.metrics_port, evict_depth_weight_s=1.0)
         self.registry = CollectorRegistry()
         self.store = KVStore(self.cfg, PAGE, StoreMetrics(self.registry))
         self.pages = np.random.default_rng(0).integers(0, 256, size=(ROUNDS * GROW, PAGE), dtype=np.uint8)
@@ -134,11 +136,12 @@ def test_chain_eviction_keeps_heads_where_the_masters_eviction_collapses(runs):
     assert evicted > CAPACITY_PAGES  # the working set is twice the store
     assert chain.metric("pdorch_store_fill_ratio") <= chain.cfg.evict_high_watermark + 0.05
 
-    # (b) what left is every conversation's tail: each keeps a prefix of its pages, no holes.
+    # (b) what left is every conversation's tail: each keeps a prefix of its pages; past it at most
+    # the pages of the last round, written after the last removal (the next pass takes them first).
     kept = []
     for c, flags in enumerate(chain_present):
         n = flags.index(False) if False in flags else len(flags)
-        assert not any(flags[n:]), f"chain {c} has pages after a missing one: {flags}"
+        assert sum(flags[n:]) <= GROW, f"chain {c} keeps more than its last round past a hole: {flags}"
         kept.append(n)
     fair = chain.cfg.evict_low_watermark * CAPACITY_PAGES / CHAINS
     assert min(kept) >= 0.5 * fair, kept  # every conversation still has its head pages
@@ -174,7 +177,7 @@ def test_remove_many_codes_against_a_real_master(runs):
 
 def test_evictor_thread_brings_the_store_down_to_the_low_watermark(runs):
     run = runs("chain")
-    n = 56  # 4 x 56 = 224 of 256 pages: above our high watermark, below the master's
+    n = 57  # 4 x 57 = 228 of 256 pages: above our high watermark, below the master's
     keys = [k for c in range(4) for k in chain_keys(c)[:n]]
     for c in range(4):
         run.index.touch(keys[c * n:(c + 1) * n], 0)
