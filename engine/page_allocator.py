@@ -3,15 +3,17 @@
 Every page is in exactly one state:
 
     free       ref 0, no hash    -> in `_free` (FIFO)
-    evictable  ref 0, has hash   -> in `_evictable_persisted` or `_evictable` (LRU first), still
-                                    matchable by its hash
+    evictable  ref 0, has hash   -> in `_evictable_persisted`, `_evictable_dropped` or `_evictable`
+                                    (LRU first), still matchable by its hash
     used       ref > 0           -> held by sequences (may or may not have a hash)
 
 A cached page is *persisted* once the store is known to hold it (written, skipped as present, or
 loaded from it). Allocation order ("eviction order"): free pages first, then persisted evictable
-pages, then unpersisted ones, each least recently released first. So a page leaves L1 without
-being in the store only when nothing else is left, and every such loss is counted by its reason
-(`evicted_unpersisted`): "no self-made holes" (DESIGN.md section 4a).
+pages (the store can give them back), then pages the store's eviction dropped on purpose
+(LEFT_STORE: kept so L1 holds what the store lacks), then other unpersisted ones, each least
+recently released first. So a page leaves L1 without being in the store only when nothing else is
+left, and every such loss is counted by its reason (`evicted_unpersisted`): "no self-made holes"
+(DESIGN.md section 4a).
 `check_integrity()` asserts the partition and that the hash maps agree.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 
 UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
+LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
 
 
 class OutOfPages(RuntimeError):
@@ -35,6 +38,7 @@ class PageAllocator:
         self._free: deque[int] = deque(range(num_pages))
         self._evictable: OrderedDict[int, str] = OrderedDict()  # unpersisted: page -> hash, LRU first
         self._evictable_persisted: OrderedDict[int, str] = OrderedDict()  # in the store too
+        self._evictable_dropped: OrderedDict[int, str] = OrderedDict()  # removed by the store's eviction
         self._hash_to_page: dict[str, int] = {}
         self._page_to_hash: dict[int, str] = {}
         self._persisted: set[int] = set()  # cached pages the store holds
@@ -44,11 +48,11 @@ class PageAllocator:
 
     # -- queries -----------------------------------------------------------------------------
     def num_available(self) -> int:
-        return len(self._free) + len(self._evictable) + len(self._evictable_persisted)
+        return len(self._free) + len(self._evictable) + len(self._evictable_persisted) + len(self._evictable_dropped)
 
     def num_available_without_loss(self) -> int:
         """Pages allocate() can hand out without dropping a page the store lacks."""
-        return len(self._free) + len(self._evictable_persisted)
+        return len(self._free) + len(self._evictable_persisted) + len(self._evictable_dropped)
 
     def num_unpersisted(self) -> int:
         """Cached pages the store is not known to hold."""
@@ -75,7 +79,8 @@ class PageAllocator:
 
     def eviction_order(self) -> list[int]:
         """The pages allocate() would hand out next, in order."""
-        return list(self._free) + list(self._evictable_persisted) + list(self._evictable)
+        return (list(self._free) + list(self._evictable_persisted) + list(self._evictable_dropped)
+                + list(self._evictable))
 
     def lru_unpersisted(self, n: int) -> list[int]:
         """Up to n unpersisted evictable pages, the ones allocate() would drop first."""
@@ -102,7 +107,7 @@ class PageAllocator:
                     page, h = self._evictable_persisted.popitem(last=False)
                     self._persisted.discard(page)
                 else:
-                    page, h = self._evictable.popitem(last=False)
+                    page, h = (self._evictable_dropped or self._evictable).popitem(last=False)
                     self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
                 del self._hash_to_page[h], self._page_to_hash[page]
                 self.num_evicted += 1
@@ -113,12 +118,10 @@ class PageAllocator:
     def retain(self, page_ids) -> None:
         for page in page_ids:
             if self._ref[page] == 0:
-                if page in self._evictable:
-                    del self._evictable[page]
-                elif page in self._evictable_persisted:
-                    del self._evictable_persisted[page]
-                else:
+                lru = self._lru_holding(page)
+                if lru is None:
                     raise ValueError(f"retain of free page {page}")
+                del lru[page]
             self._ref[page] += 1
 
     def release(self, page_ids) -> None:
@@ -136,10 +139,8 @@ class PageAllocator:
                 h = self._page_to_hash.get(page)
                 if h is None:
                     self._free.append(page)
-                elif page in self._persisted:
-                    self._evictable_persisted[page] = h
                 else:
-                    self._evictable[page] = h
+                    self._lru_for(page)[page] = h
 
     def match_prefix(self, page_hashes) -> list[int]:
         """Pages of the leading `page_hashes` present in the cache, retained for the caller."""
@@ -167,8 +168,7 @@ class PageAllocator:
                 continue
             self._persisted.add(page)
             self._unpersisted_reason.pop(page, None)
-            if self._evictable.pop(page, None) is not None:
-                self._evictable_persisted[page] = h
+            self._refile(page)
 
     def pages_of(self, page_hashes) -> list[int]:
         """The cached pages holding these hashes (unknown hashes are skipped)."""
@@ -181,17 +181,16 @@ class PageAllocator:
             h = self._page_to_hash.get(page)
             if h is None:
                 continue
-            if page in self._persisted:
-                self._persisted.discard(page)
-                if self._evictable_persisted.pop(page, None) is not None:
-                    self._evictable[page] = h
+            self._persisted.discard(page)
             self._unpersisted_reason[page] = reason
+            self._refile(page)
 
     def mark_unpersisted(self, page_ids, reason: str) -> None:
         """Writing these cached pages to the store failed or was dropped, for `reason`."""
         for page in page_ids:
             if page in self._page_to_hash and page not in self._persisted:
                 self._unpersisted_reason[page] = reason
+                self._refile(page)
 
     def cache(self, page_hash: str, page_id: int) -> int:
         """Register a fully written, referenced page under its hash; returns the page holding it.
@@ -217,10 +216,9 @@ class PageAllocator:
         """
         dropped = len(self._hash_to_page)
         self.evicted_unpersisted["flush"] += self.num_unpersisted()
-        self._free.extend(self._evictable_persisted)
-        self._free.extend(self._evictable)
-        self._evictable.clear()
-        self._evictable_persisted.clear()
+        for lru in (self._evictable_persisted, self._evictable_dropped, self._evictable):
+            self._free.extend(lru)
+            lru.clear()
         self._hash_to_page.clear()
         self._page_to_hash.clear()
         self._persisted.clear()
@@ -229,13 +227,14 @@ class PageAllocator:
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless free + evictable + used == total and the maps agree."""
-        free, persisted = set(self._free), set(self._evictable_persisted)
-        assert not (persisted & set(self._evictable)), "page evictable twice"
-        assert all(p in self._persisted for p in persisted), "persisted-evictable page not persisted"
-        assert not any(p in self._persisted for p in self._evictable), "persisted page in the unpersisted LRU"
+        free, persisted, dropped = set(self._free), set(self._evictable_persisted), set(self._evictable_dropped)
+        assert len(persisted) + len(dropped) + len(self._evictable) == len(persisted | dropped | set(self._evictable)), \
+            "page evictable twice"
+        assert all(self._lru_for(p) is lru for lru in (self._evictable_persisted, self._evictable_dropped,
+                                                       self._evictable) for p in lru), "page in the wrong LRU"
         assert self._persisted <= set(self._page_to_hash), "persisted page without a hash"
         assert set(self._unpersisted_reason) <= set(self._page_to_hash) - self._persisted, "stale reason"
-        evictable = persisted | set(self._evictable)
+        evictable = persisted | dropped | set(self._evictable)
         used = {p for p in range(self.num_total) if self._ref[p] > 0}
         assert len(free) == len(self._free), f"duplicate page in free list: {list(self._free)}"
         assert not (free & evictable) and not (free & used) and not (evictable & used), "page in two states"
@@ -243,7 +242,29 @@ class PageAllocator:
             f"free {len(free)} + evictable {len(evictable)} + used {len(used)} != total {self.num_total}")
         assert all(r >= 0 for r in self._ref), "negative ref count"
         assert all(p not in self._page_to_hash for p in free), "free page still has a hash"
-        assert all(self._page_to_hash.get(p) == h for d in (self._evictable, self._evictable_persisted)
+        assert all(self._page_to_hash.get(p) == h for d in (self._evictable, self._evictable_persisted,
+                                                             self._evictable_dropped)
                    for p, h in d.items()), "evictable hash mismatch"
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _lru_for(self, page: int) -> OrderedDict:
+        """The evictable LRU a cached page belongs in, by its persistence state."""
+        if page in self._persisted:
+            return self._evictable_persisted
+        if self._unpersisted_reason.get(page) == LEFT_STORE:
+            return self._evictable_dropped
+        return self._evictable
+
+    def _lru_holding(self, page: int) -> OrderedDict | None:
+        for lru in (self._evictable_persisted, self._evictable_dropped, self._evictable):
+            if page in lru:
+                return lru
+        return None
+
+    def _refile(self, page: int) -> None:
+        """Move an evictable page to the LRU its (changed) state calls for."""
+        lru = self._lru_holding(page)
+        if lru is not None and lru is not self._lru_for(page):
+            self._lru_for(page)[page] = lru.pop(page)
         assert len(self._hash_to_page) == len(self._page_to_hash), "hash maps differ in size"
         assert all(self._page_to_hash[p] == h for h, p in self._hash_to_page.items()), "hash maps disagree"

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
+from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
-STORE_EVICTED = "store_evicted"  # the store's eviction removed it on purpose: not written again
 
 
 class PersistMetrics:
