@@ -4,6 +4,7 @@
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
+    pdorch bench multiturn|long-context [...]      the benchmarks of bench/ (a source checkout)
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from pdorch.config_loader import (
 )
 
 _SECRETS = (("router", "api_key"), ("router", "admin_key"))
+# `pdorch bench NAME` -> (module of bench/, one-line help)
+BENCHMARKS = {
+    "multiturn": ("bench.multiturn", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
+    "long-context": ("bench.long_context", "long shared documents read back from the store vs recomputed"),
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     model_sub.add_parser("prepare", add_help=False, allow_abbrev=False,
                          help="convert a model once into the cache (smollm2, a .gguf file or a HF directory)")
 
+    bench = sub.add_parser("bench", allow_abbrev=False, help="benchmarks (from a source checkout)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    # NOTE: no own --help: everything after the name goes to the benchmark, which documents itself.
+    for name, what in BENCHMARKS.items():
+        bench_sub.add_parser(name, add_help=False, allow_abbrev=False, help=what[1])
+
     config = sub.add_parser("config", allow_abbrev=False,
                             help="validate a config and print the effective values "
                             "(defaults < file < PDORCH_* env < --set); secrets redacted")
@@ -73,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.command == "model":
         return _model_prepare(rest)
+    if args.command == "bench":
+        return _bench(args.bench_command, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
@@ -120,6 +134,20 @@ def _model_prepare(rest: list[str]) -> int:
             exit_on_config_error(e, "pdorch model prepare")
         rest = rest + ["--cache-dir", cfg.model.cache_dir]
     return prepare.main(rest)
+
+
+def _bench(name: str, rest: list[str]) -> int:
+    """Run bench/<module>.main(rest). NOTE: bench/ is not part of the installed package; it is
+    found next to this package in a source checkout (and the editable install `make setup` does)."""
+    import importlib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(root, "bench", "multiturn.py")):
+        print(f"pdorch bench: the benchmarks live in a source checkout (bench/ not found in {root})",
+              file=sys.stderr)
+        return 2
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(BENCHMARKS[name][0]).main(rest)
 
 
 def _show_config(cfg) -> int:

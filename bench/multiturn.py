@@ -1,0 +1,196 @@
+"""Sustained multi-turn load: N clients x R rounds, each round a client sends its whole conversation
+so far (previous prompt + previous answer + a new user turn). Per round: TTFT, ITL, tokens/s, hit
+rate against the page-aligned and the capacity-bound ideal, tokens by tier, store pages read /
+written / evicted, RSS of every process; a table, a PNG, and with --json one JSON line.
+
+    python -m bench.multiturn [--preset fits|l3|full|none] [--api sglang|openai] [--json]
+    pdorch bench multiturn ...                  (the same)
+    python -m bench.multiturn --compare         (a) store + offload, (b) store off, (c) offload
+                                                off, (d) single-process engine.LLM; same workload
+
+Starts its own cluster with `pdorch serve` (the preset's sizes, then --config / --set), or loads
+a running router with --url (counters then come from the config's metrics ports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import multiturn_report as report
+from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
+from bench.multiturn_presets import PRESETS, Workload, describe, page_bytes, preset_overrides
+from bench.multiturn_run import Target, run_workload
+from bench.multiturn_stats import rounded, run_summary
+from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
+from pdorch.launch_plan import torch_threads_per_worker
+
+VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=false"]),
+            "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", [])}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdorch bench multiturn", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--api", choices=["sglang", "openai"], default="sglang",
+                   help="sglang: /generate with input_ids; openai: /v1/chat/completions, conversation as text")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--first-tokens", type=int, default=256, help="tokens of each client's first turn")
+    p.add_argument("--turn-tokens", type=int, default=256, help="tokens of each later user turn")
+    p.add_argument("--output-tokens", type=int, default=64, help="tokens generated per answer")
+    p.add_argument("--max-parallel", type=int, default=0, help="requests in flight at most (0 = --clients)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals per second (default: send each as soon as it is ready)")
+    p.add_argument("--round-barrier", action=argparse.BooleanOptionalAction, default=True,
+                   help="start round r only when every round r-1 answer is in (default on)")
+    p.add_argument("--flush-l1-between-rounds", action="store_true",
+                   help="after each round wait for write-backs, then flush every worker's L1 (/flush_cache)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--random-ids", action="store_true", help="random token ids instead of English-like text")
+    p.add_argument("--preset", choices=PRESETS, default="l3", help="cluster sizes (see bench/multiturn_presets.py)")
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers of the cluster")
+    p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
+    p.add_argument("--url", help="load a running router instead of starting a cluster")
+    p.add_argument("--compare", action="store_true", help="run variants a-d on the same workload")
+    p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s)")
+    p.add_argument("--plot-dir", help="where the PNG goes (default: a new temp dir)")
+    p.add_argument("--label", help="plot file name and title (default: PRESET_API[_compare])")
+    p.add_argument("--log-dir", help="component logs of the started clusters (default: temp dirs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    add_config_args(p)
+    return p
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=False,
+                              capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "-uno"], check=False,
+                               capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head + ("+dirty" if dirty else "") if head else "unknown"
+
+
+def model_facts(url: str | None, cfg):
+    """(tokenizer, model dir, kv values per token, page size, model name) of the served model."""
+    from engine.arch import ModelArch
+    from engine.tokenizer import Tokenizer
+    if url:
+        import httpx
+        info = httpx.get(url.rstrip("/") + "/server_info", timeout=30).json()
+        model_dir, page, name = Path(info["model_path"]), int(info["page_size"]), info["model"]
+    else:
+        from engine.prepare import prepare_model
+        model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: None)
+        page, name = cfg.model.page_size, cfg.model.name
+    arch = ModelArch.from_model_dir(model_dir)
+    return Tokenizer.from_dir(model_dir), model_dir, arch.kv_values_per_token, page, name
+
+
+def run_variant(key: str, args, w: Workload, facts, say) -> dict:
+    from tqdm import tqdm
+    tok, model_dir, kv_per_token, page, name = facts
+    extra = VARIANTS[key][1] if args.compare else []
+    base = effective_config(args.config, extra + args.config_overrides)
+    preset = "none" if args.url else args.preset  # NOTE: a running cluster keeps its sizes
+    sets = preset_overrides(preset, w, base, kv_per_token, args.prefill, args.decode) + extra
+    sets += args.config_overrides
+    cfg = effective_config(args.config, sets)
+    nbytes = page_bytes(cfg, kv_per_token)
+    if preset != "none":
+        say(describe(preset, w, cfg, kv_per_token))
+    say(f"[{key}] {VARIANTS[key][0]}: --set " + " ".join(sets))
+    cluster, target = None, Target(model=name, api_key=cfg.router.api_key, admin_key=cfg.router.admin_key)
+    try:
+        if key == "d":
+            from bench.multiturn_engine import EngineBackend
+            l1 = cfg.prefill.num_pages * args.prefill + cfg.decode.num_pages  # the KV memory P and D had
+            threads = torch_threads_per_worker(cfg, 1)  # the cores P and D shared, or model.torch_threads
+            target.engine = EngineBackend(model_dir, l1, page, w.output_tokens, w.api, threads, args.timeout)
+            target.l1_pages, target.processes = l1, {"bench (engine)": os.getpid()}
+        elif args.url:
+            target.url = args.url.rstrip("/")
+            target.worker_metrics, target.master_metrics = metrics_urls(cfg, args.prefill, args.decode)
+        else:
+            sets += port_overrides(args.prefill, args.decode)
+            log_dir = f"{args.log_dir}/{key}" if args.log_dir else None
+            cluster = ServeCluster(args.config, sets, args.prefill, args.decode, log_dir).start()
+            say(f"[{key}] cluster ready at {cluster.url} (logs in {cluster.log_dir})")
+            target.url = cluster.url
+            target.worker_metrics, target.master_metrics = metrics_urls(cluster.cfg, args.prefill, args.decode)
+            target.processes = cluster.processes()
+        with tqdm(total=w.clients * w.rounds, file=sys.stderr, desc=f"[{key}] requests", unit="req") as bar:
+            res = asyncio.run(run_workload(target, w, tok, page, nbytes, args, bar))
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    res.update(run_summary(res["rounds"]), variant=key, variant_name=VARIANTS[key][0], sets=sets)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.flush_l1_between_rounds and not args.round_barrier:
+        p.error("--flush-l1-between-rounds needs the round barrier (a flush mid-round hits requests in flight)")
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    if args.config is None and not args.url:
+        args.config = str(default_config_path())
+    try:
+        cfg = effective_config(args.config, args.config_overrides)
+    except ConfigError as e:
+        exit_on_config_error(e, "pdorch bench multiturn")
+    t0 = time.monotonic()
+    facts = model_facts(args.url, cfg)
+    w = Workload(args.clients, args.rounds, args.first_tokens, args.turn_tokens, args.output_tokens, args.api,
+                 args.max_parallel)
+    keys = list(VARIANTS) if args.compare else ["a"]
+    if args.url and args.compare:
+        keys = ["a", "d"]  # NOTE: a running cluster cannot be reconfigured into b and c
+    variants = {k: run_variant(k, args, w, facts, say) for k in keys}
+    label = args.label or f"{args.preset}_{args.api}" + ("_compare" if args.compare else "")
+    from bench.multiturn_plots import plot_run
+    plot_dir = Path(args.plot_dir or tempfile.mkdtemp(prefix="pdorch-multiturn-"))
+    title = (f"pdorch bench multiturn {label}: {w.clients} clients x {w.rounds} rounds, {w.api}, "
+             f"turns {w.first_tokens}/{w.turn_tokens}, output {w.output_tokens} ({commit()})")
+    plot = plot_run({f"{k} {v['variant_name']}": v for k, v in variants.items()}, title,
+                    plot_dir / f"multiturn_{label}.png")
+    main_res = variants[keys[0]]
+    print(f"\n{title}\n{report.round_table(main_res['rounds'])}\n\n{report.rss_table(main_res['rounds'])}\n\n"
+          f"{report.summary_lines(main_res)}")
+    if args.compare:
+        print("\n" + report.compare_table(variants))
+    print(f"plot: {plot}")
+    if args.json:
+        out = {k: v for k, v in main_res.items() if k != "rss_series"}
+        out.update(bench="multiturn", label=label, preset=args.preset, api=w.api, clients=w.clients,
+                   rounds_count=w.rounds, first_tokens=w.first_tokens, turn_tokens=w.turn_tokens,
+                   output_tokens=w.output_tokens, round_barrier=args.round_barrier, seed=args.seed,
+                   commit=commit(), plot=str(plot), elapsed_s=time.monotonic() - t0)
+        if args.compare:
+            out["compare"] = {k: {"name": v["variant_name"], "worst_hit_over_ideal": v["worst_hit_over_ideal"],
+                                  "ttft_last_over_round1": v["ttft_last_over_round1"],
+                                  "rounds": [{f: r[f] for f in ("round", "hit_rate", "ideal_hit_rate",
+                                                                 "capacity_ideal_hit_rate", "ttft_mean_s")}
+                                             for r in v["rounds"]]} for k, v in variants.items()}
+        print(json.dumps(rounded(out)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

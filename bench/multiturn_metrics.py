@@ -1,0 +1,100 @@
+"""What `pdorch bench multiturn` reads from the cluster between rounds: Prometheus counters of the
+workers and of `mooncake_master`, and the RSS of processes from /proc.
+
+Counters are cumulative; a round's value is the difference of two snapshots (`delta`). A scrape
+that fails gives None, never an exception: a benchmark keeps running when a metric is missing.
+
+    store_pages_read / _written   pdorch_store_pages_{read,written}_total, summed over the workers
+    store_pages_evicted           mooncake_master's master_evicted_key_count (one key = one page)
+    store_save_dropped_pages      pdorch_store_save_dropped_pages_total by reason (queue_full,
+                                  cancelled, closed): write-backs that never ran -> holes
+    store_save_failed_pages       pdorch_store_save_failed_pages_total by reason
+    store_load_miss_pages         pdorch_store_miss_pages_total{op="load"} by reason (absent, ...)
+    tiers                         pdorch_prefill_prompt_tokens_total by source (computed, device,
+                                  host, store): the tier split when the API does not report it
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict, float]]:
+    """(name, labels, value) of every sample in a text exposition."""
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or line.startswith("#"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), value))
+    return out
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> list[tuple[str, dict, float]] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return parse_prometheus(r.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def total(samples: list, name: str, **labels) -> float:
+    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+
+def by_label(samples: list, name: str, label: str, **labels) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n, lab, v in samples:
+        if n == name and label in lab and all(lab.get(k) == x for k, x in labels.items()):
+            out[lab[label]] = out.get(lab[label], 0.0) + v
+    return out
+
+
+def counters(worker_samples: list, master_samples: list | None) -> dict:
+    """Cumulative counters of one snapshot. `worker_samples` = every reachable worker's samples
+    concatenated (None entries skipped)."""
+    w = [s for samples in worker_samples if samples for s in samples]
+    return {
+        "store_pages_read": total(w, "pdorch_store_pages_read_total"),
+        "store_pages_written": total(w, "pdorch_store_pages_written_total"),
+        "store_pages_evicted": total(master_samples, "master_evicted_key_count") if master_samples else None,
+        "store_save_dropped_pages": by_label(w, "pdorch_store_save_dropped_pages_total", "reason"),
+        "store_save_failed_pages": by_label(w, "pdorch_store_save_failed_pages_total", "reason"),
+        "store_load_miss_pages": by_label(w, "pdorch_store_miss_pages_total", "reason", op="load"),
+        "tiers": by_label(w, "pdorch_prefill_prompt_tokens_total", "source"),
+    }
+
+
+def delta(before, after):
+    """after - before for numbers and (recursively) dicts of numbers; None if either is None."""
+    if before is None or after is None:
+        return None
+    if isinstance(after, dict):
+        return {k: delta(before.get(k, 0), v) for k, v in after.items()}
+    return after - before
+
+
+def store_capacity(master_samples: list | None) -> int | None:
+    """Bytes of every mounted segment together (the store's total capacity)."""
+    return int(total(master_samples, "master_total_capacity_bytes")) if master_samples else None
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident set size of a live process in MiB (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -1,0 +1,113 @@
+"""Presets of `pdorch bench multiturn`: cluster sizes derived from the workload, so each preset means
+the same thing for any --clients / --rounds / turn sizes:
+
+    fits  every page of the run fits in the prefill workers' L1 (the store is not needed)
+    l3    L1 holds about the round-1 working set but not round 2's, so late rounds must read the
+          store; the store holds 1.5x the final working set (no eviction)
+    full  the store holds about half the final working set: eviction every late round, the steady
+          state of a production cache
+
+Working set of round r = full pages of every client's previous context (prompt + answer of round
+r-1), estimated here from the turn sizes (OpenAI adds the chat template's tokens). Every preset
+also sizes the decode pool for the longest prompts of the run and lets a prefill call wait up to
+the router's deadline (a benchmark measures slow rounds rather than failing them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+
+from pdorch.config import Config
+
+PRESETS = ("fits", "l3", "full", "none")
+MIB = 1 << 20
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_OPENAI_SYSTEM_TOKENS = 24   # SmolLM2's default system prompt with its markers
+_OPENAI_TURN_TOKENS = 5      # "<|im_start|>role\n" ... "<|im_end|>\n" around each message
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    clients: int
+    rounds: int
+    first_tokens: int
+    turn_tokens: int
+    output_tokens: int
+    api: str = "sglang"
+    max_parallel: int = 0  # 0 = clients
+
+    def prompt_tokens(self, r: int) -> int:
+        """Estimated prompt tokens of one client in round r."""
+        n = self.first_tokens + r * (self.turn_tokens + self.output_tokens)
+        if self.api == "openai":
+            n += _OPENAI_SYSTEM_TOKENS + (2 * r + 1) * _OPENAI_TURN_TOKENS
+        return n
+
+    def context_tokens(self, r: int) -> int:
+        """Prompt + answer of round r."""
+        return self.prompt_tokens(r) + self.output_tokens
+
+
+def working_set_pages(w: Workload, r: int, page_size: int) -> int:
+    """Full pages of every client's previous context in round r (0 in round 0)."""
+    if r <= 0:
+        return 0
+    return w.clients * ((w.context_tokens(r - 1) - 1) // page_size)
+
+
+def final_working_set_pages(w: Workload, page_size: int) -> int:
+    """Pages of every client's whole conversation after the last round."""
+    return w.clients * math.ceil(w.context_tokens(w.rounds - 1) / page_size)
+
+
+def page_bytes(cfg: Config, kv_values_per_token: int) -> int:
+    return kv_values_per_token * cfg.model.page_size * _DTYPE_BYTES[cfg.model.kv_dtype]
+
+
+def default_high_watermark(cfg: Config | None = None) -> float:
+    """mooncake_master's eviction high watermark as the launcher starts it: the config key where
+    the config has one, else MasterProcess's default."""
+    configured = getattr(cfg.store, "master_eviction_high_watermark", None) if cfg is not None else None
+    if configured is not None:
+        return configured
+    from store_client.master import MasterProcess
+    return inspect.signature(MasterProcess).parameters["eviction_high_watermark_ratio"].default
+
+
+def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: int, num_prefill: int = 1,
+                     num_decode: int = 1) -> list[str]:
+    """The --set flags of a preset (before the user's own, which win)."""
+    if name == "none":
+        return []
+    P = cfg.model.page_size
+    pb = page_bytes(cfg, kv_values_per_token)
+    last = w.rounds - 1
+    final = final_working_set_pages(w, P)
+    prompt_pages = math.ceil(w.prompt_tokens(last) / P)
+    in_flight = min(w.clients, w.max_parallel or w.clients)
+    decode_pages = math.ceil(in_flight * math.ceil((w.prompt_tokens(last) + w.output_tokens + 1) / P)
+                             / cfg.decode.kv_watermark) + 16
+    sets = [f"decode.num_pages={decode_pages}", "decode.prefill_timeout_s=600"]
+    if name == "fits":
+        new_pages = math.ceil((w.turn_tokens + w.output_tokens) / P) + 2  # per request beyond its cached prefix
+        l1 = math.ceil((final + w.clients * new_pages + 16) / num_prefill)
+        return sets + [f"prefill.num_pages={l1}"]
+    # L1 between the round-1 and round-2 working sets, but never below two of the longest prompts.
+    ws1, ws2 = working_set_pages(w, 1, P), working_set_pages(w, min(2, last), P)
+    l1 = max(2 * prompt_pages + 16, (ws1 + ws2) // 2 // num_prefill)
+    segments = num_prefill + (num_decode if cfg.decode.offload_generated_kv else 0)
+    target = 1.5 * final * pb / default_high_watermark(cfg) if name == "l3" else final * pb / 2
+    segment_mb = max(16, math.ceil(target / segments / MIB))
+    return sets + [f"prefill.num_pages={l1}", f"store.global_segment_size_mb={segment_mb}"]
+
+
+def describe(name: str, w: Workload, cfg: Config, kv_values_per_token: int) -> str:
+    """One paragraph printed at start: what the preset sized and from which numbers."""
+    P = cfg.model.page_size
+    pb = page_bytes(cfg, kv_values_per_token)
+    final = final_working_set_pages(w, P)
+    ws = ", ".join(str(working_set_pages(w, r, P)) for r in range(w.rounds))
+    return (f"preset {name}: page {P} tokens = {pb:,} bytes; working set by round (pages): {ws}; "
+            f"final {final} pages = {final * pb / MIB:.0f} MiB")
