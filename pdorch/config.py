@@ -74,9 +74,9 @@ class StoreConfig:
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "
                          "generic eviction", choices=["chain", "master"])
-    evict_high_watermark: float = _key(0.87, "chain eviction: start removing pages when the store is this "
+    evict_high_watermark: float = _key(0.89, "chain eviction: start removing pages when the store is this "
                                        "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
-    evict_low_watermark: float = _key(0.84, "chain eviction: remove pages until the store is this full",
+    evict_low_watermark: float = _key(0.875, "chain eviction: remove pages until the store is this full",
                                       min=0.0, max=1.0, below="evict_high_watermark")
     evict_interval_s: float = _key(0.2, "chain eviction: how often the store's fill level is read",
                                    min=0.01, max=60.0)

@@ -35,6 +35,9 @@ class PersistMetrics:
         self.written = Counter(p + "l1_persist_pages", "L1 pages queued for a store write, by kind "
                                "(writeback = computed here, backfill = L1 hit the store lacked, "
                                "evict = written before eviction)", ["kind"], registry=registry)
+        self.skipped = Counter(p + "store_writes_skipped_pages", "Computed pages not written: the store is "
+                               "full and its chain eviction would remove them at once (they stay in L1)",
+                               registry=registry)
         self.holes = Counter(p + "hole_pages_recomputed", "Reusable pages neither L1 nor the store had, "
                              "computed in place (the pages after them were still reused)", registry=registry)
         self.pressure_waits = Counter(p + "persist_waits", "Admissions that waited for store writes of L1 "
@@ -82,6 +85,14 @@ class Persister:
             return True
         for i in computed:
             alloc.cache(task.page_hashes[i], task.page_ids[i])
+        evictor = getattr(self._rt, "evictor", None)
+        if evictor is not None and self.usable:
+            below = [i for i in computed if not evictor.should_write(i, len(computed))]
+            if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
+                alloc.mark_left_store([task.page_ids[i] for i in below], STORE_EVICTED)
+                self.metrics.skipped.inc(len(below))
+                computed = [i for i in computed if i not in set(below)]
+                pages = [task.page_ids[i] for i in computed]
         if not self.usable:
             alloc.mark_unpersisted(pages, "store_disabled" if self.enabled else "write_back_off")
             return False

@@ -124,6 +124,16 @@ class ChainIndex:
             self._heap, self._pushed_during_rebuild = heap, None
         return True
 
+    def priority(self, key: str) -> float | None:
+        """A known key's priority (last use - depth x weight), None if unknown."""
+        with self._lock:
+            entry = self._pages.get(key)
+        return None if entry is None else entry[0]
+
+    def priority_now(self, depth: int) -> float:
+        """The priority a page at `depth` touched now would have."""
+        return self._clock() - depth * self.depth_weight_s
+
     def depth(self, key: str) -> int | None:
         """Recorded depth of a key, or None when unknown."""
         with self._lock:

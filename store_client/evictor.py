@@ -142,6 +142,9 @@ class StoreEvictor:
         # Told the keys that left the store (removed or found absent), from the evictor's threads:
         # the prefill worker keeps such pages in L1 longer (L1 then holds what the store lacks).
         self.on_removed = None
+        # The highest priority this worker removed lately: the store's "water level". A page that
+        # would rank below it is the next victim anyway, so writers skip it (should_write).
+        self.cutoff: float | None = None
 
     def start(self) -> StoreEvictor:
         if self._thread is not None:
@@ -209,6 +212,13 @@ class StoreEvictor:
             self._estimate = after - removed * page
         return removed
 
+    def should_write(self, depth: int, n_pages: int = 1) -> bool:
+        """Whether a page at `depth`, touched now, is worth writing: always while the store has room
+        below the high watermark, else only if it ranks above what eviction is removing now."""
+        room = self._capacity <= 0 or (self._estimate + n_pages * self.store.page_nbytes
+                                       <= self.cfg.evict_high_watermark * self._capacity)
+        return room or self.cutoff is None or self.index.priority_now(depth) > self.cutoff
+
     def _remove_lowest(self, share: int) -> int:
         """Remove up to `share` of the lowest-priority keys, in batches; leased ones are passed over.
 
@@ -233,6 +243,9 @@ class StoreEvictor:
     def _remove(self, keys: list[str]) -> tuple[int, list[str], int]:
         """One batch_remove; returns (pages removed, keys leased, number failed)."""
         codes = self.store.remove_many(keys)
+        removed_priorities = [p for k, c in zip(keys, codes) if c == 0 and (p := self.index.priority(k)) is not None]
+        if removed_priorities:
+            self.cutoff = max(removed_priorities)
         gone = [k for k, c in zip(keys, codes) if c == 0 or c == _ABSENT]
         leased = [k for k, c in zip(keys, codes) if c == _LEASED]
         removed = sum(1 for c in codes if c == 0)

@@ -209,3 +209,16 @@ def test_make_room_removes_before_a_burst_of_writes_would_pass_the_high_watermar
     assert ev.make_room(10) == 10
     assert store.calls == [[f"c0p{i}" for i in range(9, -1, -1)]]
     assert ev.make_room(1) == 0  # the estimate now counts the removal: 0.81
+
+
+def test_should_write_skips_pages_eviction_would_remove_at_once(server):
+    store, idx = FakeStore(), _index_of_90_pages()
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
+    ev = StoreEvictor(store, idx, _cfg(), server.url)
+    assert ev.should_write(10**6, 50)  # no fill read yet, no cutoff: write
+    ev.run_once()
+    assert ev.make_room(10) == 0 and ev.make_room(10) == 10  # removes chain 0: the cutoff is its head's priority
+    assert ev.cutoff == 0.0  # chain 0 was touched at t=0; its head (depth 0) ranked highest of what left
+    assert ev.should_write(10**6, 5)  # room below the high watermark (0.80 + 5 pages): write anything
+    assert ev.should_write(0, 6)  # full, but a head touched now outranks the water level
+    assert not ev.should_write(10**6, 6)  # full, and so deep it would be the next victim: skip
