@@ -60,6 +60,8 @@ class Run:
         self.index = ChainIndex(self.cfg.evict_index_pages, self.cfg.evict_depth_weight_s)
         self.evictor = (StoreEvictor(self.store, self.index, self.cfg, self.master.metrics_url)
                         if eviction == "chain" else None)
+        if self.evictor is not None:
+            self.store.before_write = self.evictor.make_room  # as the worker runtime wires it
         self.max_fill = 0.0
 
     def close(self) -> None:
