@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench import multiturn_report as report
 from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
-from bench.multiturn_presets import PRESETS, Workload, describe, page_bytes, preset_overrides
+from bench.multiturn_presets import PRESET_WORKLOADS, PRESETS, Workload, describe, page_bytes, preset_overrides
 from bench.multiturn_run import Target, run_workload
 from bench.multiturn_stats import rounded, run_summary
 from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
@@ -45,11 +45,12 @@ def parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--api", choices=["sglang", "openai"], default="sglang",
                    help="sglang: /generate with input_ids; openai: /v1/chat/completions, conversation as text")
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--first-tokens", type=int, default=256, help="tokens of each client's first turn")
-    p.add_argument("--turn-tokens", type=int, default=256, help="tokens of each later user turn")
-    p.add_argument("--output-tokens", type=int, default=64, help="tokens generated per answer")
+    # NOTE: default None: the preset's workload (PRESET_WORKLOADS) fills what is not given.
+    p.add_argument("--clients", type=int, help="conversations (default: the preset's, 8 or 16)")
+    p.add_argument("--rounds", type=int, help="turns per conversation (default 6)")
+    p.add_argument("--first-tokens", type=int, help="tokens of each client's first turn (default: the preset's)")
+    p.add_argument("--turn-tokens", type=int, help="tokens of each later user turn (default: the preset's)")
+    p.add_argument("--output-tokens", type=int, help="tokens generated per answer (default: the preset's)")
     p.add_argument("--max-parallel", type=int, default=0, help="requests in flight at most (0 = --clients)")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="Poisson arrivals per second (default: send each as soon as it is ready)")
@@ -146,6 +147,9 @@ def run_variant(key: str, args, w: Workload, facts, say) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    for key, value in PRESET_WORKLOADS.get(args.preset, PRESET_WORKLOADS["l3"]).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.flush_l1_between_rounds and not args.round_barrier:
         p.error("--flush-l1-between-rounds needs the round barrier (a flush mid-round hits requests in flight)")
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))

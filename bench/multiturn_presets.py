@@ -5,7 +5,12 @@ the same thing for any --clients / --rounds / turn sizes:
     l3    L1 holds about the round-1 working set but not round 2's, so late rounds must read the
           store; the store holds 1.5x the final working set (no eviction)
     full  the store holds about half the final working set: eviction every late round, the steady
-          state of a production cache
+          state of a production cache. As in production, L1 is small next to the store (one
+          longest prompt and a page margin: the prefill pool is working memory more than cache),
+          and the default workload has more, shorter conversations (16 x 128-token turns), so that
+          one prompt is small next to the store: the capacity-bound ideal counts L1 pages as
+          capacity, but a prompt being prefilled occupies them, so with L1 the size of two
+          prompts no policy could come near that bound.
 
 Working set of round r = full pages of every client's previous context (prompt + answer of round
 r-1), estimated here from the turn sizes (OpenAI adds the chat template's tokens). Every preset
@@ -22,6 +27,10 @@ import math
 from pdorch.config import Config
 
 PRESETS = ("fits", "l3", "full", "none")
+# The workload each preset runs unless --clients / --rounds / --*-tokens say otherwise.
+_SGLANG_SEED = {"clients": 8, "rounds": 6, "first_tokens": 256, "turn_tokens": 256, "output_tokens": 64}
+PRESET_WORKLOADS = {"fits": _SGLANG_SEED, "l3": _SGLANG_SEED, "none": _SGLANG_SEED,
+                    "full": {"clients": 16, "rounds": 6, "first_tokens": 128, "turn_tokens": 128, "output_tokens": 32}}
 MIB = 1 << 20
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _OPENAI_SYSTEM_TOKENS = 24   # SmolLM2's default system prompt with its markers
@@ -94,9 +103,11 @@ def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: i
         new_pages = math.ceil((w.turn_tokens + w.output_tokens) / P) + 2  # per request beyond its cached prefix
         l1 = math.ceil((final + w.clients * new_pages + 16) / num_prefill)
         return sets + [f"prefill.num_pages={l1}"]
-    # L1 between the round-1 and round-2 working sets, but never below two of the longest prompts.
-    ws1, ws2 = working_set_pages(w, 1, P), working_set_pages(w, min(2, last), P)
-    l1 = max(2 * prompt_pages + 16, (ws1 + ws2) // 2 // num_prefill)
+    if name == "full":  # L1 small next to the store, as in production: one longest prompt + a margin
+        l1 = prompt_pages + 16
+    else:  # l3: L1 between the round-1 and round-2 working sets, never below two of the longest prompts
+        ws1, ws2 = working_set_pages(w, 1, P), working_set_pages(w, min(2, last), P)
+        l1 = max(2 * prompt_pages + 16, (ws1 + ws2) // 2 // num_prefill)
     segments = num_prefill + (num_decode if cfg.decode.offload_generated_kv else 0)
     target = 1.5 * final * pb / default_high_watermark(cfg) if name == "l3" else final * pb / 2
     segment_mb = max(16, math.ceil(target / segments / MIB))

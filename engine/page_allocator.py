@@ -10,8 +10,8 @@ Every page is in exactly one state:
 A cached page is *persisted* once the store is known to hold it (written, skipped as present, or
 loaded from it). Allocation order ("eviction order"): free pages first, then persisted evictable
 pages (the store can give them back), then pages the store's eviction dropped on purpose
-(LEFT_STORE: kept so L1 holds what the store lacks), then other unpersisted ones, each least
-recently released first. So a page leaves L1 without being in the store only when nothing else is
+(LEFT_STORE: kept so L1 holds what the store lacks; newest first, see allocate()), then other
+unpersisted ones; the others least recently released first. So a page leaves L1 without being in the store only when nothing else is
 left, and every such loss is counted by its reason (`evicted_unpersisted`): "no self-made holes"
 (DESIGN.md section 4a).
 `check_integrity()` asserts the partition and that the hash maps agree.
@@ -79,7 +79,7 @@ class PageAllocator:
 
     def eviction_order(self) -> list[int]:
         """The pages allocate() would hand out next, in order."""
-        return (list(self._free) + list(self._evictable_persisted) + list(self._evictable_dropped)
+        return (list(self._free) + list(self._evictable_persisted) + list(reversed(self._evictable_dropped))
                 + list(self._evictable))
 
     def lru_unpersisted(self, n: int) -> list[int]:
@@ -107,7 +107,13 @@ class PageAllocator:
                     page, h = self._evictable_persisted.popitem(last=False)
                     self._persisted.discard(page)
                 else:
-                    page, h = (self._evictable_dropped or self._evictable).popitem(last=False)
+                    # NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come
+                    # back round-robin, and LRU would evict exactly the pages asked for next, while
+                    # keeping the oldest ones gives the same conversations a hit every round.
+                    if self._evictable_dropped:
+                        page, h = self._evictable_dropped.popitem(last=True)
+                    else:
+                        page, h = self._evictable.popitem(last=False)
                     self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
                 del self._hash_to_page[h], self._page_to_hash[page]
                 self.num_evicted += 1

@@ -76,11 +76,11 @@ class StoreConfig:
                          "generic eviction", choices=["chain", "master"])
     evict_high_watermark: float = _key(0.89, "chain eviction: start removing pages when the store is this "
                                        "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
-    evict_low_watermark: float = _key(0.875, "chain eviction: remove pages until the store is this full",
+    evict_low_watermark: float = _key(0.88, "chain eviction: remove pages until the store is this full",
                                       min=0.0, max=1.0, below="evict_high_watermark")
     evict_interval_s: float = _key(0.2, "chain eviction: how often the store's fill level is read",
                                    min=0.01, max=60.0)
-    evict_depth_weight_s: float = _key(10.0, "chain eviction: a page one step deeper in its conversation "
+    evict_depth_weight_s: float = _key(60.0, "chain eviction: a page one step deeper in its conversation "
                                        "counts as used this many seconds earlier (0 = plain LRU)", min=0.0)
     evict_index_pages: int = _key(262144, "chain eviction: store pages this worker remembers (key, depth, "
                                   "last use); the oldest are forgotten beyond it", min=1)

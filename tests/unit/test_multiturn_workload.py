@@ -90,8 +90,11 @@ def test_preset_sizes_by_hand():
     # page = 1024 values x 16 tokens x 4 bytes = 65536 B; final 16 pages = 1 MiB; half of it over
     # 2 segments (P and D with offload) = 0.25 MiB -> the 16 MiB floor
     assert sets["store.global_segment_size_mb"] == "16"
-    # L1: max(2 x ceil(110 / 16) + 16 = 30, (4 + 8) // 2 = 6) = 30
-    assert sets["prefill.num_pages"] == "30"
+    # full L1: one longest prompt + a margin: ceil(110 / 16) + 16 = 23
+    assert sets["prefill.num_pages"] == "23"
+    l3 = dict(s.split("=", 1) for s in preset_overrides("l3", w, cfg, kv_values_per_token=1024))
+    # l3 L1: max(2 x ceil(110 / 16) + 16 = 30, (4 + 8) // 2 = 6) = 30
+    assert l3["prefill.num_pages"] == "30"
     # decode: ceil(2 clients x ceil((110 + 10 + 1) / 16) = 16 pages / 0.5 watermark) + 16 = 48
     assert sets["decode.num_pages"] == "48"
     fits = dict(s.split("=", 1) for s in preset_overrides("fits", w, cfg, 1024))

@@ -156,3 +156,17 @@ def test_a_page_that_left_the_store_is_kept_after_pages_the_store_holds(alloc):
     assert alloc.eviction_order() == [3, 4, 5, 2, 0, 1]
     alloc.allocate(6)
     assert alloc.evicted_unpersisted == {"store_evicted": 1}
+
+
+def test_pages_the_store_dropped_leave_l1_newest_first(alloc):
+    pages = alloc.allocate(6)
+    for i, p in enumerate(pages):
+        alloc.cache(f"h{i}", p)
+    alloc.mark_left_store([0, 1, 2], "store_evicted")   # dropped in this order: 0 first
+    alloc.release([0])
+    alloc.release([1])
+    alloc.release([2])
+    # round-robin revisits: keep the oldest dropped pages, give up the newest first
+    assert alloc.allocate(2) == [2, 1]
+    assert alloc.evicted_unpersisted == {"store_evicted": 2}
+    alloc.release(pages[3:] + [2, 1])
