@@ -30,7 +30,14 @@ if str(ROOT) not in sys.path:
 
 from bench import multiturn_report as report
 from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
-from bench.multiturn_presets import PRESET_WORKLOADS, PRESETS, Workload, describe, page_bytes, preset_overrides
+from bench.multiturn_presets import (
+    PRESET_WORKLOADS,
+    PRESETS,
+    Workload,
+    describe,
+    page_bytes,
+    preset_overrides,
+)
 from bench.multiturn_run import Target, run_workload
 from bench.multiturn_stats import rounded, run_summary
 from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
