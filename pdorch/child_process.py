@@ -22,7 +22,7 @@ except (OSError, AttributeError):  # not Linux: the signal handlers of `pdorch s
     _PRCTL = None
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec (a Popen preexec_fn)
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -48,7 +48,7 @@ class Child:
             # NOTE: preexec_fn is unsafe only with threads running; `pdorch serve` starts none.
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509
+                                         preexec_fn=die_with_parent)  # noqa: PLW1509
 
     def exit_code(self) -> int | None:
         """None while running (or never started); the exit status once it ended (-N = signal N)."""
