@@ -192,7 +192,10 @@ def test_evictor_thread_brings_the_store_down_to_the_low_watermark(runs):
     run.evictor.stop()
     assert run.fill() <= run.cfg.evict_low_watermark + 0.01
     assert run.master_evicted_keys() == 0
-    for c in range(4):  # every chain lost its tail only
+    lost = 0
+    for c in range(4):  # what left are tails only (a chain may have lost nothing: the deficit is small)
         flags = present(run.store, keys[c * n:(c + 1) * n])
-        kept = flags.index(False)
+        kept = flags.index(False) if False in flags else len(flags)
         assert kept >= 40 and not any(flags[kept:]), flags
+        lost += n - kept
+    assert lost >= 1
