@@ -45,7 +45,7 @@ class ChatMessage(BaseModel):
 
 class _OpenAISampling(BaseModel):
     model_config = _CFG
-    model: str
+    model: str | None = None  # None: the served model (as SGLang and vLLM do)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -70,7 +70,9 @@ class RouterService:
         return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     # ------------------------------------------------------------------ validation
-    def check_model(self, model: str) -> None:
+    def check_model(self, model: str | None) -> None:
+        if model is None:  # no `model` field: the served model
+            return
         if model not in self.aliases and os.path.basename(os.path.normpath(model)) not in self.aliases:
             raise APIError(400, f"model {model!r} is not served here; this router serves {self.model_name!r}",
                            "invalid_request_error", "model", "model_not_found")

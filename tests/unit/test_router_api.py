@@ -46,6 +46,14 @@ def test_chat_non_streaming_with_usage_and_cached_tokens(client, pd_router, rout
     assert req.sampling.max_tokens == 3 and req.sampling.temperature == 0 and req.sampling.seed == 7
 
 
+def test_chat_without_model_is_served_by_the_served_model(pd_router):
+    r, _, _ = pd_router
+    resp = httpx.post(r.url + "/v1/chat/completions", timeout=20,
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["model"] == MODEL
+
+
 def test_chat_streaming_with_include_usage(client):
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                             max_tokens=4, stream=True, stream_options={"include_usage": True})
