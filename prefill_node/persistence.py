@@ -25,6 +25,11 @@ from store_client.page_hash import store_key
 PENDING = "pending"  # a write of the page is queued or running
 
 
+def needs_write(alloc, page: int) -> bool:
+    """A cached page the store lacks that nobody is writing and the store did not drop on purpose."""
+    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) not in (PENDING, STORE_EVICTED)
+
+
 class PersistMetrics:
     def __init__(self, registry):
         p = "pdorch_prefill_"
@@ -87,11 +92,11 @@ class Persister:
             alloc.cache(task.page_hashes[i], task.page_ids[i])
         evictor = getattr(self._rt, "evictor", None)
         if evictor is not None and self.usable:
-            below = [i for i in computed if not evictor.should_write(i, len(computed))]
+            below = {i for i in computed if not evictor.should_write(i, len(computed))}
             if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
                 alloc.mark_left_store([task.page_ids[i] for i in below], STORE_EVICTED)
                 self.metrics.skipped.inc(len(below))
-                computed = [i for i in computed if i not in set(below)]
+                computed = [i for i in computed if i not in below]
                 pages = [task.page_ids[i] for i in computed]
         if not self.usable:
             alloc.mark_unpersisted(pages, "store_disabled" if self.enabled else "write_back_off")
@@ -106,8 +111,9 @@ class Persister:
         reclaimable without loss) when the write completes. Returns the pages submitted."""
         if not self.usable or n <= 0:
             return 0
-        alloc = self._rt.allocator
-        pages = [p for p in alloc.lru_unpersisted(n + 64) if alloc.unpersisted_reason(p) != STORE_EVICTED][:n]
+        # NOTE: lru_unpersisted() never offers pages the store dropped on purpose (their own tier) nor
+        # pages being written (retained), so every page it offers needs_write().
+        pages = self._rt.allocator.lru_unpersisted(n)
         if not pages:
             return 0
         self._rt.allocator.retain(pages)

@@ -18,6 +18,7 @@ Functions run on the scheduler thread only (they touch the allocator).
 
 from __future__ import annotations
 
+from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask, reusable_pages
 from store_client.page_hash import page_hashes, store_key
 
@@ -43,7 +44,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     fresh = iter(alloc.allocate(need))
     task.page_ids = [p if p is not None else next(fresh) for p in found]
     task.device_pages = n_reuse - found[:n_reuse].count(None)
-    task.backfill = [i for i in range(n_reuse) if found[i] is not None and _needs_write(alloc, found[i])]
+    task.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]
     touch = getattr(rt, "chain_index", None)
     if touch is not None:  # the store evictor keeps recently used chains, heads longest
@@ -75,7 +76,3 @@ def on_loaded(task: PrefillTask, rt, page_ok, prefix_cache: bool) -> None:
     task.loading = []
     task.plan_compute(holes)
 
-
-def _needs_write(alloc, page: int) -> bool:
-    """An L1 hit the store lacks and nobody is writing: backfill it (repairs a hole made earlier)."""
-    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) not in ("pending", "store_evicted")

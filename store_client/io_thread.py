@@ -113,7 +113,7 @@ class StoreIO:
                    deadline=now + (self._op_timeout_s if deadline_s is None else deadline_s))
         with self._cv:
             if self._closed:
-                self._complete(job, 0, DISABLED)
+                self._complete(job, DISABLED)
                 return
             self._loads.append(job)
             self._open[LOAD] += 1
@@ -144,7 +144,7 @@ class StoreIO:
                 self._cv.notify_all()  # NOTE: notify() could wake only the loads-only thread
         if reason is not None:
             self._metrics.saves_dropped.labels(reason).inc(len(keys))
-            self._complete(job, 0, reason)
+            self._complete(job, reason)
             return False
         self._publish_depth()
         return True
@@ -187,7 +187,7 @@ class StoreIO:
                     self._saves.remove(job)
                     if job.running == 0:
                         self._open[SAVE] -= 1
-                        self._complete(job, sum(job.page_ok), job.reason)
+                        self._complete(job, job.reason)
         if dropped:
             self._metrics.saves_dropped.labels(CANCELLED).inc(dropped)
         self._publish_depth()
@@ -207,7 +207,7 @@ class StoreIO:
             self._metrics.saves_dropped.labels(reason).inc(n)
         if job.running == 0:
             self._open[SAVE] -= 1
-            self._complete(job, sum(job.page_ok), job.reason)
+            self._complete(job, job.reason)
         return n
 
     def poll(self, timeout_s: float = 0.0) -> list[IOCompletion]:
@@ -235,7 +235,7 @@ class StoreIO:
             self._open[LOAD] -= len(loads)
             self._cv.notify_all()
         for job in loads:
-            self._complete(job, 0, DISABLED)
+            self._complete(job, DISABLED)
         self.cancel_saves()
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
@@ -283,9 +283,9 @@ class StoreIO:
             self._open[LOAD] -= len(jobs)
         for job in late:
             self._metrics.misses.labels(LOAD, TIMEOUT).inc(len(job.keys))
-            self._complete(job, 0, TIMEOUT)
+            self._complete(job, TIMEOUT)
         for job, result in zip(live, results):
-            self._complete(job, result.pages_loaded, result.reason, result.page_ok)
+            self._complete(job, result.reason, result.page_ok)
         self._publish_depth()
 
     def _run_save(self, job: _Job, lo: int, hi: int) -> None:
@@ -308,14 +308,15 @@ class StoreIO:
             if finished:
                 self._open[SAVE] -= 1
         if finished:
-            self._complete(job, sum(job.page_ok), job.reason)
+            self._complete(job, job.reason)
         self._publish_depth()
 
     # ------------------------------------------------------------------ helpers
-    def _complete(self, job: _Job, pages_ok: int, reason: str, page_ok=None) -> None:
-        page_ok = tuple(job.page_ok) if page_ok is None else tuple(page_ok)
-        done = IOCompletion(job.tag, job.op, pages_ok, reason, len(job.keys), job.skipped,
-                            time.monotonic() - job.submitted, page_ok or (False,) * len(job.keys))
+    def _complete(self, job: _Job, reason: str, page_ok=None) -> None:
+        """Deliver the job's completion; `page_ok` defaults to the job's own (a save's chunks so far)."""
+        page_ok = tuple(job.page_ok if page_ok is None else page_ok) or (False,) * len(job.keys)
+        done = IOCompletion(job.tag, job.op, sum(page_ok), reason, len(job.keys), job.skipped,
+                            time.monotonic() - job.submitted, page_ok)
         with self._done_cv:
             self._done.append(done)
             self._done_cv.notify_all()

@@ -26,6 +26,7 @@ when a master restarts on the same address (and re-mounts its segment); we watch
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Sequence
@@ -178,13 +179,11 @@ class KVStore:
             return LoadResult(n, OK, ok)
         first = ok.index(False)
         self.metrics.hole_pages.inc(sum(ok[first:]))  # present after a missing page: read, not lost
-        reason = OK
-        for code, good in zip(codes, ok):
-            if not good:
-                why = TRANSFER_FAILED if code >= 0 else classify(code, elapsed, self._deadline)
-                self._miss("load", 1, why)
-                reason = why if reason == OK else reason
-        return LoadResult(n, reason, ok)
+        reasons = [TRANSFER_FAILED if c >= 0 else classify(c, elapsed, self._deadline)
+                   for c, good in zip(codes, ok) if not good]
+        for why, count in collections.Counter(reasons).items():
+            self._miss("load", count, why)
+        return LoadResult(n, reasons[0], ok)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
         """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""
