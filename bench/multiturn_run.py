@@ -116,6 +116,9 @@ async def run_workload(target: Target, w: Workload, tokenizer, page_size: int, p
 
     async def on_round_end(r: int, results) -> None:
         end_times[r] = time.perf_counter() - t0
+        if opts.round_barrier and target.engine is None:
+            # NOTE: a round's write-backs finish after its last answer; count them in that round.
+            await asyncio.to_thread(wait_quiet, target)
         snapshots[r] = (await asyncio.to_thread(_scrape_all, target))[0]
         rss_at_end[r] = _rss(target)
         rss_series.append((round(end_times[r], 2), rss_at_end[r]))
