@@ -51,7 +51,9 @@ class StoreConfig:
                                   required_when=("enabled", True))
     protocol: str = _key("tcp", "Transport to the store and between workers", choices=["tcp", "rdma"])
     device_name: str = _key("", "RDMA device(s), e.g. mlx5_0; empty for tcp")
-    local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store and peers")
+    local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store, the transfer engine "
+                               "and etcd (a pod's IP in Kubernetes); also the gRPC address registered in etcd "
+                               "when the worker listens on a wildcard host")
     global_segment_size_mb: int = _key(512, "Memory this worker contributes to the store pool (MiB); "
                                        "0 = pure client", min=0)
     local_buffer_size_mb: int = _key(64, "Staging buffer for copying store calls (MiB)", min=1)
@@ -70,6 +72,14 @@ class StoreConfig:
     master_eviction_high_watermark: float = _key(0.9, "mooncake_master's own generic eviction starts above "
                                                  "this fill ratio (the backstop behind `eviction: chain`)",
                                                  min=0.1, max=1.0)
+    master_eviction_ratio: float = _key(0.05, "mooncake_master: fraction of objects its generic eviction "
+                                        "removes at once", min=0.0, max=1.0)
+    master_kv_lease_ttl_ms: int = _key(10000, "mooncake_master: an object read or written is not evicted for "
+                                       "this long (ms)", min=1)
+    master_client_ttl_s: int = _key(10, "mooncake_master: a client silent this long is considered gone and "
+                                    "its segment unmounted", min=1)
+    master_enable_offload: bool = _key(False, "mooncake_master: let clients offload evicted objects to local "
+                                       "SSD (Mooncake's SSD tier; clients need its storage settings)")
     eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "

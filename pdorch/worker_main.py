@@ -20,6 +20,8 @@ from pdorch.worker_runtime import configure_torch
 
 log = logging.getLogger(__name__)
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -41,6 +43,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     section = getattr(cfg, role)
     configure_torch(cfg.model.torch_threads)
     address = f"{section.host}:{section.port}"
+    # Peers dial what etcd holds: a wildcard listen is reached at the address the pod advertises.
+    advertised = f"{cfg.store.local_hostname if section.host in WILDCARD_HOSTS else section.host}:{section.port}"
     worker_id = f"{role}-{cfg.store.local_hostname}-{section.port}"
 
     stop = threading.Event()
@@ -65,8 +69,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         from pdorch.registration import WorkerRegistration  # lazy: etcd3 only when it is used
 
         info = worker.info()
-        registration = WorkerRegistration(cfg.discovery, role, worker_id, address, {
-            "address": address, "model": cfg.model.name, "model_fingerprint": info.model_fingerprint,
+        registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {
+            "address": advertised, "model": cfg.model.name, "model_fingerprint": info.model_fingerprint,
             "page_size": info.page_size, "transfer_segment": info.transfer_segment,
             "metrics_port": section.metrics_port})
         registration.start()
