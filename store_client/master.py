@@ -58,7 +58,8 @@ class MasterProcess:
     def __init__(self, rpc_port: int = 0, metadata_port: int = 0, metrics_port: int = 0,
                  host: str = "127.0.0.1", kv_lease_ttl_ms: int = 10000, client_ttl_s: int = 10,
                  eviction_high_watermark_ratio: float = 0.9, log_dir: str | None = None,
-                 binary: str | None = None):
+                 binary: str | None = None, eviction_ratio: float = 0.05, enable_offload: bool = False,
+                 bind_host: str | None = None):
         ports: set[int] = set()
         chosen = []
         for p in (rpc_port, metadata_port, metrics_port):
@@ -71,6 +72,11 @@ class MasterProcess:
         self.kv_lease_ttl_ms = kv_lease_ttl_ms
         self.client_ttl_s = client_ttl_s
         self.eviction_high_watermark_ratio = eviction_high_watermark_ratio
+        self.eviction_ratio = eviction_ratio
+        self.enable_offload = enable_offload
+        # Where the metadata and metrics servers listen (the RPC port always binds 0.0.0.0); a pod
+        # listens on every interface while clients dial its Service name (`host`).
+        self.bind_host = bind_host or host
         self.binary = binary or find_master_binary()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="mooncake_master_")
         self.log_path = os.path.join(self.log_dir, f"master_{self.rpc_port}.log")
@@ -99,13 +105,16 @@ class MasterProcess:
         return [
             self.binary,
             "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={self.host}",
+            f"--http_metadata_server_host={self.bind_host}",
             f"--http_metadata_server_port={self.metadata_port}",
             f"--rpc_port={self.rpc_port}",
+            f"--metrics_host={self.bind_host}",
             f"--metrics_port={self.metrics_port}",
             f"--default_kv_lease_ttl={self.kv_lease_ttl_ms}",
             f"--client_ttl={self.client_ttl_s}",
             f"--eviction_high_watermark_ratio={self.eviction_high_watermark_ratio}",
+            f"--eviction_ratio={self.eviction_ratio}",
+            f"--enable_offload={str(self.enable_offload).lower()}",
         ]
 
     def start(self, timeout_s: float = 20.0) -> MasterProcess:

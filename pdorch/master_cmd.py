@@ -1,0 +1,57 @@
+"""`pdorch master`: run `mooncake_master` with the flags pdorch expects, from the same config.
+
+One place builds the master's command line from `store.*` keys, for `pdorch serve` (a child on
+loopback), bare-metal installs (`pdorch master --config FILE` on the master host) and the Helm
+chart's master Deployment (which runs `pdorch master` with the chart's ConfigMap):
+
+    rpc port       <- store.master_address          metadata port <- store.metadata_server
+    metrics port   <- store.master_metrics_port     eviction      <- store.master_eviction_*
+    lease / TTL    <- store.master_kv_lease_ttl_ms, store.master_client_ttl_s
+    SSD offload    <- store.master_enable_offload
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pdorch.config import Config
+from pdorch.launch_plan import PlanError, master_ports
+
+
+def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | None = None):
+    """A (not yet started) MasterProcess for `cfg.store`; raises PlanError / MasterError."""
+    from store_client.master import MasterProcess  # NOTE: lazy: finds the binary at construction
+    s = cfg.store
+    host, rpc, metadata, metrics = master_ports(cfg)
+    return MasterProcess(rpc, metadata, metrics, host=host, log_dir=log_dir, bind_host=bind_host,
+                         kv_lease_ttl_ms=s.master_kv_lease_ttl_ms, client_ttl_s=s.master_client_ttl_s,
+                         eviction_high_watermark_ratio=s.master_eviction_high_watermark,
+                         eviction_ratio=s.master_eviction_ratio, enable_offload=s.master_enable_offload)
+
+
+def add_master_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default="0.0.0.0", metavar="HOST",
+                        help="address the metadata and metrics servers listen on (default 0.0.0.0; "
+                        "the RPC port always listens on every interface)")
+    parser.add_argument("--print", action="store_true", dest="print_only",
+                        help="print the mooncake_master command line instead of running it")
+
+
+def run_master(cfg: Config, listen: str, print_only: bool) -> int:
+    """Replace this process with mooncake_master (signals reach it directly, as PID 1 in a pod)."""
+    from store_client.master import MasterError
+    if not cfg.store.enabled:
+        print("pdorch master: store.enabled is false; nothing to run", file=sys.stderr)
+        return 2
+    try:
+        argv = master_process(cfg, bind_host=listen).command()
+    except (PlanError, MasterError) as e:
+        print(f"pdorch master: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(argv), flush=True)
+    if print_only:
+        return 0
+    os.execv(argv[0], argv)
+    return 1  # not reached

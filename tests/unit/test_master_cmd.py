@@ -1,0 +1,40 @@
+"""`pdorch master`: the mooncake_master command line comes from the config's store.* keys."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from pdorch.config_loader import load_config
+from pdorch.master_cmd import master_process
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in argv[1:])
+
+
+def test_flags_follow_store_keys():
+    cfg = load_config(None, {"store.master_address": "pd-master:7001",
+                             "store.metadata_server": "http://pd-master:7002/metadata",
+                             "store.master_metrics_port": "7003", "store.master_eviction_high_watermark": "0.8",
+                             "store.master_eviction_ratio": "0.2", "store.master_kv_lease_ttl_ms": "2500",
+                             "store.master_client_ttl_s": "30", "store.master_enable_offload": "true"})
+    flags = _flags(master_process(cfg, bind_host="0.0.0.0").command())
+    assert (flags["rpc_port"], flags["http_metadata_server_port"], flags["metrics_port"]) == ("7001", "7002", "7003")
+    assert flags["http_metadata_server_host"] == flags["metrics_host"] == "0.0.0.0"
+    assert flags["eviction_high_watermark_ratio"] == "0.8" and flags["eviction_ratio"] == "0.2"
+    assert flags["default_kv_lease_ttl"] == "2500" and flags["client_ttl"] == "30"
+    assert flags["enable_offload"] == "true" and flags["enable_http_metadata_server"] == "true"
+
+
+def test_cli_prints_command_and_refuses_without_store():
+    out = subprocess.run([sys.executable, "-m", "pdorch.cli", "master", "--print", "--set",
+                          "store.master_eviction_ratio=0.3"], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "mooncake_master" in out.stdout and "--eviction_ratio=0.3" in out.stdout
+    off = subprocess.run([sys.executable, "-m", "pdorch.cli", "master", "--set", "store.enabled=false"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert off.returncode == 2 and "store.enabled is false" in off.stderr
+    bad = subprocess.run([sys.executable, "-m", "pdorch.cli", "master", "--print", "--set",
+                          "store.metadata_server=etcd://x:1"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "store.metadata_server" in bad.stderr
