@@ -5,6 +5,9 @@
 - The Generate stream runs on router/grpc_stream.py (the event loop reads the worker's socket
   itself); chunks that arrive together are handed on together, so they cost one client write.
 
+- One deadline per request, end to end: `Job.deadline` is fixed when the job is made (the request's
+  arrival); every attempt gets only what remains of it, and that remainder is the deadline D gets
+  (for its prefill call too). A request whose deadline passed is never retried.
 - Before the first token arrives, a failure is retried once on a different P/D pair (the
   failed workers are excluded when others are routable). Which worker failed is decided by
   probing both with Info; the one that does not answer gets the circuit-breaker failure.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -46,8 +50,16 @@ class Job:
     token_ids: list[int]
     sampling: worker_pb2.SamplingParams
     page_hashes: list[str]
-    timeout_s: float
+    timeout_s: float  # the whole request's budget
     session: str | None = None
+    deadline: float = 0.0  # time.monotonic() by which the request must be done; 0 = timeout_s from now
+
+    def __post_init__(self):
+        if not self.deadline:
+            self.deadline = time.monotonic() + self.timeout_s
+
+    def remaining_s(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 class Dispatcher:
@@ -95,12 +107,21 @@ class Dispatcher:
         tried_d: set[Worker] = set()
         last_error: APIError | None = None
         for attempt in range(self.max_attempts):
+            remaining = job.remaining_s()
+            if attempt:
+                if remaining <= 0 or last_error.type == "timeout":
+                    break  # NOTE: a retry never gets a fresh deadline (issue 14, hazard 3)
+                self.metrics.retries.inc()
+                log.warning("request %s failed before its first token (%s); retrying with %.1f s left",
+                            job.request_id, last_error.message, remaining)
+            elif remaining <= 0:
+                raise _timeout(f"the request's deadline ({job.timeout_s:g} s) passed before it reached a worker")
             p, d = self._pick(job, tried_p, tried_d)
             tried_p.add(p)
             tried_d.add(d)
             req = worker_pb2.GenerateRequest(request_id=job.request_id, token_ids=job.token_ids,
                                              sampling=job.sampling, prefill_address=p.address,
-                                             timeout_s=job.timeout_s)
+                                             timeout_s=remaining)
             for w in (p, d):
                 w.in_flight += 1
                 w.routed += 1
@@ -112,7 +133,7 @@ class Dispatcher:
                 first: list[worker_pb2.GenerateResponse] = []
                 try:
                     call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
-                                              worker_pb2.GenerateResponse.FromString, job.timeout_s)
+                                              worker_pb2.GenerateResponse.FromString, remaining)
                     while True:
                         batch = await call.next_batch()
                         if not batch:
@@ -125,10 +146,6 @@ class Dispatcher:
                     d.in_flight -= 1
                     p_held = d_held = False
                     last_error = await self._first_token_failure(e, p, d)
-                    if attempt + 1 < self.max_attempts:
-                        self.metrics.retries.inc()
-                        log.warning("request %s failed before its first token on P=%s D=%s (%s); retrying",
-                                    job.request_id, p.address, d.address, last_error.message)
                     continue
                 # First token: prefill is done, P's share of the load ends here.
                 p.in_flight -= 1
@@ -180,8 +197,12 @@ class Dispatcher:
         msg = f"worker request failed before the first token (P={p.address}, D={d.address}): {code.name}: {details}"
         await self._blame(p, d, f"{code.name}: {details}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return APIError(504, msg, "timeout")
+            return _timeout(msg)
         return unavailable(msg) if code == grpc.StatusCode.UNAVAILABLE else upstream_error(msg)
+
+
+def _timeout(message: str) -> APIError:
+    return APIError(504, message, "timeout")
 
 
 class _EarlyEOF(Exception):
