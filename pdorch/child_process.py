@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pdorch.launch_plan import redact_argv
+
 _PR_SET_PDEATHSIG = 1
 try:  # loaded once here: the hook below runs between fork and exec, no place for dlopen
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
@@ -36,6 +38,8 @@ class Child:
         self.log_path = Path(log_path)
         self.env = dict(env) if env is not None else None
         self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0  # time.monotonic() of the last start
+        self.starts = 0
 
     @property
     def pid(self) -> int | None:
@@ -43,12 +47,14 @@ class Child:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())  # NOTE: never a secret in a log
             log.flush()
             # NOTE: preexec_fn is unsafe only with threads running; `pdorch serve` starts none.
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
                                          preexec_fn=die_with_parent)  # noqa: PLW1509
+        self.started_at = time.monotonic()
+        self.starts += 1
 
     def exit_code(self) -> int | None:
         """None while running (or never started); the exit status once it ended (-N = signal N)."""

@@ -1,6 +1,7 @@
 """The `pdorch` command.
 
-    pdorch serve [--config FILE] [--prefill N] [--decode M] [--set section.key=value ...]
+    pdorch serve [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
+    pdorch master [--config FILE] [--set ...] [--listen HOST] [--print]
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
@@ -25,6 +26,7 @@ from pdorch.config_loader import (
     exit_on_config_error,
     load_config,
 )
+from pdorch.master_cmd import add_master_args, run_master
 
 _SECRETS = (("router", "api_key"), ("router", "admin_key"))
 # `pdorch bench NAME` -> (module of bench/, one-line help)
@@ -51,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
     serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
                        help="give up if not ready after S seconds (default 600)")
+    serve.add_argument("--exit-on-failure", action="store_true",
+                       help="stop the whole cluster and exit 1 when a child dies (default: restart it "
+                       "with backoff, as Kubernetes would, and keep serving)")
+
+    master = sub.add_parser("master", allow_abbrev=False,
+                            help="run mooncake_master with the flags pdorch expects (from store.* keys)",
+                            description="Run mooncake_master in the foreground with its ports and flags "
+                            "from the config's store.* keys (bare-metal installs; the Helm chart's "
+                            "master pod runs this too).")
+    add_config_args(master)
+    add_master_args(master)
 
     status = sub.add_parser("status", allow_abbrev=False,
                             help="workers, load and cache hit rates from a running router")
@@ -97,13 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, cfg)
     if args.command == "status":
         return _status(args, cfg)
+    if args.command == "master":
+        return run_master(cfg, args.listen, args.print_only)
     return _show_config(cfg)
 
 
 def _serve(args, cfg) -> int:
     from pdorch.launcher import LocalCluster, ServeOptions
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
-    opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout)
+    opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout,
+                        restart=not args.exit_on_failure)
     try:
         return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
     except KeyboardInterrupt:  # during model preparation, before any child runs

@@ -10,7 +10,12 @@ Ports of N prefill and M decode workers on loopback (worker i = base + i):
 
 Children get the user's config file (or the embedded default) plus the user's `--set` flags, then
 the launcher's own `--set` flags (ports, static discovery lists, torch threads) last, because
-the last `--set` wins and flags beat PDORCH_* env vars, which children inherit unchanged.
+the last `--set` wins and flags beat PDORCH_* env vars, which children inherit.
+
+Secrets (`SECRET_KEYS`) never go on a command line: any local user reads argv in `ps`, and the
+launcher logs every child's command line. A secret given with `--set` is left out of every argv;
+its effective value reaches only the roles that use it, through its env var (`ChildSpec.env`),
+and the launcher strips the secrets' env vars from every other child's environment.
 NOTE: the effective config is not written to disk: it may hold API keys.
 """
 
@@ -22,6 +27,15 @@ import sys
 from urllib.parse import urlsplit
 
 from pdorch.config import Config
+from pdorch.config_loader import env_var
+
+# "section.key" of every secret -> the roles that use it. A new secret key belongs here.
+SECRET_KEYS: dict[str, tuple[str, ...]] = {
+    "router.api_key": ("router",),
+    "router.admin_key": ("router",),
+}
+SECRET_ENV_VARS = frozenset(env_var(*key.split(".", 1)) for key in SECRET_KEYS)
+REDACTED = "<redacted>"
 
 
 class PlanError(ValueError):
@@ -35,6 +49,8 @@ class ChildSpec:
     argv: tuple[str, ...]
     host: str  # where its ports listen
     ports: tuple[tuple[str, int], ...]  # (config key, port) it listens on; ports[0] answers when ready
+    # extra environment (the secrets this role uses); repr=False keeps them out of logs and tracebacks
+    env: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +94,8 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     if num_prefill < 1 or num_decode < 1:
         raise PlanError(f"--prefill and --decode must be >= 1, got {num_prefill} and {num_decode}")
     threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
-    base = ("--config", config_path) + tuple(a for o in user_overrides for a in ("--set", o))
+    public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
+    base = ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
     children: list[ChildSpec] = []
     if cfg.store.enabled:
         children.append(_master_spec(cfg, master_argv))
@@ -105,11 +122,45 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
                        f"discovery.decode={','.join(discovery.decode)}"]
     router_argv = (python, "-m", "router") + base + tuple(a for s in router_sets for a in ("--set", s))
     children.append(ChildSpec("router", "router", router_argv, cfg.router.host,
-                              (("router.port", cfg.router.port),)))
+                              (("router.port", cfg.router.port),), secret_env(cfg, "router")))
     _check_distinct_ports(children)
     effective = dataclasses.replace(cfg, discovery=discovery)
     url = f"http://{_advertised(cfg.router.host)}:{cfg.router.port}"
     return LaunchPlan(effective, tuple(children), threads, url)
+
+
+def _override_key(override: str) -> str:
+    """"router.api_key=x" -> "router.api_key" (as config_loader.parse_overrides reads it)."""
+    return override.partition("=")[0].strip()
+
+
+def secret_env(cfg: Config, role: str) -> tuple[tuple[str, str], ...]:
+    """(env var, effective value) of each secret `role` uses and the config sets."""
+    out = []
+    for key, roles in SECRET_KEYS.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        if role in roles and value:
+            out.append((env_var(section, name), value))
+    return tuple(out)
+
+
+def child_env(base: dict[str, str], spec: ChildSpec) -> dict[str, str]:
+    """`base` (the launcher's environment) without any secret, plus the secrets `spec` uses."""
+    env = {k: v for k, v in base.items() if k not in SECRET_ENV_VARS}
+    env.update(spec.env)
+    return env
+
+
+def redact_argv(argv) -> list[str]:
+    """argv as it may be logged: the value of any secret `section.key=value` replaced."""
+    out = []
+    for arg in argv:
+        prefix = "--set=" if arg.startswith("--set=") else ""
+        item = arg[len(prefix):]
+        key = _override_key(item)
+        out.append(f"{prefix}{key}={REDACTED}" if "=" in item and key in SECRET_KEYS else arg)
+    return out
 
 
 def master_ports(cfg: Config) -> tuple[str, int, int, int]:

@@ -3,7 +3,11 @@
     prepare model -> check ports free -> mooncake_master -> N prefill + M decode workers -> router
     -> wait for /health_generate -> print URL + curl -> watch children
     Ctrl-C / SIGTERM: stop all (SIGTERM, deadline, SIGKILL), exit 0.
-    A child dies: stop the rest, show its last log lines, exit 1.
+    A child dies during start-up (or with --exit-on-failure): stop the rest, show its last log
+    lines, exit 1.
+    A child dies once the cluster is ready: restart it with exponential backoff (1 s, 2 s, ... up
+    to 30 s; back to 1 s after it ran a minute), as Kubernetes restarts a pod's container; the
+    router routes around it meanwhile and finds it again by its health checks.
 
 Every wait has a deadline and checks, each tick, for a stop signal and for dead children.
 """
@@ -26,7 +30,7 @@ from typing import TextIO
 
 from pdorch.child_process import Child, stop_children
 from pdorch.config import Config
-from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, master_ports, plan_local_cluster
+from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_env, master_ports, plan_local_cluster
 from pdorch.progress import Progress
 
 _TICK_S = 0.2
@@ -55,6 +59,10 @@ class ServeOptions:
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 10.0
     prepare: bool = True  # prepare the model first (progress shown) so workers find it cached
+    restart: bool = True  # once ready, restart a dead child (False: stop everything, exit 1)
+    restart_backoff_s: float = 1.0  # first restart delay; doubles per consecutive failure
+    restart_backoff_max_s: float = 30.0
+    restart_reset_s: float = 60.0  # a child that ran this long starts again from restart_backoff_s
 
 
 def curl_example(url: str, model: str, with_api_key: bool) -> str:
@@ -106,6 +114,9 @@ class LocalCluster:
         self.children: list[Child] = []
         self.plan = plan
         self._signal: int | None = None
+        self._ready = False  # restarts only once the whole cluster has been ready
+        self._failures: dict[str, int] = {}  # child name -> consecutive quick deaths
+        self._restart_at: dict[str, float] = {}  # child name -> when to start it again
 
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
@@ -189,6 +200,7 @@ class LocalCluster:
             pid_list = ", ".join(f"{s.name} {pids[s.name]}" for s in specs)
             self._say(f"[{step}] {what}: ready in {time.monotonic() - started:.1f} s (pid {pid_list})")
         self._announce_ready(time.monotonic() - t0)
+        self._ready = True
         while True:
             self._tick()
             time.sleep(_TICK_S)
@@ -200,7 +212,7 @@ class LocalCluster:
         return [(role, specs) for role, specs in stages if specs]
 
     def _spawn(self, spec: ChildSpec, torch_threads: int) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = child_env(dict(os.environ, PYTHONUNBUFFERED="1"), spec)  # secrets only where they are used
         if spec.role in ("prefill", "decode"):
             # NOTE: BLAS/OpenMP pools ignore torch.set_num_threads at import; pin them too.
             env.update(OMP_NUM_THREADS=str(torch_threads), MKL_NUM_THREADS=str(torch_threads))
@@ -231,7 +243,36 @@ class LocalCluster:
             raise _Stopped()
         for child in self.children:
             if child.exit_code() is not None:
-                raise _ChildDied(child)
+                if not (self._ready and self.opts.restart):
+                    raise _ChildDied(child)
+                self._supervise(child)
+
+    def _supervise(self, child: Child) -> None:
+        """A dead child after start-up: schedule its restart with backoff, or restart it when due."""
+        now = time.monotonic()
+        due = self._restart_at.get(child.name)
+        if due is None:
+            quick = now - child.started_at < self.opts.restart_reset_s
+            failures = self._failures.get(child.name, 0) + 1 if quick else 1
+            self._failures[child.name] = failures
+            delay = min(self.opts.restart_backoff_max_s, self.opts.restart_backoff_s * 2 ** (failures - 1))
+            self._restart_at[child.name] = now + delay
+            self._say(f"\npdorch serve: {child.name} (pid {child.pid}) {_how_it_ended(child)}; restarting it "
+                      f"in {delay:g} s (failure {failures} in a row). Last lines of {child.log_path}:")
+            for line in child.log_tail(10).splitlines():
+                self._say(f"  | {line}")
+            return
+        if now < due:
+            return
+        del self._restart_at[child.name]
+        child.signal_group(signal.SIGKILL)  # what the dead child left in its group
+        try:
+            child.start()
+        except OSError as e:  # counted as another quick failure by the next tick
+            child.started_at = time.monotonic()
+            self._say(f"pdorch serve: cannot restart {child.name}: {e}")
+            return
+        self._say(f"pdorch serve: {child.name} restarted (pid {child.pid}, start {child.starts})")
 
     # ------------------------------------------------------------------ reporting and stop
     def _announce_ready(self, elapsed_s: float) -> None:
@@ -245,12 +286,7 @@ class LocalCluster:
                   f"Logs: {self.log_dir}\nPress Ctrl-C to stop.")
 
     def _report_death(self, child: Child) -> None:
-        code = child.exit_code()
-        if code is not None and code < 0:
-            how = f"was killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with {code}"
-        self._say(f"\npdorch serve: {child.name} (pid {child.pid}) {how}; stopping the others. "
+        self._say(f"\npdorch serve: {child.name} (pid {child.pid}) {_how_it_ended(child)}; stopping the others. "
                   f"Last lines of {child.log_path}:")
         for line in child.log_tail(20).splitlines():
             self._say(f"  | {line}")
@@ -272,6 +308,13 @@ class LocalCluster:
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+def _how_it_ended(child: Child) -> str:
+    code = child.exit_code()
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with {code}"
 
 
 def prepare_model_with_progress(cfg: Config, out: TextIO = sys.stdout) -> Path:

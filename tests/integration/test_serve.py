@@ -49,7 +49,7 @@ def children_of(pid: int) -> dict[int, str]:
 class Serve:
     """One `pdorch serve` subprocess on free ports; output in a file."""
 
-    def __init__(self, tmp_path: Path, smollm2_dir: Path):
+    def __init__(self, tmp_path: Path, smollm2_dir: Path, extra: tuple[str, ...] = ()):
         self.ports = {k: free_port() for k in ("master", "metadata", "master_metrics", "prefill",
                                                "prefill_metrics", "decode", "decode_metrics", "router")}
         p = self.ports
@@ -63,7 +63,7 @@ class Serve:
         self.url = f"http://127.0.0.1:{p['router']}"
         self.log_dir = tmp_path / "logs"
         self.out_path = tmp_path / "serve.out"
-        argv = pdorch_command() + ["serve", "--log-dir", str(self.log_dir)]
+        argv = pdorch_command() + ["serve", "--log-dir", str(self.log_dir), *extra]
         argv += [a for s in sets for a in ("--set", s)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PDORCH_")}
         with open(self.out_path, "wb") as out:
@@ -89,19 +89,27 @@ class Serve:
 
 @pytest.fixture
 def serve(tmp_path, smollm2_dir):
+    """Factory: serve(*extra pdorch serve flags) -> a started Serve; stopped at teardown."""
     if shutil.which("mooncake_master", path=str(Path(sys.executable).parent)) is None \
             and shutil.which("mooncake_master") is None:
         pytest.fail("mooncake_master is not installed (make setup installs it)")
-    s = Serve(tmp_path, smollm2_dir)
-    yield s
-    pids = children_of(s.proc.pid) if s.proc.poll() is None else {}
-    s.stop()
-    for pid in pids:  # NOTE: only if the test failed midway: never leave a cluster running
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    started: list[Serve] = []
+
+    def start(*extra: str) -> Serve:
+        started.append(Serve(tmp_path, smollm2_dir, extra))
+        return started[-1]
+
+    yield start
+    for s in started:
+        pids = children_of(s.proc.pid) if s.proc.poll() is None else {}
+        s.stop()
+        for pid in pids:  # NOTE: only if the test failed midway: never leave a cluster running
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_serve_answers_chat_and_stops_cleanly_on_sigterm(serve):
+    serve = serve()
     kids = serve.wait_ready()
     out = serve.output()
     assert f"curl -s {serve.url}/v1/chat/completions" in out and f"Logs: {serve.log_dir}" in out
@@ -124,7 +132,8 @@ def test_serve_answers_chat_and_stops_cleanly_on_sigterm(serve):
     assert not [p for p in serve.ports.values() if port_in_use("127.0.0.1", p)]
 
 
-def test_a_killed_worker_makes_serve_exit_nonzero_and_stop_the_rest(serve):
+def test_with_exit_on_failure_a_killed_worker_makes_serve_exit_nonzero_and_stop_the_rest(serve):
+    serve = serve("--exit-on-failure")
     kids = serve.wait_ready()
     decode_pid = next(pid for pid, cmd in kids.items() if "decode_node" in cmd)
     os.kill(decode_pid, signal.SIGKILL)

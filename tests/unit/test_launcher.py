@@ -52,11 +52,11 @@ def spec(tmp_path, name, role, port, mode="plain", exit_after=0.0) -> ChildSpec:
                      "127.0.0.1", ((f"{role}.port", port),))
 
 
-def cluster(tmp_path, children, startup_timeout_s=30.0):
+def cluster(tmp_path, children, startup_timeout_s=30.0, **options):
     router_port = next(c.ports[0][1] for c in children if c.role == "router")
     plan = LaunchPlan(Config(), tuple(children), 1, f"http://127.0.0.1:{router_port}")
     opts = ServeOptions(log_dir=str(tmp_path / "logs"), startup_timeout_s=startup_timeout_s,
-                        stop_timeout_s=2.0, prepare=False)
+                        stop_timeout_s=2.0, prepare=False, **options)
     return LocalCluster(Config(), "/unused.yaml", (), opts, io.StringIO(), plan=plan)
 
 
@@ -64,44 +64,73 @@ def gone(pid: int) -> bool:
     return not pid_alive(pid)
 
 
+def run_then_sigterm(lc: LocalCluster, until) -> tuple[int, list[int]]:
+    """lc.run() until `until(output)` holds (30 s at most), then SIGTERM: (exit code, child pids then)."""
+    pids: list[int] = []
+
+    def stop_when():
+        deadline = time.monotonic() + 30
+        while not until(lc.out.getvalue()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids.extend(c.pid for c in lc.children)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by LocalCluster (main thread): sets its flag
+
+    t = threading.Thread(target=stop_when)
+    t.start()
+    code = lc.run()
+    t.join(10)
+    return code, pids
+
+
 def test_ready_then_sigterm_stops_every_child_and_frees_ports(tmp_path):
     ports = [free_port() for _ in range(3)]
     lc = cluster(tmp_path, [spec(tmp_path, "prefill-0", "prefill", ports[0]),
                             spec(tmp_path, "decode-0", "decode", ports[1]),
                             spec(tmp_path, "router", "router", ports[2])])
-    result = {}
-
-    def stop_when_ready():
-        deadline = time.monotonic() + 30
-        while "is ready at" not in lc.out.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        result["pids"] = [c.pid for c in lc.children]
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by LocalCluster (main thread): sets its flag
-
-    t = threading.Thread(target=stop_when_ready)
-    t.start()
-    code = lc.run()
-    t.join(10)
+    code, pids = run_then_sigterm(lc, lambda out: "is ready at" in out)
     out = lc.out.getvalue()
     assert code == 0, out
     assert f"curl -s http://127.0.0.1:{ports[2]}/v1/chat/completions" in out
     assert "SIGTERM received, stopping" in out and "stopped 3 processes" in out
-    assert len(result["pids"]) == 3 and all(gone(pid) for pid in result["pids"])
+    assert len(pids) == 3 and all(gone(pid) for pid in pids)
     assert not any(port_in_use("127.0.0.1", p) for p in ports)
     assert (tmp_path / "logs" / "decode-0.log").read_text().count(f"fake listening on {ports[1]}") == 1
     assert signal.getsignal(signal.SIGTERM) is not lc._on_signal  # handlers restored
 
 
-def test_a_dying_child_stops_the_rest_and_shows_its_log(tmp_path):
+def test_with_exit_on_failure_a_dying_child_stops_the_rest_and_shows_its_log(tmp_path):
     ports = [free_port() for _ in range(3)]
     lc = cluster(tmp_path, [spec(tmp_path, "prefill-0", "prefill", ports[0]),
                             spec(tmp_path, "decode-0", "decode", ports[1], exit_after=2.0),
-                            spec(tmp_path, "router", "router", ports[2])])
+                            spec(tmp_path, "router", "router", ports[2])], restart=False)
     assert lc.run() == 1
     out = lc.out.getvalue()
     assert "decode-0" in out and "exited with 3; stopping the others" in out
     assert "| fake: something broke, exiting with 3" in out
     assert all(not c.running() and gone(c.pid) for c in lc.children)
+
+
+def test_a_child_dying_after_ready_is_restarted_with_backoff_then_sigterm_stops_all(tmp_path):
+    ports = [free_port() for _ in range(3)]
+    lc = cluster(tmp_path, [spec(tmp_path, "prefill-0", "prefill", ports[0]),
+                            spec(tmp_path, "decode-0", "decode", ports[1], exit_after=1.0),
+                            spec(tmp_path, "router", "router", ports[2])],
+                 restart_backoff_s=0.2, restart_backoff_max_s=0.4)
+    code, pids = run_then_sigterm(lc, lambda out: out.count("decode-0 restarted") >= 3)
+    out = lc.out.getvalue()
+    assert code == 0, out
+    # dies after 1 s each time, quicker than restart_reset_s: 0.2 s, then 0.4 s (the cap), 0.4 s
+    assert "decode-0 (pid" in out and "exited with 3; restarting it in 0.2 s (failure 1 in a row)" in out
+    assert "in 0.4 s (failure 2 in a row)" in out and "in 0.4 s (failure 3 in a row)" in out
+    assert "| fake: something broke, exiting with 3" in out
+    assert lc.children[1].name == "decode-0" and lc.children[1].starts >= 4
+    assert "stopping the others" not in out
+    assert "SIGTERM received, stopping" in out and "stopped 3 processes" in out
+    assert all(gone(pid) for pid in pids)
+    assert not any(port_in_use("127.0.0.1", p) for p in ports)
+    # the other children kept running all along: started once
+    assert [c.starts for c in lc.children if c.name != "decode-0"] == [1, 1]
+    assert (tmp_path / "logs" / "decode-0.log").read_text().count(f"fake listening on {ports[1]}") >= 4
 
 
 def test_startup_deadline(tmp_path):
