@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 
+# Trailing metadata P sets on a Prefill answer (any status) when no KV write of the request into D's
+# pages can land any more: D may then give those pages to another request at once (docs/workers.md).
+WRITES_OVER_KEY = "pdorch-writes-over"
+
 
 @dataclass(frozen=True)
 class CachedTokens:

@@ -30,10 +30,15 @@ class KVPusher:
         t0 = time.perf_counter()
         err: Exception | None = None
         try:
-            if task.future.done():  # aborted or timed out while waiting for a pusher thread
+            # NOTE: the gate, not a look at the future: an abort between such a look and the write
+            # would answer D while the write still goes on (D would reuse the pages under it).
+            if not task.begin_push():  # aborted or timed out while waiting for a pusher thread
                 raise RuntimeError("request already answered; transfer skipped")
-            self._transfer.write(task.job.decode_segment, local_addrs, list(task.job.dest_page_addrs),
-                                 self._page_nbytes)
+            try:
+                self._transfer.write(task.job.decode_segment, local_addrs, list(task.job.dest_page_addrs),
+                                     self._page_nbytes)
+            finally:
+                task.end_push()  # before on_done: a success answer implies the write is over
         except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task
             log.warning("KV push of %s to %s failed: %s", task.request_id, task.job.decode_segment, e)
             err = e

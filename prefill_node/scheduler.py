@@ -87,6 +87,14 @@ class PrefillScheduler:
     def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
 
+    def cancel(self, task: PrefillTask) -> None:
+        """Abort this very task (its RPC ended), whatever other task shares its request id."""
+        self._post(("cancel", task))
+
+    def tasks_with_id(self, request_id: str) -> list[PrefillTask]:
+        """Every task of this id still holding state, answered ones included (scheduler thread only)."""
+        return [task for task in self._tasks if task.request_id == request_id]
+
     def call(self, fn, timeout_s: float = 30.0):
         """Run fn() on the scheduler thread (between forwards) and return its result."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -148,12 +156,12 @@ class PrefillScheduler:
                     continue
                 self._tasks[task] = None
                 self._waiting.append(task)
-            elif kind == "abort":
-                task = self.live_task(item[1])
+            elif kind in ("abort", "cancel"):
+                task = self.live_task(item[1]) if kind == "abort" else item[1]
                 # NOTE: the future may already hold the answer while the phase still says PUSHING
                 # (the pusher answers first); an abort then is a no-op, like for unknown ids.
                 if task is not None and not task.finished_phase and not task.future.done():
-                    task.fail(Aborted(f"request {item[1]} aborted"))
+                    task.fail(Aborted(f"request {task.request_id} aborted"))
                     self._rec.request_failed(aborted=True)
                     self._maybe_release(task)
             elif kind == "call":
@@ -308,17 +316,23 @@ class PrefillScheduler:
         self._io_inflight += saved
         task.phase = Phase.PUSHING
         task.io_pending += 1
-        self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
+        try:
+            self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
+        except BaseException:  # never started (pusher closed): no completion will give the pages back
+            task.io_pending -= 1
+            raise
 
     def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
         """Pusher thread: answer the caller right away, then let the scheduler release the pages."""
-        if err is None:
-            self._rec.transfer(nbytes, seconds)
-            task.succeed(PrefillResult(
-                request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
-                cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
-                sampler_state=task.sampler_state))
-        self.push_done(task, err)
+        try:
+            if err is None:
+                self._rec.transfer(nbytes, seconds)
+                task.succeed(PrefillResult(
+                    request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
+                    cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
+                    sampler_state=task.sampler_state))
+        finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
+            self.push_done(task, err)
 
     def _publish_load(self) -> None:
         alloc = self._rt.allocator

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pdorch.worker_errors import grpc_errors
 from pdorch.worker_rpc import WorkerServicer
 from prefill_node import convert
+from prefill_node.job import WRITES_OVER_KEY
 from prefill_node.worker import PrefillWorker
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 
@@ -13,12 +14,21 @@ class PrefillServicer(WorkerServicer):
     """Prefill here; Abort, Flush, Info, Stats from WorkerServicer."""
 
     def Prefill(self, request, context):
+        task = None
         with grpc_errors(context, "Prefill"):
-            job = convert.job_from_proto(request)
-            # Fires when the RPC ends for any reason; after a success the abort is a no-op. When D
-            # cancels (its client went away) or dies, this frees our pages at once.
-            context.add_callback(lambda: self._worker.abort(job.request_id, wait=False))
-            return convert.result_to_proto(self._worker.prefill(job))
+            try:
+                job = convert.job_from_proto(request)
+                task = self._worker.start(job)
+                # Fires when the RPC ends for any reason; after a success the cancel is a no-op. When D
+                # cancels (its client went away) or dies, this frees our pages at once.
+                # NOTE: registered after start(): an RPC already over (D cancelled before we got here)
+                # returns False, and the task is cancelled before any push of it can start.
+                if not context.add_callback(lambda: self._worker.cancel(task)):
+                    self._worker.cancel(task)
+                return convert.result_to_proto(self._worker.wait(task))
+            finally:
+                if task is None or task.writes_over:  # never queued, or its push is over
+                    context.set_trailing_metadata(((WRITES_OVER_KEY, "1"),))
 
 
 def add_to_server(worker: PrefillWorker, server) -> None:

@@ -8,12 +8,17 @@ Lifecycle on the scheduler thread:
 
 A task holds references on its pages from allocation until it is DONE or FAILED *and* no I/O
 (store load/save, transfer) still reads or writes them; only then does the scheduler release them.
+
+The push gate (pusher thread vs gRPC handler threads) guards D's pages, not ours: once
+`stop_pushes()` ran no push of the task can start, and it returns True only when none is running,
+so no write into D's pages can land any more (docs/workers.md, "Fencing D's pages").
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import enum
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -63,6 +68,9 @@ class PrefillTask:
     sampler_state: bytes = b""
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
+    gate: threading.Condition = field(default_factory=threading.Condition)
+    pushing: bool = False  # the KV push into D's pages is running (under `gate`)
+    pushes_over: bool = False  # no push can start any more (under `gate`)
 
     @property
     def request_id(self) -> str:
@@ -114,6 +122,36 @@ class PrefillTask:
                 self.future.set_exception(err)
             except concurrent.futures.InvalidStateError:
                 pass
+
+    def begin_push(self) -> bool:
+        """Pusher thread: may the push start? Not once the task was answered or its pushes stopped."""
+        with self.gate:
+            if self.pushes_over or self.future.done():
+                return False
+            self.pushing = True
+            return True
+
+    def end_push(self) -> None:
+        """Pusher thread: the one push of this task returned (succeeded or failed)."""
+        with self.gate:
+            self.pushing = False
+            self.pushes_over = True
+            self.gate.notify_all()
+
+    def stop_pushes(self, timeout_s: float) -> bool:
+        """No push starts from now on; True once none is running (waits up to timeout_s for it).
+
+        NOTE: a push is one synchronous `batch_transfer_sync_write`: when it has returned, every
+        byte of it has landed or never will, so "returned" is what D may rely on."""
+        with self.gate:
+            self.pushes_over = True
+            return self.gate.wait_for(lambda: not self.pushing, timeout_s)
+
+    @property
+    def writes_over(self) -> bool:
+        """True when no write into D's pages can still land (the push ended or will never start)."""
+        with self.gate:
+            return self.pushes_over and not self.pushing
 
     def succeed(self, result: PrefillResult) -> bool:
         """Answer with `result` unless the task already failed (e.g. aborted during the push)."""

@@ -1,13 +1,19 @@
 """PrefillWorker: validates Prefill jobs, hands them to the scheduler, waits with the deadline.
 
-Thread model: gRPC handler threads call `prefill()` (blocking until the answer or the deadline),
-`abort()`, `flush()`, `info()`, `stats()`; the scheduler thread does all model and allocator work;
-the pusher threads run the P->D transfers.
+Thread model: gRPC handler threads call `start()` + `wait()` (blocking until the answer or the
+deadline), `cancel()`, `abort()`, `flush()`, `info()`, `stats()`; the scheduler thread does all model
+and allocator work; the pusher threads run the P->D transfers.
+
+NOTE: a failure is answered only once the task's push into D's pages has stopped (or never will
+start): D returns those pages to its pool when it has our answer, so an answer sent while the
+write still ran would let it land in pages another request owns. `wait()` waits up to
+PUSH_STOP_WAIT_S for that; the servicer tells D with the `writes_over` flag in the trailing metadata.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 
 from pdorch.config import Config
@@ -21,7 +27,11 @@ from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
 from proto.pdorch.v1 import worker_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 ROLE = "prefill"
+PUSH_STOP_WAIT_S = 5.0  # a failed request's answer waits this long at most for its push to return
+ABORT_STOP_WAIT_S = 2.0  # an Abort RPC waits this long at most (D retries it until its own bound)
 
 
 class PrefillWorker:
@@ -74,30 +84,55 @@ class PrefillWorker:
             raise InvalidRequest(f"request {job.request_id}: decode_segment is empty")
 
     def prefill(self, job: PrefillJob) -> PrefillResult:
+        return self.wait(self.start(job))
+
+    def start(self, job: PrefillJob) -> PrefillTask:
+        """Validate and queue the job; the task's answer comes from wait()."""
         self.validate(job)
         if self._scheduler.load.queued >= self.cfg.prefill.max_queued_requests:
             raise Overloaded(f"prefill queue full ({self.cfg.prefill.max_queued_requests} requests waiting)")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.prefill.request_timeout_s
         task = PrefillTask(job=job, deadline=time.monotonic() + timeout_s)
         self._scheduler.submit(task)
+        return task
+
+    def wait(self, task: PrefillTask) -> PrefillResult:
+        """The task's result; on failure raises only once its push stopped (or PUSH_STOP_WAIT_S passed)."""
+        timeout_s = task.deadline - task.created
         try:
             # The scheduler fails the task at its deadline; the extra second covers a forward in progress.
             return task.future.result(timeout=timeout_s + 1.0)
         except concurrent.futures.TimeoutError:
-            self._scheduler.abort(job.request_id)
-            raise DeadlineExceeded(f"prefill of {job.request_id} did not finish within {timeout_s:.1f}s") from None
+            self._scheduler.cancel(task)
+            raise DeadlineExceeded(f"prefill of {task.request_id} did not finish within {timeout_s:.1f}s") from None
+        finally:
+            if not task.stop_pushes(PUSH_STOP_WAIT_S):
+                log.warning("KV push of %s to %s still running after %.1fs; answering without writes_over",
+                            task.request_id, task.job.decode_segment, PUSH_STOP_WAIT_S)
+
+    def cancel(self, task: PrefillTask) -> None:
+        """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks."""
+        task.stop_pushes(0.0)
+        self._scheduler.cancel(task)
 
     def abort(self, request_id: str, wait: bool = True) -> bool:
-        """Cancel a request; with wait=False (gRPC callbacks) don't wait for the scheduler's answer."""
+        """Cancel a request. With wait (the Abort RPC), return only once no push of it into D's pages
+        runs any more, or raise DeadlineExceeded after ABORT_STOP_WAIT_S (D asks again)."""
         if not wait:
             self._scheduler.abort(request_id)
             return True
 
-        def _abort_known() -> bool:
+        def _abort_known() -> tuple[bool, list[PrefillTask]]:
             known = self._scheduler.live_task(request_id) is not None
             self._scheduler.abort(request_id)
-            return known
-        return self._scheduler.call(_abort_known)
+            return known, self._scheduler.tasks_with_id(request_id)
+        known, tasks = self._scheduler.call(_abort_known)
+        deadline = time.monotonic() + ABORT_STOP_WAIT_S
+        for task in tasks:
+            if not task.stop_pushes(max(deadline - time.monotonic(), 0.0)):
+                raise DeadlineExceeded(f"KV push of {request_id} to {task.job.decode_segment} still running "
+                                       f"after {ABORT_STOP_WAIT_S:.1f}s")
+        return known
 
     def flush(self) -> int:
         return self._scheduler.call(self.rt.allocator.flush)
