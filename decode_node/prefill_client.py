@@ -5,22 +5,33 @@ router going away) and cancel the call, which makes P abort and free its pages. 
 from P become WorkerErrors with a message naming the prefill worker.
 
 NOTE: a killed prefill process resets its TCP connections, so an in-flight call fails with
-UNAVAILABLE within milliseconds; a hung one is bounded by the call's deadline
-(decode.prefill_timeout_s, never more than the request's own remaining time).
+UNAVAILABLE within milliseconds; a hung one is bounded by the request's own deadline (the worker
+passes its remaining time). P gets that time minus ANSWER_MARGIN_S, so at the deadline its own
+answer (with `writes_over`, see decode_node/fence.py) usually arrives before D stops waiting.
+
+Every error raised by `prefill()` carries `writes_over`: True only when P's answer said that no KV
+write of the request into D's pages can land any more.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+from dataclasses import replace
 
 import grpc
 
 from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
 from prefill_node import convert
-from prefill_node.job import PrefillJob, PrefillResult
+from prefill_node.job import WRITES_OVER_KEY, PrefillJob, PrefillResult
+from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 
 CANCEL_CHECK_S = 0.05
+ANSWER_MARGIN_S = 0.5  # P's deadline ends this much before ours (at most half the time left)
+ABORT_TIMEOUT_S = 3.0
+GONE_GRACE_S = 1.0  # after P's port refuses: lets a push of a P that was shutting down end  # one confirmation attempt (P's Abort waits up to 2 s for a running push)
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -45,25 +56,64 @@ class PrefillClient:
             return self._stubs[address][1]
 
     def prefill(self, address: str, job: PrefillJob, timeout_s: float, is_cancelled) -> PrefillResult:
+        """Run `job` on P, waiting at most `timeout_s` (the request's remaining time)."""
+        job = replace(job, timeout_s=max(timeout_s - ANSWER_MARGIN_S, timeout_s / 2))
         call = self._stub(address).Prefill.future(convert.job_to_proto(job), timeout=timeout_s)
         done = threading.Event()
         call.add_done_callback(lambda _: done.set())
         while not done.wait(CANCEL_CHECK_S):
             if is_cancelled():
                 call.cancel()
-                raise Aborted(f"request {job.request_id} cancelled during prefill")
+                raise _unconfirmed(Aborted(f"request {job.request_id} cancelled during prefill"))
         try:
             return convert.result_from_proto(call.result())
         except grpc.RpcError as e:
-            raise _map_error(e, address, job.request_id, timeout_s) from None
+            err = _map_error(e, address, job.request_id, timeout_s)
+            metadata = e.trailing_metadata() or ()
+            err.writes_over = any(k == WRITES_OVER_KEY and v == "1" for k, v in metadata)
+            raise err from None
         except grpc.FutureCancelledError:
-            raise Aborted(f"request {job.request_id} cancelled during prefill") from None
+            raise _unconfirmed(Aborted(f"request {job.request_id} cancelled during prefill")) from None
+
+    def confirm_writes_over(self, address: str, request_id: str) -> str | None:
+        """PageFence's question: "confirmed" when P's Abort answered (it returns once no push of the
+        request runs), "peer_gone" when nothing listens on P's address any more, else None."""
+        try:
+            self._stub(address).Abort(pb.AbortRequest(request_id=request_id), timeout=ABORT_TIMEOUT_S)
+            return "confirmed"
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE and _refused(address):
+                return "peer_gone"
+            return None
 
     def close(self) -> None:
         with self._lock:
             for channel, _ in self._stubs.values():
                 channel.close()
             self._stubs.clear()
+
+
+def _unconfirmed(err: Exception) -> Exception:
+    err.writes_over = False
+    return err
+
+
+def _refused(address: str, timeout_s: float = 1.0) -> bool:
+    """True when P's host actively refuses a connection to its port: P's process is gone.
+
+    NOTE: refused, not merely unreachable: a partitioned or stopped P may still be writing, and a
+    timeout says nothing. A dead process cannot write; its TCP streams were reset with it. (A P
+    shutting down closes its port while a push may still run for a moment: the fence releases
+    pages only after GONE_GRACE_S.)"""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        time.sleep(GONE_GRACE_S)
+        return True
+    except OSError:
+        return False
 
 
 def _map_error(e: grpc.RpcError, address: str, request_id: str, timeout_s: float) -> Exception:

@@ -42,6 +42,7 @@ class GenerateJob:
 class DecodeRequest:
     job: GenerateJob
     deadline: float  # time.monotonic() value
+    own_deadline: bool  # the caller gave timeout_s (else decode.request_timeout_s made `deadline`)
     stopper: object  # engine stop checker (see decode_node/stopping.py)
     token_ids: list[int] = field(default_factory=list)
     page_ids: list[int] = field(default_factory=list)

@@ -5,7 +5,12 @@
                  -> Prefill on P (KV lands in our pages, first token back)
                  -> join the continuous batch and stream its events until the final one
 Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
-WorkerErrors; the servicer maps them to gRPC status codes.
+WorkerErrors; the servicer maps them to gRPC status codes. Any exception before the scheduler owns
+the request gives its pages back: at once, or through the PageFence when P may still write into
+them (decode_node/fence.py).
+
+One deadline: the request's own (`timeout_s` from the router, else decode.request_timeout_s) bounds
+the prefill call too; decode.prefill_timeout_s only caps it when the request brought no deadline.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import time
 import torch
 
 from decode_node.admission import Admission
+from decode_node.fence import PageFence
 from decode_node.prefill_client import PrefillClient
-from decode_node.request import DecodeRequest, GenerateJob
+from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.sampler import make_generator
@@ -37,10 +43,6 @@ log = logging.getLogger(__name__)
 
 ROLE = "decode"
 EVENT_WAIT_S = 0.1
-# NOTE: when a prefill fails after it was sent (timeout, P dying), P may still be writing into our
-# pages for a moment; they go back to the pool only after this quarantine, never to another request
-# while a stray write could land in them.
-QUARANTINE_S = 2.0
 
 
 class DecodeWorker:
@@ -53,17 +55,18 @@ class DecodeWorker:
         self.scheduler = DecodeScheduler(rt, self.admission, dc.max_running_requests, dc.offload_generated_kv,
                                          self.recorder)
         self.prefill_client = PrefillClient()
+        # NOTE: pages P may still write into go back only when P confirms the write is over.
+        self.fence = PageFence(self.admission.release, self.prefill_client.confirm_writes_over,
+                               self.recorder.registry)
         self.max_context = cfg.model.max_context_tokens or rt.arch.max_position_embeddings
         self._lock = threading.Lock()
         self._requests: dict[str, DecodeRequest] = {}
-        self._timers: list[threading.Timer] = []
         self.recorder.bind_load(self.load, rt.allocator.num_total)
         self.scheduler.start()
 
     def close(self) -> None:
         self.scheduler.stop()
-        for timer in self._timers:
-            timer.cancel()
+        self.fence.stop()
         self.prefill_client.close()
         self.rt.close()
 
@@ -83,7 +86,7 @@ class DecodeWorker:
             raise InvalidRequest(f"request {job.request_id}: {len(job.token_ids)} prompt tokens leave no room "
                                  f"to generate within the max context of {self.max_context}")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
-        req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s,
+        req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
                             token_ids=list(job.token_ids), generator=make_generator(job.params))
         with self._lock:
@@ -112,31 +115,22 @@ class DecodeWorker:
         # the prompt fills its last page exactly).
         req.page_ids = self.admission.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
                                             cancelled)
-        sent = False
         try:
-            timeout_s = min(self.cfg.decode.prefill_timeout_s, req.deadline - time.monotonic())
-            job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
-                             decode_segment=self.rt.segment,
-                             dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
-                             timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint)
-            sent = True
-            res = self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
-        except WorkerError as e:
+            res = self._prefill(req, cancelled)
+            first = self._first_token(req, res)
+            if not first.final:
+                # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
+                # the scheduler already owns the request and reaps it (cancelled) with its pages.
+                self.scheduler.join(req)
+        except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
+            # NOTE: pages P may still write into were moved to the fence by _prefill already.
             pages, req.page_ids = req.page_ids, []
-            self._release_later(pages, QUARANTINE_S if sent else 0.0)
+            self.admission.release(pages)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
-            log.info("request %s failed before decoding: %s", req.request_id, e)
+            if isinstance(e, WorkerError):
+                log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
-        req.cached = res.cached
-        if res.sampler_state and req.generator is not None:
-            # Continue P's random stream: seeded output equals the single-process engine's.
-            req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
-        self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
-        req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
-        req.token_ids.append(res.first_token_id)
-        self.recorder.generated(1)
-        first = check_stop(req, res.first_token_id, self.max_context)
         if first.final:
             self.admission.release(req.page_ids)
             req.page_ids = []
@@ -144,9 +138,6 @@ class DecodeWorker:
             req.done = True
             yield first
             return
-        # NOTE: join BEFORE yielding: if the client goes away at this yield (GeneratorExit), the
-        # scheduler already owns the request and reaps it (cancelled) with its pages.
-        self.scheduler.join(req)
         yield first
         while True:
             try:
@@ -161,14 +152,37 @@ class DecodeWorker:
             if event.final:
                 return
 
-    def _release_later(self, pages: list[int], delay_s: float) -> None:
-        if not delay_s:
-            self.admission.release(pages)
-            return
-        timer = threading.Timer(delay_s, self.admission.release, [pages])
-        timer.daemon = True
-        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
-        timer.start()
+    def _prefill(self, req: DecodeRequest, cancelled):
+        """Prefill on P into the prompt's pages. When it fails and P did not say its write is over,
+        the pages go to the fence (taken out of req.page_ids) instead of back to the pool."""
+        page_size, n = self.cfg.model.page_size, req.prompt_len
+        timeout_s = req.deadline - time.monotonic()
+        if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
+            timeout_s = min(timeout_s, self.cfg.decode.prefill_timeout_s)
+        job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
+                         decode_segment=self.rt.segment,
+                         dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
+                         timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint)
+        try:
+            return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
+        except BaseException as e:
+            if not getattr(e, "writes_over", False):
+                pages, req.page_ids = req.page_ids, []
+                self.fence.hold(req.job.prefill_address, req.request_id, pages)
+            raise
+
+    def _first_token(self, req: DecodeRequest, res) -> DecodeEvent:
+        """Take P's answer (KV in our pages, first token) and account the first token."""
+        page_size, n = self.cfg.model.page_size, req.prompt_len
+        req.cached = res.cached
+        if res.sampler_state and req.generator is not None:
+            # Continue P's random stream: seeded output equals the single-process engine's.
+            req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
+        self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
+        req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
+        req.token_ids.append(res.first_token_id)
+        self.recorder.generated(1)
+        return check_stop(req, res.first_token_id, self.max_context)
 
     def abort(self, request_id: str) -> bool:
         with self._lock:
