@@ -13,7 +13,12 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
     0x0, 0x1, 0x3, 0x4, 0x5, 0x6, 0x7, 0x8, 0x9)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-CANCEL = 0x8
+CANCEL, ENHANCE_YOUR_CALM = 0x8, 0xB
+# HTTP/2 error codes (RFC 9113 section 7), as RST_STREAM and GOAWAY carry them.
+ERROR_NAMES = {0x0: "NO_ERROR", 0x1: "PROTOCOL_ERROR", 0x2: "INTERNAL_ERROR", 0x3: "FLOW_CONTROL_ERROR",
+               0x4: "SETTINGS_TIMEOUT", 0x5: "STREAM_CLOSED", 0x6: "FRAME_SIZE_ERROR", 0x7: "REFUSED_STREAM",
+               0x8: "CANCEL", 0x9: "COMPRESSION_ERROR", 0xA: "CONNECT_ERROR", 0xB: "ENHANCE_YOUR_CALM",
+               0xC: "INADEQUATE_SECURITY", 0xD: "HTTP_1_1_REQUIRED"}
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
