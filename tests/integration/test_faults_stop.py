@@ -1,0 +1,109 @@
+"""Clients that go away and a decode worker that freezes, behind the real router (issue 14, fault tests).
+
+Cluster: the router (in this process, a 6 s request deadline) over 1 prefill + 2 decode worker
+processes, tiny model, TCP loopback; prefill in chunks of 8 tokens so a long prompt keeps the
+prefill worker busy for a while. After each scenario every process answers and its pool passes
+check_integrity() with every page back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.fixtures.workers import start_cluster
+from tests.integration.fault_helpers import (
+    assert_survivors_sound,
+    prompt,
+    router_workers,
+    sse_events,
+    start_router,
+    wait_running,
+    worker_stats,
+)
+
+DEADLINE_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir):
+    c = start_cluster(tmp_path_factory.mktemp("faults_stop"), tiny_model_dir, with_store=False,
+                      prefill={"chunk_tokens": 8})
+    try:
+        c.wait_ready(c.spawn_worker("decode"))
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def router(cluster, tiny_model_dir):
+    r = start_router(cluster, tiny_model_dir, policy="round_robin", request_timeout_s=DEADLINE_S)
+    yield r
+    r.stop()
+
+
+def test_100_client_disconnects_mid_stream_leak_no_page(cluster, router):
+    assert_survivors_sound(cluster)  # the baseline: every page free
+    decodes = [w for w in cluster.workers if w.role == "decode"]
+    before = {w.address: worker_stats(cluster, w) for w in decodes}
+    for i in range(100):
+        body = {"input_ids": prompt(20 + i % 40, seed=i), "stream": True,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 1500, "ignore_eos": True}}
+        with httpx.stream("POST", router.url + "/generate", json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if sse_events([line]):
+                    break  # a token arrived: go away mid-stream
+    assert_survivors_sound(cluster)
+    ended = 0
+    for w in decodes:
+        st = worker_stats(cluster, w)
+        ended += st.requests_failed - before[w.address].requests_failed  # aborted ones count as failed
+        assert st.requests_finished == before[w.address].requests_finished  # none ran to its end
+    assert ended == 100
+
+
+def test_a_frozen_decode_worker_fails_its_request_by_the_deadline_and_frees_pages_after_sigcont(cluster, router):
+    prefill = cluster.prefill
+    decodes = [w for w in cluster.workers if w.role == "decode"]
+    box: dict = {}
+
+    def run():
+        try:
+            box["resp"] = httpx.post(router.url + "/generate", timeout=60, json={
+                "input_ids": prompt(1900, seed=7), "sampling_params": {"temperature": 0.0, "max_new_tokens": 3}})
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["at"] = time.monotonic()
+
+    sent_at = time.monotonic()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    wait_running(cluster, [prefill])  # the prompt is being computed; the push into D comes next
+    victim = next(w for w in decodes if router_workers(router)[w.address]["in_flight"] == 1)
+    other = next(w for w in decodes if w is not victim)
+    os.killpg(victim.proc.pid, signal.SIGSTOP)
+    try:
+        # Nothing else stalls: the same prefill worker serves requests decoded by the other worker.
+        for i in range(3):
+            res = cluster.generate(prompt(30, seed=70 + i), max_tokens=2, timeout_s=30.0, decode=other)
+            assert len(res.token_ids) == 2
+        t.join(DEADLINE_S + 10)
+        assert not t.is_alive() and "resp" in box, box
+        assert box["resp"].status_code == 504, box["resp"].text
+        assert box["at"] - sent_at < DEADLINE_S + 3.0  # ended by its deadline (plus scheduling slack)
+        st = worker_stats(cluster, prefill)
+        assert st.pool_integrity_ok, st.pool_integrity_error
+    finally:
+        os.killpg(victim.proc.pid, signal.SIGCONT)
+    # Thawed, the decode worker learns the request is over and gets every page back.
+    assert_survivors_sound(cluster)
+    res = cluster.generate(prompt(30, seed=99), max_tokens=2, timeout_s=30.0, decode=victim)
+    assert len(res.token_ids) == 2
+    assert_survivors_sound(cluster)
