@@ -30,7 +30,8 @@ from typing import TextIO
 
 from pdorch.child_process import Child, stop_children
 from pdorch.config import Config
-from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_env, master_ports, plan_local_cluster
+from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_env, plan_local_cluster
+from pdorch.master_cmd import master_process
 from pdorch.progress import Progress
 
 _TICK_S = 0.2
@@ -156,11 +157,9 @@ class LocalCluster:
     def _make_plan(self) -> LaunchPlan:
         master_argv = None
         if self.cfg.store.enabled:
-            from store_client.master import MasterError, MasterProcess  # NOTE: lazy, only serve needs it
-            host, rpc, metadata, metrics = master_ports(self.cfg)
-            try:
-                master = MasterProcess(rpc, metadata, metrics, host=host, log_dir=str(self.log_dir),
-                                       eviction_high_watermark_ratio=self.cfg.store.master_eviction_high_watermark)
+            from store_client.master import MasterError  # NOTE: lazy, only serve needs it
+            try:  # the same flags as `pdorch master` and the chart's master pod
+                master = master_process(self.cfg, log_dir=str(self.log_dir))
             except MasterError as e:
                 raise ServeError(str(e)) from None
             master_argv = tuple(master.command())
