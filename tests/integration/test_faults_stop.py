@@ -72,6 +72,12 @@ def test_100_client_disconnects_mid_stream_leak_no_page(cluster, router):
 def test_a_frozen_decode_worker_fails_its_request_by_the_deadline_and_frees_pages_after_sigcont(cluster, router):
     prefill = cluster.prefill
     decodes = [w for w in cluster.workers if w.role == "decode"]
+    # NOTE: the prefill worker has pushed to both decode workers before (the previous test): its
+    # transfer engine knows their segments. A FIRST push to a frozen worker hangs in Mooncake's P2P
+    # metadata handshake (a blocking read, no timeout) under a lock every other first push needs too;
+    # that is a Mooncake limitation this test does not cover (see docs/workers.md, fencing).
+    for w in decodes:
+        assert cluster.generate(prompt(20, seed=50), max_tokens=1, decode=w).token_ids
     box: dict = {}
 
     def run():
