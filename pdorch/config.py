@@ -153,6 +153,21 @@ class RouterConfig:
 
 
 @dataclass(frozen=True)
+class GrpcConfig:
+    """Worker gRPC (router -> decode -> prefill): an optional shared token and TLS, alike in every process."""
+
+    token: str = _key("", "Shared secret every call to a worker must carry (`authorization: Bearer`); calls "
+                      "without it are rejected UNAUTHENTICATED; empty = no check (env PDORCH_GRPC_TOKEN)")
+    tls: bool = _key(False, "Workers serve gRPC over TLS; the router and decode workers call them over TLS")
+    tls_cert: str = _key("", "Workers with tls: PEM certificate (chain) file they serve")
+    tls_key: str = _key("", "Workers with tls: PEM private key file of tls_cert")
+    tls_ca: str = _key("", "Callers with tls: PEM CA bundle that signed the workers' certificates; empty = the "
+                       "system's trusted roots")
+    tls_server_name: str = _key("", "Callers with tls: the name the workers' certificates are checked for; "
+                                "empty = the host part of the address called")
+
+
+@dataclass(frozen=True)
 class DiscoveryConfig:
     """How the router finds workers: a static address list or etcd leases."""
 
@@ -177,3 +192,4 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)

@@ -15,7 +15,9 @@ import threading
 
 import grpc
 
+from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.worker_rpc import add_port, server_interceptors
 from pdorch.worker_runtime import configure_torch
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,26 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
+    # The ping policy, explicit (grpc-core's default permits a client ping every 5 minutes and
+    # answers GOAWAY "too_many_pings" after 2 strikes, which would cut a long silent prefill).
+    # Our clients ping at most every 10 s (router/grpc_stream.py, the router's grpc.aio channels)
+    # or 5 s (decode_node/prefill_client.py); 4 s leaves them margin. With calls open or not.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 4000),
+    ("grpc.http2.max_ping_strikes", 2),
+    # The worker's own pings find a caller that vanished without closing its connection (a
+    # partition): its calls are cancelled, so their pages are freed long before their deadline.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
+
+
+def make_server(rpc: GrpcConfig, max_rpcs: int) -> grpc.Server:
+    """The worker's gRPC server (not started, no port yet: `worker_rpc.add_port`). With grpc.token
+    every call must carry the token (UNAUTHENTICATED otherwise)."""
+    return grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
+                       interceptors=server_interceptors(rpc), options=GRPC_OPTIONS, maximum_concurrent_rpcs=max_rpcs)
 
 
 def run_worker(role: str, build, argv: list[str] | None = None) -> None:
@@ -55,10 +76,13 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
     max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
-                         options=GRPC_OPTIONS, maximum_concurrent_rpcs=max_rpcs)
+    server = make_server(cfg.grpc, max_rpcs)
     add_to_server(worker, server)
-    if server.add_insecure_port(address) == 0:
+    try:
+        port = add_port(server, address, cfg.grpc)
+    except ValueError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+    if port == 0:
         raise SystemExit(f"{prog}: cannot listen on {address} ({role}.host / {role}.port)")
     server.start()
     metrics_server = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import grpc
 
@@ -49,12 +50,21 @@ def _retrieve(task: asyncio.Task) -> None:
 class Channel:
     """Calls to one worker (`host:port`) over one HTTP/2 connection, (re)connected on demand."""
 
-    def __init__(self, address: str, keepalive_s: float = KEEPALIVE_S, max_message_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, address: str, keepalive_s: float = KEEPALIVE_S, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 authorization: str = "", ssl_context: ssl.SSLContext | None = None, server_hostname: str = ""):
+        """`authorization`: the value of the header every call carries (the workers' shared token, see
+        pdorch/worker_rpc.py); `ssl_context`: TLS with ALPN h2, the certificate checked for
+        `server_hostname` (default: the address's host)."""
         self.address = address
         self.keepalive_s = keepalive_s
         self.max_message_bytes = max_message_bytes
         host, _, port = address.rpartition(":")
         self._host, self._port = host.strip("[]") or "127.0.0.1", int(port)
+        self._ssl = ssl_context
+        self._server_hostname = (server_hostname or self._host) if ssl_context is not None else None
+        # NOTE: header fields every call sends alike, encoded once (:scheme is static table 7 or 6).
+        self._common = (b"\x87" if ssl_context is not None else b"\x86") + (
+            literal(b"authorization", authorization.encode()) if authorization else b"")
         self._conn: Connection | None = None
         self._connecting: asyncio.Future | None = None
         self._authority = address.encode()
@@ -75,7 +85,7 @@ class Channel:
         prefix = self._header_prefix.get(path)
         if prefix is None:
             prefix = self._header_prefix[path] = (
-                b"\x83\x86"  # :method POST, :scheme http (static table 3 and 6)
+                b"\x83" + self._common  # :method POST (static table 3), :scheme, authorization
                 + literal_indexed_name(4, path.encode()) + literal_indexed_name(1, self._authority)
                 + literal_indexed_name(31, b"application/grpc") + literal(b"te", b"trailers"))
         headers = prefix + literal(b"grpc-timeout", grpc_timeout(deadline - loop.time()))
@@ -103,7 +113,7 @@ class Channel:
         old = self._conn
         _, conn = await loop.create_connection(
             lambda: Connection(loop, self.address, self.keepalive_s, self.max_message_bytes, self._on_goaway),
-            self._host, self._port)
+            self._host, self._port, ssl=self._ssl, server_hostname=self._server_hostname)
         try:
             await conn.ready  # NOTE: the worker's SETTINGS first: its stream limit holds from the first call
         except BaseException:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from pdorch.config import GrpcConfig
+from pdorch.worker_rpc import aio_channel, bearer, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
 from router.grpc_stream import Channel
@@ -79,10 +81,14 @@ class Worker:
 class WorkerPool:
     """All known workers; mutated only on the event loop thread."""
 
-    def __init__(self, failure_threshold: int, cooldown_s: float, health_interval_s: float):
+    def __init__(self, failure_threshold: int, cooldown_s: float, health_interval_s: float,
+                 rpc: GrpcConfig | None = None):
+        """`rpc`: the workers' shared token and TLS (config section `grpc`); every channel uses them."""
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self.health_interval_s = health_interval_s
+        self.rpc = rpc or GrpcConfig()
+        self._ssl = client_ssl_context(self.rpc)
         self._workers: dict[tuple[str, str], Worker] = {}
         self._health_task: asyncio.Task | None = None
         self.on_remove = []  # callbacks(worker) (policies forget their index)
@@ -93,10 +99,13 @@ class WorkerPool:
         w = self._workers.get(key)
         if w is None:
             stub_cls = worker_pb2_grpc.PrefillServiceStub if role == "prefill" else worker_pb2_grpc.DecodeServiceStub
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            rpc = self.rpc
+            channel = aio_channel(address, rpc, _CHANNEL_OPTIONS)
+            calls = Channel(address, authorization=bearer(rpc.token) if rpc.token else "", ssl_context=self._ssl,
+                            server_hostname=rpc.tls_server_name)
             w = Worker(role, address, worker_id or address,
                        CircuitBreaker(self.failure_threshold, self.cooldown_s),
-                       channel=channel, stub=stub_cls(channel), calls=Channel(address), meta=meta or {})
+                       channel=channel, stub=stub_cls(channel), calls=calls, meta=meta or {})
             self._workers[key] = w
             log.info("worker added: %s %s (%s)", role, address, w.worker_id)
             asyncio.get_running_loop().create_task(self.check(w))
