@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 
 import httpx
@@ -12,10 +13,39 @@ import httpx
 from engine.tokenizer import Tokenizer
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.router import RouterThread, router_config
+from tests.fixtures.workers import WorkerCluster, start_cluster
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:
     return [(seed * 7919 + i * 31) % 1000 + 10 for i in range(n)]
+
+
+def start_fault_cluster(tmp, model_dir, num_prefill: int) -> WorkerCluster:
+    """`num_prefill` prefill + 2 decode workers, tiny model, no store; prefill in chunks of 8 tokens
+    so a long prompt keeps a prefill worker busy long enough to hit it mid-prefill."""
+    c = start_cluster(tmp, model_dir, with_store=False, num_prefill=num_prefill, prefill={"chunk_tokens": 8})
+    try:
+        c.wait_ready(c.spawn_worker("decode"))
+    except BaseException:
+        c.stop()
+        raise
+    return c
+
+
+def in_thread(fn, *args, **kwargs):
+    """Run fn on a daemon thread; box gets "result" or "error", and "at" (when it ended)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            box["error"] = e
+        box["at"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
 
 
 def start_router(cluster, model_dir, **router_keys) -> RouterThread:

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import httpx
 import pytest
 
-from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import (
     assert_survivors_sound,
+    in_thread,
     prompt,
     router_workers,
     sse_events,
+    start_fault_cluster,
     start_router,
     wait_running,
 )
@@ -31,13 +31,9 @@ KILL_TO_ERROR_S = 5.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_model_dir):
-    c = start_cluster(tmp_path_factory.mktemp("faults_kill"), tiny_model_dir, with_store=False, num_prefill=2,
-                      prefill={"chunk_tokens": 8})
-    try:
-        c.wait_ready(c.spawn_worker("decode"))
-        yield c
-    finally:
-        c.stop()
+    c = start_fault_cluster(tmp_path_factory.mktemp("faults_kill"), tiny_model_dir, num_prefill=2)
+    yield c
+    c.stop()
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +50,7 @@ def kill(wp) -> float:
 
 
 def post_in_thread(url: str, body: dict):
-    box: dict = {}
-
-    def run():
-        try:
-            box["resp"] = httpx.post(url, json=body, timeout=120)
-        except Exception as e:  # noqa: BLE001 - the test inspects it
-            box["error"] = e
-        box["at"] = time.monotonic()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
+    return in_thread(httpx.post, url, json=body, timeout=120)
 
 
 def test_killing_decode_mid_stream_ends_the_stream_with_an_error_and_routes_around_it(cluster, router):
@@ -111,9 +96,9 @@ def test_killing_prefill_mid_prefill_retries_on_the_other_prefill_worker(cluster
     victim = wait_running(cluster, prefills)
     kill(victim)
     t.join(60)
-    assert not t.is_alive() and "resp" in box, box
-    assert box["resp"].status_code == 200, box["resp"].text
-    assert box["resp"].json()["meta_info"]["completion_tokens"] == 3
+    assert not t.is_alive() and "result" in box, box
+    assert box["result"].status_code == 200, box["result"].text
+    assert box["result"].json()["meta_info"]["completion_tokens"] == 3
     survivor = next(w for w in prefills if w is not victim)
     after = router_workers(router)
     assert after[survivor.address]["routed"] - before[survivor.address] == 1  # the retry went there
@@ -129,8 +114,8 @@ def test_killing_the_last_prefill_worker_mid_prefill_fails_fast_with_503(cluster
     wait_running(cluster, last)
     killed_at = kill(last[0])
     t.join(30)
-    assert not t.is_alive() and "resp" in box, box
+    assert not t.is_alive() and "result" in box, box
     assert box["at"] - killed_at < KILL_TO_ERROR_S
-    assert box["resp"].status_code == 503, box["resp"].text
-    assert "error" in box["resp"].json()
+    assert box["result"].status_code == 503, box["result"].text
+    assert "error" in box["result"].json()
     assert_survivors_sound(cluster)  # the decode worker got every page back (P's port refuses: peer_gone)
