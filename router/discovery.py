@@ -145,6 +145,7 @@ class EtcdDiscovery:
             self._resync_task = self._loop.create_task(self._resync())
 
     async def _resync(self) -> None:
+        failures = 0
         while not self._stopped:
             await asyncio.sleep(self.RESYNC_DELAY_S)
             try:
@@ -152,9 +153,17 @@ class EtcdDiscovery:
                     await asyncio.to_thread(self._client.cancel_watch, self._watch_id)
                     self._watch_id = None
                 await self._sync()
+                if failures:
+                    log.warning("etcd is back after %d failed resyncs; %d workers registered", failures,
+                                len(self._entries))
                 return
             except Exception as e:  # noqa: BLE001 - etcd still down: try again
-                log.warning("etcd resync failed: %s", e)
+                failures += 1
+                # The pool is left as it is: workers do not die with etcd, so keep routing to them
+                # (health checks still take dead ones out). Said once per outage, not every second.
+                (log.warning if failures == 1 else log.debug)(
+                    "etcd unreachable (%s); routing to the %d last known workers until it is back; "
+                    "retrying every %.0f s", e, len(self._entries), self.RESYNC_DELAY_S)
 
     async def stop(self) -> None:
         self._stopped = True
