@@ -150,6 +150,8 @@ class RouterConfig:
     health_check_interval_s: float = _key(2.0, "Seconds between worker health checks", min=0.1)
     circuit_breaker_failures: int = _key(3, "Consecutive failures that open a worker's circuit", min=1)
     circuit_breaker_cooldown_s: float = _key(10.0, "Seconds before an open circuit is retried", min=0.1)
+    max_body_mb: int = _key(8, "Largest HTTP request body in MiB (a 128k-token prompt as token ids is ~1 MiB); "
+                            "a larger one is answered 413", min=1, max=1024)
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.fastpath = FastPath(app.call_fastapi, handlers={"/v1/chat/completions": gen.chat,
                                                         "/v1/completions": gen.completions,
                                                         "/generate": gen.generate},
-                            metrics=metrics, known_routes=_ROUTES)
+                            metrics=metrics, known_routes=_ROUTES, max_body_bytes=rc.max_body_mb << 20)
 
     @app.get("/v1/models")
     async def models(request: Request):

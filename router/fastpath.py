@@ -26,15 +26,18 @@ from router.metrics import RouterMetrics
 log = logging.getLogger("pdorch.router")
 
 # A 128k-token prompt as JSON token ids is ~1 MiB; anything far beyond is a mistake or an attack.
-MAX_BODY_BYTES = 32 << 20
+# The default of `router.max_body_mb`.
+MAX_BODY_BYTES = 8 << 20
 
 
 class FastPath:
-    def __init__(self, app, handlers: dict, metrics: RouterMetrics, known_routes: set[str]):
+    def __init__(self, app, handlers: dict, metrics: RouterMetrics, known_routes: set[str],
+                 max_body_bytes: int = MAX_BODY_BYTES):
         self.app = app
         self.handlers = handlers  # path -> async (request, body) -> response
         self.metrics = metrics
         self.known_routes = known_routes
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -52,8 +55,20 @@ class FastPath:
 
         await self.app(scope, receive, counting_send)
 
+    async def _too_large(self, scope, receive, send, route: str):
+        self.metrics.requests.labels(route, "413").inc()
+        limit = self.max_body_bytes
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+        await APIError(413, f"request body larger than {size} (router.max_body_mb)", "invalid_request_error",
+                       code="request_too_large").response()(scope, receive, send)
+
     async def _serve(self, handler, scope, receive, send, route: str):
         status_seen = []
+        for name, value in scope["headers"]:  # refuse a declared oversize body before reading any of it
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.max_body_bytes:
+                    return await self._too_large(scope, receive, send, route)
+                break
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -61,10 +76,8 @@ class FastPath:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                self.metrics.requests.labels(route, "413").inc()
-                return await APIError(413, f"request body larger than {MAX_BODY_BYTES >> 20} MiB",
-                                      "invalid_request_error").response()(scope, receive, send)
+            if size > self.max_body_bytes:
+                return await self._too_large(scope, receive, send, route)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

@@ -16,6 +16,10 @@ from proto.pdorch.v1 import worker_pb2
 from router.errors import bad_request
 
 _CFG = ConfigDict(strict=True, extra="ignore")
+# The worker protocol's integer widths (worker.proto): JSON numbers beyond them are the client's
+# mistake, answered 400 here (protobuf would raise ValueError, a 500).
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class StreamOptions(BaseModel):
@@ -104,33 +108,86 @@ def parse(model_cls: type[BaseModel], body: bytes) -> BaseModel:
     try:
         return model_cls.model_validate_json(body)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        errors = e.errors(include_url=False)
+        err = errors[0]
         if err["type"] in ("json_invalid", "json_type"):
             raise bad_request(f"malformed JSON body: {err['msg']}") from None
-        loc = ".".join(str(x) for x in err["loc"])
+        loc, msg = _explain(errors)
         if not loc:
-            raise bad_request(f"request body: {err['msg']}") from None
-        raise bad_request(f"{loc}: {err['msg']}", param=loc) from None
+            raise bad_request(f"request body: {msg}") from None
+        raise bad_request(f"{loc}: {msg}", param=loc) from None
 
 
-def _stops(stop: str | list[str] | None) -> list[str]:
+# How a union member (a type tag in pydantic's error location) reads in an error message.
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
+               "list[int]": "an array of token ids (integers)", "list[str]": "an array of strings",
+               "list[list[int]]": "an array of token-id arrays", "list[TextPart]": 'an array of {"type": "text", '
+               '"text": ...} parts'}
+
+
+def _is_type_tag(part) -> bool:
+    """Union members appear in error locations as type tags ('str', 'list[int]', 'TextPart');
+    field names are lower-case identifiers."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part[:1].isupper())
+
+
+def _explain(errors: list[dict]) -> tuple[str, str]:
+    """(field path, message) for the first error. A value that fits no member of a union gets one
+    message listing the accepted types, unless exactly one member got past the type check (then
+    its own deeper error says more)."""
+    first = errors[0]
+    tag_at = next((i for i, part in enumerate(first["loc"]) if _is_type_tag(part)), None)
+    if tag_at is None:
+        return ".".join(str(x) for x in first["loc"]), first["msg"]
+    base = first["loc"][:tag_at]
+    branches: dict[str, list[dict]] = {}
+    for err in errors:
+        loc = err["loc"]
+        if len(loc) > tag_at and loc[:tag_at] == base and _is_type_tag(loc[tag_at]):
+            branches.setdefault(loc[tag_at], []).append(err)
+    deeper = [errs for errs in branches.values()
+              if not (len(errs) == 1 and len(errs[0]["loc"]) == tag_at + 1 and errs[0]["type"].endswith("_type"))]
+    if len(deeper) == 1:
+        inner = deeper[0][0]
+        loc = base + tuple(x for x in inner["loc"][tag_at + 1:] if not _is_type_tag(x))
+        return ".".join(str(x) for x in loc), inner["msg"]
+    names = [_TYPE_NAMES.get(tag, tag) for tag in branches]
+    expected = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    return ".".join(str(x) for x in base), f"expected {expected}"
+
+
+def _stops(stop: str | list[str] | None, param: str = "stop") -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else list(stop)
     if len(stops) > 16 or any(not s for s in stops):
-        raise bad_request("stop: at most 16 non-empty strings", param="stop")
+        raise bad_request(f"{param}: at most 16 non-empty strings", param=param)
     return stops
 
 
-def _check_common(temperature: float, top_p: float, top_k: int, token_ids: list[int] | None) -> None:
+def _check_common(temperature: float, top_p: float, top_k: int, token_ids: list[int] | None,
+                  prefix: str = "") -> None:
+    """Ranges of the sampling fields; `prefix` is where they sit in the body ("sampling_params.")."""
     if not 0.0 <= temperature <= 100.0:
-        raise bad_request(f"temperature must be in [0, 100], got {temperature}", param="temperature")
+        raise bad_request(f"{prefix}temperature must be in [0, 100], got {temperature}", param=prefix + "temperature")
     if not 0.0 < top_p <= 1.0:
-        raise bad_request(f"top_p must be in (0, 1], got {top_p}", param="top_p")
-    if top_k < -1:
-        raise bad_request(f"top_k must be -1 (disabled), 0 (disabled) or positive, got {top_k}", param="top_k")
-    if token_ids and any(t < 0 for t in token_ids):
-        raise bad_request("stop_token_ids must be non-negative", param="stop_token_ids")
+        raise bad_request(f"{prefix}top_p must be in (0, 1], got {top_p}", param=prefix + "top_p")
+    if not -1 <= top_k <= INT32_MAX:
+        raise bad_request(f"{prefix}top_k must be -1 (disabled), 0 (disabled) or positive up to {INT32_MAX}, "
+                          f"got {top_k}", param=prefix + "top_k")
+    if token_ids and any(not 0 <= t <= INT32_MAX for t in token_ids):
+        raise bad_request(f"{prefix}stop_token_ids must be token ids in [0, {INT32_MAX}]",
+                          param=prefix + "stop_token_ids")
+
+
+def _check_seed(seed: int | None, param: str) -> None:
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        raise bad_request(f"{param} must be a 64-bit signed integer, got {seed}", param=param)
+
+
+def _check_max_tokens(max_tokens: int | None, param: str) -> None:
+    if max_tokens is not None and not 1 <= max_tokens <= INT32_MAX:
+        raise bad_request(f"{param} must be in [1, {INT32_MAX}], got {max_tokens}", param=param)
 
 
 def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParams, int | None]:
@@ -149,8 +206,8 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
     _check_common(temperature, top_p, top_k, req.stop_token_ids)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"{param} must be at least 1, got {max_tokens}", param=param)
+    _check_max_tokens(max_tokens, param)
+    _check_seed(req.seed, "seed")
     sp = worker_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, stop=_stops(req.stop),
                                    stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
     if req.seed is not None:
@@ -159,12 +216,12 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
 
 
 def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
-    _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids)
-    if s.max_new_tokens is not None and s.max_new_tokens < 1:
-        raise bad_request(f"sampling_params.max_new_tokens must be at least 1, got {s.max_new_tokens}",
-                          param="sampling_params.max_new_tokens")
+    _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.")
+    _check_max_tokens(s.max_new_tokens, "sampling_params.max_new_tokens")
+    _check_seed(s.seed, "sampling_params.seed")
+    _check_seed(s.sampling_seed, "sampling_params.sampling_seed")
     sp = worker_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                   stop=_stops(s.stop), stop_token_ids=s.stop_token_ids or [],
+                                   stop=_stops(s.stop, "sampling_params.stop"), stop_token_ids=s.stop_token_ids or [],
                                    ignore_eos=s.ignore_eos)
     seed = s.seed if s.seed is not None else s.sampling_seed
     if seed is not None:

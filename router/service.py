@@ -24,6 +24,9 @@ from router.policies import CacheAware, Policy
 from router.workers import WorkerPool
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
+# The body field that holds the prompt, per route (named by prompt errors).
+_PROMPT_PARAM = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/generate": "input_ids"}
+_TOKEN_ID_MAX = 2**31 - 1  # worker.proto's int32 token ids
 
 
 def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[str]:
@@ -99,15 +102,19 @@ class RouterService:
                  default_max_tokens: int | None, request: Request, request_id: str | None = None,
                  max_tokens_param: str = "max_tokens") -> Job:
         n = len(token_ids)
+        prompt_param = _PROMPT_PARAM.get(request.scope.get("path", ""), "prompt")
         if n == 0:
-            raise bad_request("the prompt is empty", param="prompt")
-        vocab = self._vocab_size
-        if vocab and (min(token_ids) < 0 or max(token_ids) >= vocab):
-            raise bad_request(f"token ids must be in [0, {vocab})", param="input_ids")
+            raise bad_request("the prompt is empty", param=prompt_param)
+        vocab = self._vocab_size or _TOKEN_ID_MAX + 1
+        low, high = min(token_ids), max(token_ids)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise bad_request(f"token ids must be in [0, {vocab}) (the model's vocabulary), got {bad}",
+                              param=prompt_param)
         limit = self.context_limit()
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
-                              "(prompt + output must fit)", param="messages")
+                              "(prompt + output must fit)", param=prompt_param)
         if max_tokens is None:
             max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
             if limit:
