@@ -253,10 +253,14 @@ class Connection(asyncio.Protocol):
         return text + (f": {debug.decode('utf-8', 'replace')}" if debug else "")
 
     # ------------------------------------------------------------------ calls
+    def stream_free(self) -> bool:
+        """The worker allows one more stream now and no call waits for one (the hot path)."""
+        return not self._slot_waiters and len(self.streams) + self._handed < self.peer_max_streams
+
     async def acquire_stream(self, deadline: float) -> bool:
         """Wait (FIFO) until the worker allows one more stream; False if the connection became
         unusable meanwhile. The caller must `start()` at once (no await in between)."""
-        if not self._slot_waiters and len(self.streams) + self._handed < self.peer_max_streams:
+        if self.stream_free():
             return True
         fut = self.loop.create_future()
         self._slot_waiters.append(fut)

@@ -80,7 +80,7 @@ class Channel:
             if conn is None or not conn.usable:
                 conn = await self._connect(loop, deadline)
             # NOTE: no await between a granted stream and start(): the stream count stays exact.
-            if await conn.acquire_stream(deadline) and conn.usable:
+            if (conn.stream_free() or await conn.acquire_stream(deadline)) and conn.usable:
                 break
         prefix = self._header_prefix.get(path)
         if prefix is None:
