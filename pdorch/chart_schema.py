@@ -82,7 +82,9 @@ def values_schema() -> dict[str, Any]:
                  image=image, imagePullSecrets={"type": "array", "items": STR},
                  nameOverride=STR, fullnameOverride=STR,
                  config=config_json_schema(),
-                 auth=obj("API and admin keys", existingSecret=STR, apiKey=STR, adminKey=STR),
+                 auth=obj("API, admin and worker gRPC keys", existingSecret=STR, apiKey=STR, adminKey=STR,
+                          grpcToken=STR),
+                 grpcTls=obj("worker gRPC over TLS", enabled=BOOL, secretName=STR, serverName=STR),
                  router=router, prefill=_worker("prefill"), decode=_worker("decode"), master=master, etcd=etcd,
                  monitoring=monitoring,
                  networkPolicy=obj("NetworkPolicies", enabled=BOOL, routerFrom=LIST))

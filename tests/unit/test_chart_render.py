@@ -226,3 +226,27 @@ def test_monitoring_objects(rendered):
     assert all(f'namespace="{NAMESPACE}"' in r["expr"] for r in rules)
     assert [o for o in objs if o["kind"] == "NetworkPolicy"]
     assert not [o for o in rendered["default"] if o["kind"] in ("NetworkPolicy", "ServiceMonitor")]
+
+
+def test_worker_grpc_token_and_tls():
+    objs = render_chart({"auth": {"grpcToken": "tok-789"}, "grpcTls": {"enabled": True, "secretName": "pd-tls",
+                                                                        "serverName": "workers.pd"}})
+    assert "tok-789" not in json.dumps([o for o in objs if o["kind"] != "Secret"])
+    cfg = yaml.safe_load(find(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])
+    assert cfg["grpc"] == {"token": "", "tls": True, "tls_cert": "/etc/pdorch-tls/tls.crt",
+                           "tls_key": "/etc/pdorch-tls/tls.key", "tls_ca": "/etc/pdorch-tls/ca.crt",
+                           "tls_server_name": "workers.pd"}
+    for role in ("router", "prefill", "decode"):
+        obj = find(objs, "Deployment", f"{FULLNAME}-{role}")
+        c = containers(obj)[0]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["PDORCH_GRPC_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "grpc-token"
+        assert {"name": "grpc-tls", "mountPath": "/etc/pdorch-tls", "readOnly": True} in c["volumeMounts"]
+        vols = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
+        assert vols["grpc-tls"]["secret"]["secretName"] == "pd-tls"
+    master_env = {e["name"] for e in containers(find(objs, "Deployment", f"{FULLNAME}-master"))[0]["env"]}
+    assert "PDORCH_GRPC_TOKEN" not in master_env
+    for obj in objs:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

@@ -61,6 +61,7 @@ etcd addresses, discovery). Secrets never go in here: the router reads them from
   "prefill" (dict "host" "0.0.0.0")
   "decode" (dict "host" "0.0.0.0")
   "router" (dict "host" "0.0.0.0" "api_key" "" "admin_key" "")
+  "grpc" (dict "token" "")
   "discovery" (dict "mode" "etcd" "etcd_endpoints" (include "pdorch.etcdEndpoints" . | fromJsonArray)) }}
 {{- if .Values.master.enabled }}
 {{- $master := include "pdorch.masterHost" . }}
@@ -68,6 +69,13 @@ etcd addresses, discovery). Secrets never go in here: the router reads them from
   "master_address" (printf "%s:%d" $master (int .Values.master.rpcPort))
   "metadata_server" (printf "http://%s:%d/metadata" $master (int .Values.master.metadataPort))
   "master_metrics_port" (int .Values.master.metricsPort)) }}
+{{- end }}
+{{- if .Values.grpcTls.enabled }}
+{{- $_ := set $derived.grpc "tls" true }}
+{{- $_ := set $derived.grpc "tls_cert" "/etc/pdorch-tls/tls.crt" }}
+{{- $_ := set $derived.grpc "tls_key" "/etc/pdorch-tls/tls.key" }}
+{{- $_ := set $derived.grpc "tls_ca" "/etc/pdorch-tls/ca.crt" }}
+{{- $_ := set $derived.grpc "tls_server_name" .Values.grpcTls.serverName }}
 {{- end }}
 {{- $cfg = mustMergeOverwrite $cfg $derived }}
 {{- if and (or .Values.prefill.rdma.enabled .Values.decode.rdma.enabled) (ne (dig "store" "protocol" "tcp" $cfg) "rdma") }}
@@ -111,4 +119,29 @@ checksum/config: {{ include "pdorch.config" . | sha256sum }}
     matchLabels:
       app.kubernetes.io/name: {{ include "pdorch.name" . }}
       app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Router and workers: the worker gRPC token from the Secret, and the TLS files when enabled. */}}
+{{- define "pdorch.grpcEnv" -}}
+- name: PDORCH_GRPC_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "pdorch.secretName" . }}
+      key: grpc-token
+{{- end }}
+
+{{- define "pdorch.tlsMount" -}}
+{{- if .Values.grpcTls.enabled }}
+- name: grpc-tls
+  mountPath: /etc/pdorch-tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "pdorch.tlsVolume" -}}
+{{- if .Values.grpcTls.enabled }}
+- name: grpc-tls
+  secret:
+    secretName: {{ required "grpcTls.secretName: the Secret with tls.crt, tls.key and ca.crt" .Values.grpcTls.secretName }}
+{{- end }}
 {{- end }}

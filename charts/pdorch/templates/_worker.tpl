@@ -55,6 +55,7 @@ spec:
           command: ["python", "-m", "{{ $role }}_node", "--config", "/etc/pdorch/config.yaml"]
           env:
             {{- include "pdorch.podEnv" $root | nindent 12 }}
+            {{- include "pdorch.grpcEnv" $root | nindent 12 }}
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -94,6 +95,7 @@ spec:
           {{- end }}
           volumeMounts:
             {{- include "pdorch.configMount" $root | nindent 12 }}
+            {{- include "pdorch.tlsMount" $root | nindent 12 }}
             - name: shm
               mountPath: /dev/shm
             {{- if $v.hugepages.enabled }}
@@ -102,6 +104,7 @@ spec:
             {{- end }}
       volumes:
         {{- include "pdorch.configVolume" $root | nindent 8 }}
+        {{- include "pdorch.tlsVolume" $root | nindent 8 }}
         - name: shm
           emptyDir:
             medium: Memory
