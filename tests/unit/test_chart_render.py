@@ -11,6 +11,7 @@ import yaml
 
 from pdorch.config_loader import load_config
 from tests.fixtures.chart import (
+    CHART_DIR,
     FULLNAME,
     NAMESPACE,
     VARIANTS,
@@ -250,3 +251,18 @@ def test_worker_grpc_token_and_tls():
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
             continue
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_every_values_key_is_commented():
+    """values.yaml: a comment above (or beside) every key, as operators read it instead of docs."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        # a block of sub-keys opened by a commented parent counts as documented by their own comments
+        if not (above.startswith("#") or "#" in line):
+            missing.append(f"line {i + 1}: {stripped}")
+    assert not missing, "values.yaml keys without a comment:\n" + "\n".join(missing)
