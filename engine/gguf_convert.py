@@ -115,6 +115,26 @@ def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).swapaxes(1, 2).reshape(out_dim, in_dim)
 
 
+def refuse_unsupported_rope(path: pathlib.Path, reader, head_dim: int) -> None:
+    """Raise ModelDirError for RoPE variants this converter would get silently wrong.
+
+    Llama-3.x GGUFs carry their frequency scaling as a `rope_freqs` tensor (and may carry
+    `rope.scaling.*` keys); partial rotary shows as `rope.dimension_count` < head_dim. Converting
+    them as plain RoPE would load and generate, just wrongly, so they are refused by name.
+    """
+    found = [t.name for t in reader.tensors if t.name.startswith("rope_freqs")]
+    scaling = _field(reader, "llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        found.append(f"llama.rope.scaling.type={scaling}")
+    dims = _field(reader, "llama.rope.dimension_count", head_dim)
+    if dims != head_dim:
+        found.append(f"llama.rope.dimension_count={dims} (head_dim {head_dim})")
+    if found:
+        raise ModelDirError(f"{path}: RoPE scaling / partial rotary is not supported in GGUF conversion "
+                            f"({', '.join(found)}); prepare the model from its Hugging Face checkpoint "
+                            "directory instead (its config.json rope_scaling is supported)")
+
+
 def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str], None]) -> None:
     from gguf import GGUFReader
     from gguf.quants import dequantize
@@ -132,6 +152,7 @@ def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str]
     hidden, heads = g("embedding_length"), g("attention.head_count")
     kv_heads = g("attention.head_count_kv", heads)
     head_dim = g("attention.key_length", hidden // heads)
+    refuse_unsupported_rope(path, reader, head_dim)
     tok = read_gguf_tokenizer(path, reader)
     names = {t.name for t in reader.tensors}
     cfg = llama_config(vocab_size=g("vocab_size", len(tok.tokens)), hidden_size=hidden,
@@ -140,8 +161,6 @@ def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str]
                        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
                        max_position_embeddings=g("context_length"), tie="output.weight" not in names,
                        bos=tok.bos_id, eos=tok.eos_id, pad=tok.pad_id)
-    if _field(reader, "llama.rope.scaling.type", "none") not in ("none", None):
-        raise ModelDirError(f"{path}: GGUF rope scaling is not supported; use the HF checkpoint instead")
     tensors: dict[str, np.ndarray] = {}
     for i, t in enumerate(reader.tensors):
         w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
@@ -161,7 +180,7 @@ def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str]
             elif suffix == "attn_k.weight":
                 w = unpermute_rotary(w, kv_heads)
         else:
-            continue  # e.g. rope_freqs: derived from config instead
+            raise ModelDirError(f"{path}: unexpected tensor {t.name}")
         tensors[hf] = np.ascontiguousarray(w)
         if i % 40 == 0:
             progress(f"[prepare] dequantized {i + 1}/{len(reader.tensors)} tensors")
