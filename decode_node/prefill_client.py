@@ -22,7 +22,9 @@ from dataclasses import replace
 
 import grpc
 
+from pdorch.config import GrpcConfig
 from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
+from pdorch.worker_rpc import client_channel
 from prefill_node import convert
 from prefill_node.job import WRITES_OVER_KEY, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
@@ -44,14 +46,15 @@ CHANNEL_OPTIONS = [
 
 
 class PrefillClient:
-    def __init__(self):
+    def __init__(self, rpc: GrpcConfig | None = None):
+        self._rpc = rpc or GrpcConfig()  # the shared token and TLS of worker gRPC (config section grpc)
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.PrefillServiceStub]] = {}
 
     def _stub(self, address: str) -> pb_grpc.PrefillServiceStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = client_channel(address, self._rpc, options=CHANNEL_OPTIONS)
                 self._stubs[address] = (channel, pb_grpc.PrefillServiceStub(channel))
             return self._stubs[address][1]
 

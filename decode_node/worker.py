@@ -54,7 +54,7 @@ class DecodeWorker:
         self.admission = Admission(rt.allocator, dc.max_queued_requests, dc.kv_watermark)
         self.scheduler = DecodeScheduler(rt, self.admission, dc.max_running_requests, dc.offload_generated_kv,
                                          self.recorder)
-        self.prefill_client = PrefillClient()
+        self.prefill_client = PrefillClient(cfg.grpc)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.admission.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)
