@@ -10,7 +10,8 @@
   (for its prefill call too). A request whose deadline passed is never retried.
 - Before the first token arrives, a failure is retried once on a different P/D pair (the
   failed workers are excluded when others are routable). Which worker failed is decided by
-  probing both with Info; the one that does not answer gets the circuit-breaker failure.
+  probing both with Info; the one that does not answer gets the circuit-breaker failure. When no
+  retry follows, the probes run after the answer (they must not hold it past the deadline).
 - After the first token, a failure ends the stream with `StreamFailed` (the HTTP layer turns it
   into an error event; the client already has a 200).
 - Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
@@ -69,6 +70,7 @@ class Dispatcher:
         self.metrics = metrics
         self.max_attempts = max_attempts
         self.affinity = SessionAffinity()
+        self._probes: set[asyncio.Task] = set()  # blame probes running after a request was answered
         pool.on_remove.append(policy.forget)
 
     def has_capacity(self) -> tuple[bool, bool]:
@@ -99,6 +101,16 @@ class Dispatcher:
         if ok_p and ok_d:
             self.pool.record_failure(d, error)
             self.metrics.worker_errors.labels(d.role, d.address).inc()
+
+    async def _charge(self, p: Worker, d: Worker, error: str, final: bool) -> None:
+        """Blame before a retry (it should go to healthy workers); after the last attempt in the
+        background: the probes (up to 2 s on a hung worker) must not hold the answer past the deadline."""
+        if not final:
+            await self._blame(p, d, error)
+            return
+        task = asyncio.get_running_loop().create_task(self._blame(p, d, error))
+        self._probes.add(task)  # NOTE: a reference, or the task may be collected before it ends
+        task.add_done_callback(self._probes.discard)
 
     async def stream(self, job: Job) -> AsyncIterator[list[worker_pb2.GenerateResponse]]:
         """Yield D's chunks in batches (all that arrived together; the first batch holds the first
@@ -145,7 +157,8 @@ class Dispatcher:
                     p.in_flight -= 1
                     d.in_flight -= 1
                     p_held = d_held = False
-                    last_error = await self._first_token_failure(e, p, d)
+                    final = attempt + 1 >= self.max_attempts
+                    last_error = await self._first_token_failure(e, p, d, job, final)
                     continue
                 # First token: prefill is done, P's share of the load ends here.
                 p.in_flight -= 1
@@ -184,10 +197,10 @@ class Dispatcher:
         self.pool.record_success(d)
         return True
 
-    async def _first_token_failure(self, e: Exception, p: Worker, d: Worker) -> APIError:
+    async def _first_token_failure(self, e: Exception, p: Worker, d: Worker, job: Job, final: bool) -> APIError:
         if isinstance(e, _EarlyEOF):
             msg = f"decode worker {d.address} ended the stream before the first token"
-            await self._blame(p, d, msg)
+            await self._charge(p, d, msg, final or job.remaining_s() <= 0)
             return upstream_error(msg)
         code, details = e.code(), e.details()
         if code in _CLIENT_CODES:
@@ -195,7 +208,8 @@ class Dispatcher:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return overloaded(f"workers are at capacity: {details}")
         msg = f"worker request failed before the first token (P={p.address}, D={d.address}): {code.name}: {details}"
-        await self._blame(p, d, f"{code.name}: {details}")
+        final = final or job.remaining_s() <= 0 or code == grpc.StatusCode.DEADLINE_EXCEEDED
+        await self._charge(p, d, f"{code.name}: {details}", final)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return _timeout(msg)
         return unavailable(msg) if code == grpc.StatusCode.UNAVAILABLE else upstream_error(msg)

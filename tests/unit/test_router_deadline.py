@@ -4,11 +4,16 @@ Real gRPC stand-in workers behind the router app."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 
+from tests.fixtures.processes import free_port, stop_process, wait_for_port
 from tests.fixtures.router import wait_until
 
 
@@ -56,3 +61,29 @@ def test_a_retry_gets_only_the_time_that_is_left(standins, make_router):
     # NOTE: at least spent_s passed between the request's arrival and the retry (a lower bound that
     # holds however loaded the machine is).
     assert 0 < retried[0].timeout_s <= timeout_s - spent_s
+
+
+def test_a_hung_worker_does_not_hold_the_answer_past_the_deadline(standins, make_router):
+    # A frozen decode worker (SIGSTOP): its kernel still accepts the connection, nothing answers.
+    # Probing which worker failed (Info, up to 1 s) must not delay the 504 past the deadline.
+    p = standins("prefill")
+    port = free_port()
+    d = subprocess.Popen([sys.executable, "-m", "router.standin", "--role", "decode", "--port", str(port)],
+                         start_new_session=True)
+    try:
+        wait_for_port(port, 15, d)
+        timeout_s = 1.0
+        r = make_router([p.address], [f"127.0.0.1:{port}"], policy="round_robin", request_timeout_s=timeout_s)
+        wait_until(lambda: all(w["healthy"] for w in httpx.get(r.url + "/workers").json()["workers"]), 10,
+                   "both workers to be healthy")
+        os.kill(d.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        result: dict = {}
+        _gen(r, result)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(d.pid, signal.SIGCONT)
+        stop_process(d)
+    assert result["status"] == 504, result
+    # NOTE: 0.8 s of slack for a loaded machine; the probe alone would add a whole second.
+    assert elapsed < timeout_s + 0.8, elapsed
