@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from pdorch.config import StoreConfig
+from store_client.config import StoreConfig
 from store_client.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)

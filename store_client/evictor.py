@@ -30,8 +30,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from pdorch.config import StoreConfig
 from store_client.chain_index import ChainIndex
+from store_client.config import StoreConfig
 from store_client.store import KVStore
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Self
 
-from pdorch.ports import free_port
+from store_client.ports import free_port
 
 MASTER_BINARY = "mooncake_master"
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdorch.config import StoreConfig
+from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
 from store_client.metrics import StoreMetrics, default_metrics
 

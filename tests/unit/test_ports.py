@@ -1,10 +1,10 @@
-"""pdorch/ports.py: ports for test servers never come from the kernel's ephemeral range."""
+"""store_client/ports.py: ports for test servers never come from the kernel's ephemeral range."""
 
 from __future__ import annotations
 
 import socket
 
-from pdorch import ports
+from store_client import ports
 
 
 def test_free_ports_are_below_the_ephemeral_range_distinct_and_bindable():

@@ -1,4 +1,5 @@
-"""store_client must never import torch (DESIGN.md section 1): the router and small images use it."""
+"""store_client must never import torch (DESIGN.md section 1): the router and small images use it; nor
+anything of pdorch (it is a library the workers, the router and tests use on its own)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ for name in names:
 import mooncake.store, mooncake.engine
 from store_client.transfer import KVTransfer
 KVTransfer().start()
-print(json.dumps({"modules": names, "torch": "torch" in sys.modules}))
+print(json.dumps({"modules": names, "torch": "torch" in sys.modules,
+                  "pdorch": sorted(m for m in sys.modules if m == "pdorch" or m.startswith("pdorch."))}))
 """
 
 
@@ -32,3 +34,4 @@ def test_store_client_imports_no_torch():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"page_hash", "master", "transfer", "store", "io_thread", "metrics", "connector"} <= set(result["modules"])
     assert result["torch"] is False, "a store_client module imported torch"
+    assert result["pdorch"] == [], f"store_client imported {result['pdorch']}"

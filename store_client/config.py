@@ -1,0 +1,71 @@
+"""The store section of the configuration (`store:` in YAML): store_client's own frozen config.
+
+Declared here, not in pdorch/config.py, so store_client depends on nothing in pdorch; pdorch's
+Config embeds it as its `store` section, and the loader, docs and JSON Schema read its field
+metadata like every other section's (see pdorch/config.py for the metadata keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _key(default, help: str, **rules):
+    """A config key with its documentation and validation rules (pdorch/config.py's convention)."""
+    return field(default=default, metadata={"help": help, **rules})
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """The Mooncake store (L3 KV tier) and the transfer engine between workers."""
+
+    enabled: bool = _key(True, "Use the Mooncake store as the L3 KV tier")
+    master_address: str = _key("127.0.0.1:50151", "mooncake_master RPC address host:port",
+                                 format="host:port", required_when=("enabled", True))
+    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "Mooncake metadata server URL",
+                                  required_when=("enabled", True))
+    protocol: str = _key("tcp", "Transport to the store and between workers", choices=["tcp", "rdma"])
+    device_name: str = _key("", "RDMA device(s), e.g. mlx5_0; empty for tcp")
+    local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store, the transfer engine "
+                               "and etcd (a pod's IP in Kubernetes); also the gRPC address registered in etcd "
+                               "when the worker listens on a wildcard host")
+    global_segment_size_mb: int = _key(512, "Memory this worker contributes to the store pool (MiB); "
+                                       "0 = pure client", min=0)
+    local_buffer_size_mb: int = _key(64, "Staging buffer for copying store calls (MiB)", min=1)
+    io_threads: int = _key(2, "Threads running batched store I/O; with 2+ one serves loads only and one "
+                           "batch moves bytes while another waits for the GIL", min=1, max=16)
+    op_timeout_s: float = _key(10.0, "Deadline for one batched store operation", min=0.1)
+    reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
+                                       min=0.1)
+    write_back: bool = _key(True, "Prefill writes newly computed full pages to the store")
+    save_chunk_pages: int = _key(16, "Pages per store write call; a queued load waits at most one chunk",
+                                 min=1, max=4096)
+    max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "
+                                       "this new saves are dropped, never blocking requests", min=0)
+    master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher; workers read the "
+                                    "store's fill level there for eviction)", min=1, max=65535)
+    master_eviction_high_watermark: float = _key(0.9, "mooncake_master's own generic eviction starts above "
+                                                 "this fill ratio (the backstop behind `eviction: chain`)",
+                                                 min=0.1, max=1.0)
+    master_eviction_ratio: float = _key(0.05, "mooncake_master: fraction of objects its generic eviction "
+                                        "removes at once", min=0.0, max=1.0)
+    master_kv_lease_ttl_ms: int = _key(10000, "mooncake_master: an object read or written is not evicted for "
+                                       "this long (ms)", min=1)
+    master_client_ttl_s: int = _key(10, "mooncake_master: a client silent this long is considered gone and "
+                                    "its segment unmounted", min=1)
+    master_enable_offload: bool = _key(False, "mooncake_master: let clients offload evicted objects to local "
+                                       "SSD (Mooncake's SSD tier; clients need its storage settings)")
+    eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
+                         "deepest in their conversation and least recently used first (tails before heads) "
+                         "before the master's watermark is reached; `master` = only mooncake_master's "
+                         "generic eviction", choices=["chain", "master"])
+    evict_high_watermark: float = _key(0.89, "chain eviction: start removing pages when the store is this "
+                                       "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
+    evict_low_watermark: float = _key(0.88, "chain eviction: remove pages until the store is this full",
+                                      min=0.0, max=1.0, below="evict_high_watermark")
+    evict_interval_s: float = _key(0.2, "chain eviction: how often the store's fill level is read",
+                                   min=0.01, max=60.0)
+    evict_depth_weight_s: float = _key(60.0, "chain eviction: a page one step deeper in its conversation "
+                                       "counts as used this many seconds earlier (0 = plain LRU)", min=0.0)
+    evict_index_pages: int = _key(262144, "chain eviction: store pages this worker remembers (key, depth, "
+                                  "last use); the oldest are forgotten beyond it", min=1)
