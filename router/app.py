@@ -57,7 +57,8 @@ class RouterApp(FastAPI):
 def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI:
     metrics = RouterMetrics()
     rc = cfg.router
-    pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s)
+    pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s,
+                      cfg.grpc)  # the workers' shared gRPC token and TLS
     policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
     metrics.queue_depth = lambda: svc.in_flight  # gauges are read at scrape time

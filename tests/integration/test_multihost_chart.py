@@ -42,7 +42,7 @@ def _values(model_dir: Path, tmp: Path) -> dict:
                        # can only come from the store (across hosts), not from an L1
                        "router": {"policy": "round_robin"}},
             "prefill": {"replicas": 2}, "decode": {"replicas": 1},
-            "auth": {"apiKey": API_KEY, "adminKey": "multihost-admin-key"},
+            "auth": {"apiKey": API_KEY, "adminKey": "multihost-admin-key", "grpcToken": "multihost-grpc-token"},
             "monitoring": {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}}
 
 
@@ -193,6 +193,7 @@ def test_rendered_chart_runs_across_network_namespaces(tiny_model_dir, tmp_path)
         assert sum(written) > 0 and sum(read) > 0, (read, written)  # one wrote, the other read across hosts
 
         _check_dashboard_and_alert_metrics_exist(objects, pods, ips, url)
+        _check_workers_refuse_calls_without_the_token(objects, ips, prefill[0])
         _check_nothing_on_loopback(lab, pods, ips)
         _check_registrations(ips, pods)
     finally:
@@ -227,6 +228,17 @@ def _check_dashboard_and_alert_metrics_exist(objects, pods, ips, router_url) -> 
     queried = set(re.findall(r"\b((?:pdorch|master)_[a-z0-9_]+)", dashboard + rules))
     assert len(queried) >= 10
     assert queried <= exported, f"queried but exported by no component: {sorted(queried - exported)}"
+
+
+def _check_workers_refuse_calls_without_the_token(objects, ips, worker: str) -> None:
+    import grpc
+
+    from proto.pdorch.v1 import worker_pb2 as pb
+    from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
+    port = containers(find(objects, "Deployment", f"{FULLNAME}-prefill"))[0]["ports"][0]["containerPort"]
+    with grpc.insecure_channel(f"{ips[worker]}:{port}") as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.PrefillServiceStub(channel).Info(pb.InfoRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def _check_nothing_on_loopback(lab: NetnsLab, pods, ips) -> None:
