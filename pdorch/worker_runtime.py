@@ -21,11 +21,6 @@ from pdorch.config import Config
 
 log = logging.getLogger(__name__)
 
-# NOTE: bump when the page layout of engine/kv_pool.py changes: it is part of every store key, so
-# pages written with an old layout can never be read back as the new one.
-LAYOUT_VERSION = 1
-
-
 @dataclass
 class WorkerRuntime:
     cfg: Config
@@ -90,14 +85,14 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     from engine.page_allocator import PageAllocator
     from engine.prepare import prepare_model, weights_digest
     from engine.sampler import Sampler
-    from store_client.page_hash import model_fingerprint
+    from store_client.page_hash import KV_LAYOUT_VERSION, model_fingerprint
     from store_client.transfer import KVTransfer
 
     m = cfg.model
     model_dir = prepare_model(m.source, os.path.expanduser(m.cache_dir), progress=log.info)
     arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, m.dtype))
     pool = KVPool(arch, num_pages, m.page_size, getattr(torch, m.kv_dtype), m.device)
-    fingerprint = model_fingerprint(weights_digest(model_dir), m.kv_dtype, m.page_size, LAYOUT_VERSION, m.tp_rank)
+    fingerprint = model_fingerprint(weights_digest(model_dir), m.kv_dtype, m.page_size, KV_LAYOUT_VERSION, m.tp_rank)
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
     transfer.register(pool.base_ptr, pool.nbytes)

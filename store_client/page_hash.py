@@ -19,7 +19,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-# Bumped whenever the byte layout of a page changes (pool axes order, K/V interleaving, padding).
+# Bumped whenever the byte layout of a page (engine/kv_pool.py) changes (pool axes order, K/V
+# interleaving, padding): it is part of every store key, so old pages are never read as the new layout.
 # v1 = page-first [num_layers, 2 (K,V), num_kv_heads, page_size, head_dim], C-contiguous.
 KV_LAYOUT_VERSION = 1
 
