@@ -135,15 +135,12 @@ def refuse_unsupported_rope(path: pathlib.Path, reader, head_dim: int) -> None:
                             "directory instead (its config.json rope_scaling is supported)")
 
 
-def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str], None]) -> None:
+def read_gguf_header(path: pathlib.Path):
+    """(reader, HF config.json dict, tokenizer, heads, kv_heads) from a GGUF's metadata; no tensor is read."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
-    from safetensors.numpy import save_file
 
     from engine.prepare import llama_config
 
-    t0 = time.monotonic()
-    progress(f"[prepare] reading {path.name}")
     reader = GGUFReader(str(path))
     arch = _field(reader, "general.architecture")
     if arch != "llama":
@@ -161,6 +158,23 @@ def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str]
                        rms_norm_eps=float(g("attention.layer_norm_rms_epsilon")),
                        max_position_embeddings=g("context_length"), tie="output.weight" not in names,
                        bos=tok.bos_id, eos=tok.eos_id, pad=tok.pad_id)
+    return reader, cfg, tok, heads, kv_heads
+
+
+def write_gguf_tokenizer_dir(path: pathlib.Path, out: pathlib.Path) -> None:
+    """Only config.json and the tokenizer files of a GGUF: what the router needs, without weights."""
+    _, cfg, tok, _, _ = read_gguf_header(path)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_tokenizer_files(tok, out, cfg["max_position_embeddings"])
+
+
+def convert_gguf(path: pathlib.Path, out: pathlib.Path, progress: Callable[[str], None]) -> None:
+    from gguf.quants import dequantize
+    from safetensors.numpy import save_file
+
+    t0 = time.monotonic()
+    progress(f"[prepare] reading {path.name}")
+    reader, cfg, tok, heads, kv_heads = read_gguf_header(path)
     tensors: dict[str, np.ndarray] = {}
     for i, t in enumerate(reader.tensors):
         w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)

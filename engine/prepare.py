@@ -63,15 +63,7 @@ def is_prepared(model_dir: pathlib.Path) -> bool:
 def prepare_model(source: str, cache_dir: str = DEFAULT_CACHE_DIR, progress: Progress = print) -> pathlib.Path:
     """Convert or link `source` into `cache_dir` once; return the prepared HF directory."""
     cache = pathlib.Path(os.path.expanduser(cache_dir))
-    src_path = pathlib.Path(os.path.expanduser(source))
-    if source == "smollm2":
-        gguf_path, name = smollm2_gguf_path(), SMOLLM2_NAME
-    elif src_path.suffix == ".gguf" and src_path.is_file():
-        gguf_path, name = src_path, src_path.stem
-    elif src_path.is_dir():
-        gguf_path, name = None, f"{src_path.resolve().name}-{_short_hash(str(src_path.resolve()))}"
-    else:
-        raise ModelDirError(f"model source {source!r} is neither 'smollm2', a .gguf file nor a directory")
+    src_path, gguf_path, name = _resolve(source)
     out = cache / name
     if is_prepared(out):
         progress(f"[prepare] {out} is ready (cached)")
@@ -100,6 +92,52 @@ def prepare_model(source: str, cache_dir: str = DEFAULT_CACHE_DIR, progress: Pro
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"[prepare] {out} ready")
+    return out
+
+
+def _resolve(source: str) -> tuple[pathlib.Path, pathlib.Path | None, str]:
+    """(source path, its GGUF file or None for an HF dir, the name it is prepared under)."""
+    src_path = pathlib.Path(os.path.expanduser(source))
+    if source == "smollm2":
+        return src_path, smollm2_gguf_path(), SMOLLM2_NAME
+    if src_path.suffix == ".gguf" and src_path.is_file():
+        return src_path, src_path, src_path.stem
+    if src_path.is_dir():
+        return src_path, None, f"{src_path.resolve().name}-{_short_hash(str(src_path.resolve()))}"
+    raise ModelDirError(f"model source {source!r} is neither 'smollm2', a .gguf file nor a directory")
+
+
+def prepare_tokenizer(source: str, cache_dir: str = DEFAULT_CACHE_DIR) -> pathlib.Path:
+    """A directory with the model's tokenizer files and config.json, and no weights: what the router
+    needs (it neither loads nor converts weights). An HF directory (or one holding only the tokenizer
+    files and config.json) is used as it is; a GGUF's tokenizer and config are written once into
+    `cache_dir/<name>.tokenizer`; an already prepared model directory is used when there is one."""
+    cache = pathlib.Path(os.path.expanduser(cache_dir))
+    src_path, gguf_path, name = _resolve(source)
+    if gguf_path is None:
+        for required in ("config.json", "tokenizer.json"):
+            if not (src_path / required).is_file():
+                raise ModelDirError(f"{src_path} lacks {required}: the router needs the tokenizer and config")
+        return src_path
+    if is_prepared(cache / name):
+        return cache / name
+    out = cache / f"{name}.tokenizer"
+    if (out / "config.json").is_file():
+        return out
+    from engine.gguf_convert import write_gguf_tokenizer_dir
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{name}.tokenizer.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_gguf_tokenizer_dir(gguf_path, tmp)
+        try:
+            os.replace(tmp, out)  # published whole, at once
+        except OSError:
+            if not (out / "config.json").is_file():  # NOTE: another process published it first: that copy wins
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from engine.prepare import prepare_model
+    from engine.prepare import prepare_tokenizer
     from engine.tokenizer import Tokenizer
     from router.app import create_app
     from router.http_protocol import RouterHttpProtocol
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     except PortInUse as e:
         print(f"router: {e} (router.port / router.host)", file=sys.stderr)
         return 1
-    model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: print(m, file=sys.stderr))
+    # Only the tokenizer and config.json: the router never converts or loads weights.
+    model_dir = prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)
     app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
     # NOTE: access logs off: one log line per request costs more than the routing itself. No
     # X-Forwarded-* rewriting either (nothing reads the client address; it is a layer per request).
