@@ -43,82 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# SmolLM2-135M: 30 layers, K and V, 3 kv heads, 16-token pages, head_dim 64, fp32.
-PAGE_NBYTES = 30 * 2 * 3 * 16 * 64 * 4
-assert PAGE_NBYTES == 737_280
-
-
-# ---------------------------------------------------------------------------------- scheduler loop
-def loop_iteration(state: dict) -> None:
-    """~0.3 ms of pure-Python bookkeeping, the kind a scheduler does per step (holds the GIL)."""
-    table = state["table"]
-    for i in range(400):
-        k = i & 63
-        table[k] = table.get(k, 0) + i
-
-
-def busy_loop_process(seconds: float) -> None:
-    """`--busy-loop`: the same loop in its own process (CPU contention without the GIL); prints it/s."""
-    state, its = {"table": {}}, 0
-    print("ready", flush=True)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        loop_iteration(state)
-        its += 1
-    print(its / (time.perf_counter() - t0), flush=True)
-
-
-def hold_segment_process(master: str, metadata: str, segment_mb: int) -> None:
-    """`--hold-segment`: contribute the memory the objects live in, until stdin closes."""
-    from mooncake.store import MooncakeDistributedStore
-
-    s = MooncakeDistributedStore()
-    rc = s.setup("127.0.0.1", metadata, segment_mb << 20, 16 << 20, "tcp", "", master)
-    print("ready" if rc == 0 else f"setup failed {rc}", flush=True)
-    sys.stdin.read()
-    s.close()
-
-
-def raw_loader_process(master: str, metadata: str, seconds: float, pages: int, batch: int) -> None:
-    """`--raw-loader`: after a line on stdin, raw loads for `seconds` in this separate process; prints GB/s."""
-    from mooncake.store import MooncakeDistributedStore
-
-    s = MooncakeDistributedStore()
-    rc = s.setup("127.0.0.1", metadata, 0, 16 << 20, "tcp", "", master)
-    dst = np.zeros((batch, PAGE_NBYTES), dtype=np.uint8)
-    s.register_buffer(dst.ctypes.data, dst.nbytes)
-    print("ready" if rc == 0 else f"setup failed {rc}", flush=True)
-    sys.stdin.readline()
-    keys = [f"bench-store-io/{i}" for i in range(pages)]
-    addrs = [dst.ctypes.data + i * PAGE_NBYTES for i in range(batch)]
-    nbytes, n, t0 = 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        first = (n * batch) % pages
-        idx = [(first + i) % pages for i in range(batch)]
-        codes = s.batch_get_into([keys[i] for i in idx], addrs, [PAGE_NBYTES] * batch)
-        nbytes += sum(c for c in codes if c > 0)
-        n += 1
-    print(nbytes / (time.perf_counter() - t0) / 1e9, flush=True)
-    s.close()
-
-
-def _spawn(args: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline().strip()  # deadline: the child prints within seconds or dies
-    if line != "ready":
-        proc.kill()
-        raise RuntimeError(f"child {args} failed to start: {line!r}")
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    try:
-        proc.stdin.close()
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+from bench.store_io_children import PAGE_NBYTES, loop_iteration, spawn_child, stop_child
 
 
 # ---------------------------------------------------------------------------------- measurements
@@ -128,7 +53,7 @@ class Bench:
         from mooncake.store import MooncakeDistributedStore
         from prometheus_client import CollectorRegistry
 
-        from pdorch.config import StoreConfig
+        from store_client.config import StoreConfig
         from store_client.io_thread import StoreIO
         from store_client.metrics import StoreMetrics
         from store_client.store import KVStore
@@ -191,12 +116,12 @@ class Bench:
 
     def raw_outproc_gbps(self) -> tuple[float, float]:
         """(raw GB/s, the other process's loop it/s) while both run."""
-        busy = _spawn(["--busy-loop", str(self.seconds)])
+        busy = spawn_child(["--busy-loop", str(self.seconds)])
         try:
             gbps = self.raw_gbps()
             its = float(busy.stdout.readline())
         finally:
-            _stop(busy)
+            stop_child(busy)
         return gbps, its
 
     # (2), (3) and (5)
@@ -231,7 +156,7 @@ class Bench:
 
     def loop_with_outproc_loads(self, master) -> tuple[float, float]:
         """(this process's loop it/s, GB/s) while ANOTHER process runs raw loads: CPU cost, no GIL."""
-        loader = _spawn(["--raw-loader", master.master_address, master.metadata_url, str(self.seconds),
+        loader = spawn_child(["--raw-loader", master.master_address, master.metadata_url, str(self.seconds),
                          str(self.pages), str(self.batch)])
         try:
             loader.stdin.write("go\n")
@@ -239,7 +164,7 @@ class Bench:
             its = self.loop_alone()
             gbps = float(loader.stdout.readline())
         finally:
-            _stop(loader)
+            stop_child(loader)
         return its, gbps
 
     def loop_alone(self) -> float:
@@ -289,7 +214,7 @@ def run(args) -> dict:
         bench = None
         try:
             segment_mb = max(64, (args.pages * PAGE_NBYTES >> 20) * 2)
-            holder = _spawn(["--hold-segment", master.master_address, master.metadata_url, str(segment_mb)])
+            holder = spawn_child(["--hold-segment", master.master_address, master.metadata_url, str(segment_mb)])
             bench = Bench(master, args.pages, args.batch, args.seconds, holder, args.io_threads)
             samples: dict[str, list[float]] = {k: [] for k in (
                 "raw", "idle", "inproc", "loop_with", "outproc", "loop_outproc", "loop_alone", "loop_ext_loads",
@@ -318,7 +243,7 @@ def run(args) -> dict:
             if bench is not None:
                 bench.close()
             if holder is not None:
-                _stop(holder)
+                stop_child(holder)
             master.stop()
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {
@@ -384,22 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="store_client loads kept in flight (requests a busy prefill scheduler has loading)")
     p.add_argument("--io-threads", type=int, default=None, help="StoreIO threads (default: store.io_threads)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    p.add_argument("--busy-loop", type=float, help=argparse.SUPPRESS)
-    p.add_argument("--hold-segment", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--raw-loader", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.busy_loop is not None:
-        busy_loop_process(args.busy_loop)
-        return 0
-    if args.hold_segment:
-        hold_segment_process(args.hold_segment[0], args.hold_segment[1], int(args.hold_segment[2]))
-        return 0
-    if args.raw_loader:
-        m, meta, secs, pages, batch = args.raw_loader
-        raw_loader_process(m, meta, float(secs), int(pages), int(batch))
-        return 0
     if args.io_threads is None:
-        from pdorch.config import StoreConfig
+        from store_client.config import StoreConfig
         args.io_threads = StoreConfig().io_threads
     for name in ("runs", "pages", "batch", "io_threads", "in_flight"):
         if getattr(args, name) < 1:
