@@ -98,11 +98,14 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     transfer.register(pool.base_ptr, pool.nbytes)
     store = store_io = chain_index = evictor = None
     if use_store and cfg.store.enabled:
+        from prometheus_client import CollectorRegistry
+
         from store_client.io_thread import StoreIO
         from store_client.metrics import StoreMetrics
         from store_client.store import KVStore
 
-        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry) if registry is not None else None)
+        # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
+        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()))
         store.register_buffer(pool.base_ptr, pool.nbytes)
         store_io = StoreIO(store)
         if evict and cfg.store.eviction == "chain":

@@ -1,9 +1,8 @@
 """Prometheus metrics of the store tier (L3).
 
-Created once per registry: `StoreMetrics(registry)` for an injected registry (tests, several
-workers in one process), `default_metrics()` for the process-wide default registry. Prometheus
-refuses duplicate metric names in one registry, so objects must share these instead of creating
-their own.
+Created once per registry and handed to KVStore explicitly: a worker passes its own /metrics
+registry, tests and benchmarks a private one. Prometheus refuses duplicate metric names in one
+registry, so objects share one StoreMetrics instead of creating their own.
 
 Reasons (label `reason`) tell an operator why a page was not read:
   absent          the store does not have the key (never written, evicted)
@@ -14,8 +13,6 @@ Reasons (label `reason`) tell an operator why a page was not read:
 """
 
 from __future__ import annotations
-
-import threading
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -76,16 +73,3 @@ class StoreMetrics:
                                                "Failed reads of the master's /metrics by the evictor", registry=reg)
         for reason in EVICT_SKIP_REASONS:
             self.evict_skipped.labels(reason)
-
-
-_default: StoreMetrics | None = None
-_default_lock = threading.Lock()
-
-
-def default_metrics() -> StoreMetrics:
-    """The StoreMetrics of the default Prometheus registry, created on first use."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = StoreMetrics()
-        return _default

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
-from store_client.metrics import StoreMetrics, default_metrics
+from store_client.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +84,12 @@ def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
 class KVStore:
     """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
 
-    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics | None = None):
+    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics):
         if page_nbytes <= 0:
             raise ValueError(f"page_nbytes must be > 0, got {page_nbytes}")
         self.cfg = cfg
         self.page_nbytes = page_nbytes
-        self.metrics = metrics if metrics is not None else default_metrics()
+        self.metrics = metrics
         self._connector = StoreConnector(cfg, self.metrics)
         # Called with the number of pages a save is about to put (the chain evictor makes room).
         self.before_write = None

@@ -54,5 +54,3 @@ def test_metrics_can_be_created_once_per_registry():
     StoreMetrics(reg)
     with pytest.raises(ValueError, match="Duplicated"):
         StoreMetrics(reg)
-    from store_client.metrics import default_metrics
-    assert default_metrics() is default_metrics()
