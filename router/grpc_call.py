@@ -55,6 +55,8 @@ class StreamCall:
         "_messages",
         "_pending",
         "_recv_unacked",
+        "_refusals",
+        "_request",
         "_status",
         "_timer",
         "_waiter",
@@ -74,6 +76,8 @@ class StreamCall:
         self._headers_seen = False
         self._timer: asyncio.TimerHandle | None = None
         self._pending = b""  # request DATA not yet sent (flow control)
+        self._request: tuple[bytes, bytes] | None = None  # (header block, DATA) until the worker answers
+        self._refusals = 0  # REFUSED_STREAM answers so far (each resent after a backoff)
         self.send_window = conn.peer_initial_window
         self._recv_unacked = 0
 
@@ -122,6 +126,7 @@ class StreamCall:
             self._wake()
 
     def _on_headers(self, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        self._request = None  # answered: never resent
         if not self._headers_seen and not end_stream:
             self._headers_seen = True
             status = next((v for k, v in headers if k == b":status"), b"")

@@ -14,7 +14,9 @@
 - GOAWAY: calls above its last-stream-id were never processed and fail with UNAVAILABLE (the
   dispatcher retries them elsewhere); calls at or below it go on until they end; new calls go to a
   new connection. The error code and debug data are named in every error it causes.
-- Incoming messages larger than `max_message_bytes` end their call with RESOURCE_EXHAUSTED.
+- Incoming messages larger than `max_message_bytes` end their call with RESOURCE_EXHAUSTED; a frame
+  over 16 KiB or a header block over 1 MiB ends the connection (a protocol error): nothing a worker
+  sends is buffered without a bound.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from router.http2 import (
     PREFACE,
     PRIORITY,
     PUSH_PROMISE,
+    REFUSED_STREAM,
     RST_STREAM,
     SETTINGS,
     WINDOW_UPDATE,
@@ -50,6 +53,8 @@ from router.http2 import (
 # NOTE: large receive windows, so a worker never waits on us; topped up when half is used.
 _RECV_WINDOW = 1 << 24
 _DEFAULT_WINDOW = 65535
+_MAX_FRAME = 16384  # the HTTP/2 default we leave in place: no frame from a worker may be larger
+_MAX_HEADER_BLOCK = 1 << 20  # HEADERS + CONTINUATION of one block (a worker's are ~100 bytes)
 
 # HTTP/2 error code of RST_STREAM -> gRPC status (gRPC's PROTOCOL-HTTP2.md).
 _RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE, 0x8: grpc.StatusCode.CANCELLED,
@@ -118,6 +123,8 @@ class Connection(asyncio.Protocol):
         try:
             while n - pos >= 9:
                 length = int.from_bytes(buf[pos:pos + 3], "big")
+                if length > _MAX_FRAME:
+                    raise ProtocolError(f"a {length}-byte frame (we accept {_MAX_FRAME}: SETTINGS_MAX_FRAME_SIZE)")
                 if n - pos - 9 < length:
                     break
                 kind, flags = buf[pos + 3], buf[pos + 4]
@@ -148,14 +155,19 @@ class Connection(asyncio.Protocol):
             if self._header_block is None or self._header_block[0] != stream_id:
                 raise ProtocolError("unexpected CONTINUATION")
             self._header_block[2].extend(payload)
+            if len(self._header_block[2]) > _MAX_HEADER_BLOCK:
+                raise ProtocolError(f"a header block over {_MAX_HEADER_BLOCK} bytes")
             if flags & END_HEADERS:
                 self._end_header_block()
         elif kind == RST_STREAM:
             call = self.streams.get(stream_id)
             if call is not None:
                 code = int.from_bytes(payload[:4], "big")
-                call._finish(_RST_CODES.get(code, grpc.StatusCode.INTERNAL),
-                             f"stream reset by the worker (HTTP/2 {ERROR_NAMES.get(code, code)})")
+                if code == REFUSED_STREAM and call._request is not None and self.usable:
+                    self._on_refused(call)
+                else:
+                    call._finish(_RST_CODES.get(code, grpc.StatusCode.INTERNAL),
+                                 f"stream reset by the worker (HTTP/2 {ERROR_NAMES.get(code, code)})")
         elif kind == SETTINGS:
             if not flags & ACK:
                 self._on_settings(payload)
@@ -298,18 +310,43 @@ class Connection(asyncio.Protocol):
                 fut.set_result(False)
 
     def start(self, header_block: bytes, message: bytes, deserialize, deadline: float) -> StreamCall:
+        call = StreamCall(self, 0, deserialize)
+        call._timer = self.loop.call_at(deadline, call._on_deadline)
+        # flag byte 0 + 4-byte length; both kept until the worker answers (a refused stream is resent)
+        call._request = (header_block, len(message).to_bytes(5, "big") + message)
+        self._open_stream(call)
+        return call
+
+    def _open_stream(self, call: StreamCall) -> None:
         stream_id = self.next_stream_id
         self.next_stream_id += 2
         if self.next_stream_id > (1 << 30):
             self.usable = False  # NOTE: ids run out at 2^31; the channel opens a new connection
-        call = StreamCall(self, stream_id, deserialize)
+        call.stream_id = stream_id
+        call.send_window = self.peer_initial_window
         self.streams[stream_id] = call
-        call._timer = self.loop.call_at(deadline, call._on_deadline)
-        call._pending = len(message).to_bytes(5, "big") + message  # flag byte 0 + 4-byte length
+        header_block, call._pending = call._request
         # NOTE: HEADERS and the first DATA frames leave in one write: one syscall, and the worker
         # usually reads the whole request at once.
         self._send_pending(call, frame(HEADERS, END_HEADERS, stream_id, header_block))
-        return call
+
+    def _on_refused(self, call: StreamCall) -> None:
+        """REFUSED_STREAM: the worker did not process the call (RFC 9113 8.7), so it is sent again on
+        a new stream after a short backoff, within its deadline. grpc-core refuses a stream over its
+        MAX_CONCURRENT_STREAMS while it still counts a call whose trailers we already read."""
+        self.streams.pop(call.stream_id, None)
+        call._refusals += 1
+        self.loop.call_later(min(0.005 * 2 ** call._refusals, 0.5), self._resend, call)
+        if self._slot_waiters:
+            self._hand_on()
+
+    def _resend(self, call: StreamCall) -> None:
+        if call._status is not None:
+            return  # cancelled or past its deadline meanwhile
+        if not self.usable:
+            call._finish(grpc.StatusCode.UNAVAILABLE, f"the worker refused the stream; {self.broken_reason}")
+            return
+        self._open_stream(call)
 
     def _send_pending(self, call: StreamCall, head: bytes = b"") -> None:
         data = call._pending
