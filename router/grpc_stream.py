@@ -115,7 +115,12 @@ class Channel:
             lambda: Connection(loop, self.address, self.keepalive_s, self.max_message_bytes, self._on_goaway),
             self._host, self._port, ssl=self._ssl, server_hostname=self._server_hostname)
         try:
-            await conn.ready  # NOTE: the worker's SETTINGS first: its stream limit holds from the first call
+            # NOTE: the worker's SETTINGS first: its stream limit holds from the first call. Bounded,
+            # so a frozen worker or a black-holed path does not hold every later call's connect.
+            await asyncio.wait_for(conn.ready, self.keepalive_s)
+        except TimeoutError:
+            conn.close()
+            raise ConnectionError(f"no HTTP/2 SETTINGS within {self.keepalive_s:g} s") from None
         except BaseException:
             conn.close()
             raise

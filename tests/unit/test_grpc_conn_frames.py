@@ -4,6 +4,7 @@
   (retryable elsewhere); a call at or below it goes on to its end; the connection closes after its
   last call.
 - RST_STREAM REFUSED_STREAM (not processed): the call is sent again on a new stream.
+- No SETTINGS at all (a frozen worker, a black-holed path): the connection attempt is given up.
 
 A real grpc-core server cannot be made to send these between two given streams, so the peer here is
 a few lines of HTTP/2 on a loopback socket (pure protocol logic; the real servers are in
@@ -156,3 +157,31 @@ def test_a_refused_stream_is_sent_again_on_a_new_stream():
     assert worker.stream_ids == [1, 3, 5]  # refused twice, answered on the third stream
     assert len(set(worker.requests)) == 1 and len(worker.requests) == 3  # the same request each time
     assert [m.token_ids[0] for m in got] == [1000] and end == []
+
+
+def test_a_worker_that_never_sends_its_settings_fails_the_connection_attempt():
+    async def main():
+        accepted = []
+
+        async def silent(reader, writer):
+            accepted.append(writer)  # accepts the connection, never speaks HTTP/2
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        channel = Channel(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", keepalive_s=0.2)
+        try:
+            with pytest.raises(RpcError) as err:
+                await asyncio.wait_for(channel.call(GENERATE_PATH, _request("r"),
+                                                    worker_pb2.GenerateResponse.FromString, 30), 10)
+            return err.value, channel._connecting, len(accepted)
+        finally:
+            channel.close()
+            for w in accepted:
+                w.close()
+            server.close()
+            await server.wait_closed()
+
+    error, connecting, accepted = asyncio.run(main())
+    assert accepted == 1
+    # Long before the call's own 30 s deadline, and the next call tries a new connection.
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "no HTTP/2 SETTINGS within 0.2 s" in error.details()
+    assert connecting is None
