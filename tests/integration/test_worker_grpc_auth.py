@@ -124,6 +124,7 @@ def test_with_a_token_unauthenticated_calls_are_rejected_and_the_clients_send_it
     with client_channel(address, rpc) as ch:
         stub = worker_pb2_grpc.DecodeServiceStub(ch)
         assert stub.Info(worker_pb2.InfoRequest(), timeout=5).worker_id == "auth-test"
+        assert stub.Info.future(worker_pb2.InfoRequest(), timeout=5).result().role == "decode"  # D's call style
         assert [m.token_ids[0] for m in stub.Generate(worker_pb2.GenerateRequest(request_id="y"), timeout=5)] \
             == [1000, 1001, 1002]
 
