@@ -76,7 +76,7 @@ class GenerationHandlers:
         return await self._openai(request, body, chat=False)
 
     async def _openai(self, request: Request, body: bytes, chat: bool):
-        t0 = time.perf_counter()
+        t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
@@ -88,6 +88,7 @@ class GenerationHandlers:
             ids = completion_prompt(req.prompt, svc)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param)
+        job.deadline = arrived + job.timeout_s  # NOTE: one deadline from arrival: tokenizing counts too
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
@@ -123,7 +124,7 @@ class GenerationHandlers:
         return SSEResponse(events(), run.aclose)
 
     async def generate(self, request: Request, body: bytes):
-        t0 = time.perf_counter()
+        t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(GenerateRequest, body)
@@ -135,6 +136,7 @@ class GenerationHandlers:
         ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
         job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
                            max_tokens_param="sampling_params.max_new_tokens")
+        job.deadline = arrived + job.timeout_s
         progress, _, run = await svc.start(job, "/generate", t0)
         if not req.stream:
             return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))
