@@ -10,8 +10,8 @@
   (for its prefill call too). A request whose deadline passed is never retried.
 - Before the first token arrives, a failure is retried once on a different P/D pair (the
   failed workers are excluded when others are routable). Which worker failed is decided by
-  probing both with Info; the one that does not answer gets the circuit-breaker failure. When no
-  retry follows, the probes run after the answer (they must not hold it past the deadline).
+  probing both with Info; the one that does not answer gets the circuit-breaker failure. The
+  probes never hold the answer past the deadline (after the last attempt they run after it).
 - After the first token, a failure ends the stream with `StreamFailed` (the HTTP layer turns it
   into an error event; the client already has a 200).
 - Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
@@ -102,15 +102,15 @@ class Dispatcher:
             self.pool.record_failure(d, error)
             self.metrics.worker_errors.labels(d.role, d.address).inc()
 
-    async def _charge(self, p: Worker, d: Worker, error: str, final: bool) -> None:
-        """Blame before a retry (it should go to healthy workers); after the last attempt in the
-        background: the probes (up to 2 s on a hung worker) must not hold the answer past the deadline."""
-        if not final:
-            await self._blame(p, d, error)
-            return
+    async def _charge(self, p: Worker, d: Worker, error: str, job: Job, final: bool) -> None:
+        """Blame: before a retry wait for the probes (the retry should go to healthy workers), at most
+        until the deadline; after the last attempt not at all. The probes (up to 2 s on a hung
+        worker) must not hold the answer past the request's deadline; they finish in the background."""
         task = asyncio.get_running_loop().create_task(self._blame(p, d, error))
         self._probes.add(task)  # NOTE: a reference, or the task may be collected before it ends
         task.add_done_callback(self._probes.discard)
+        if not final and job.remaining_s() > 0:
+            await asyncio.wait((task,), timeout=job.remaining_s())
 
     async def stream(self, job: Job) -> AsyncIterator[list[worker_pb2.GenerateResponse]]:
         """Yield D's chunks in batches (all that arrived together; the first batch holds the first
@@ -200,7 +200,7 @@ class Dispatcher:
     async def _first_token_failure(self, e: Exception, p: Worker, d: Worker, job: Job, final: bool) -> APIError:
         if isinstance(e, _EarlyEOF):
             msg = f"decode worker {d.address} ended the stream before the first token"
-            await self._charge(p, d, msg, final or job.remaining_s() <= 0)
+            await self._charge(p, d, msg, job, final)
             return upstream_error(msg)
         code, details = e.code(), e.details()
         if code in _CLIENT_CODES:
@@ -208,8 +208,7 @@ class Dispatcher:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return overloaded(f"workers are at capacity: {details}")
         msg = f"worker request failed before the first token (P={p.address}, D={d.address}): {code.name}: {details}"
-        final = final or job.remaining_s() <= 0 or code == grpc.StatusCode.DEADLINE_EXCEEDED
-        await self._charge(p, d, f"{code.name}: {details}", final)
+        await self._charge(p, d, f"{code.name}: {details}", job, final or code == grpc.StatusCode.DEADLINE_EXCEEDED)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return _timeout(msg)
         return unavailable(msg) if code == grpc.StatusCode.UNAVAILABLE else upstream_error(msg)
