@@ -33,6 +33,7 @@ from pdorch.config_loader import env_var
 SECRET_KEYS: dict[str, tuple[str, ...]] = {
     "router.api_key": ("router",),
     "router.admin_key": ("router",),
+    "grpc.token": ("router", "prefill", "decode"),
 }
 SECRET_ENV_VARS = frozenset(env_var(*key.split(".", 1)) for key in SECRET_KEYS)
 REDACTED = "<redacted>"
@@ -111,7 +112,7 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
             sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}"]
             argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
             ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
-            children.append(ChildSpec(f"{role}-{i}", role, argv, section.host, ports))
+            children.append(ChildSpec(f"{role}-{i}", role, argv, section.host, ports, secret_env(cfg, role)))
             addresses[role].append(f"{_advertised(section.host)}:{port}")
     discovery = cfg.discovery
     router_sets: list[str] = []

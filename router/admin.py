@@ -16,15 +16,13 @@ from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
 from router import formats
 from router.auth import Auth
-from router.errors import APIError, unavailable, upstream_error
+from router.errors import APIError, bad_request, unavailable, upstream_error
 from router.generation import json_response
 from router.metrics import RouterMetrics
 from router.service import RouterService
 from router.workers import WorkerPool
 
 STORE_FLUSH_TIMEOUT_S = 60.0
-
-
 
 
 def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool,
@@ -94,10 +92,13 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         auth.check_admin(request.headers.get("authorization"))
         return json_response({"workers": [w.describe() for w in pool.workers()]})
 
-    @app.post("/flush_cache")
-    async def flush_cache(request: Request, store: bool = False):
+    @app.post("/flush_cache", openapi_extra={"parameters": [{
+        "name": "store", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
+        "description": "also remove every object from the Mooncake store"}]})
+    async def flush_cache(request: Request):
         """Admin: drop every worker's L1 prefix cache; `?store=true` also clears the Mooncake store."""
-        auth.check_admin(request.headers.get("authorization"))
+        auth.check_admin(request.headers.get("authorization"))  # NOTE: before looking at anything else
+        store = _query_bool(request, "store")
         ws = pool.workers()
         if not ws:
             raise unavailable("no workers are known; nothing to flush")
@@ -113,6 +114,19 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         return json_response({"status": "ok", **body})
 
     app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)
+
+
+def _query_bool(request: Request, name: str) -> bool:
+    """A boolean query parameter (absent: false); anything else than a boolean word is a 400."""
+    value = request.query_params.get(name)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off", ""):
+        return False
+    raise bad_request(f"query parameter {name} must be true or false, got {value[:40]!r}", param=name)
 
 
 async def _flush(w) -> dict:

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.slow
 
 API_KEY = "sk-client-8f3a1c2e9b7d"
 ADMIN_KEY = "sk-admin-5e6d4c3b2a19"
+GRPC_TOKEN = "tok-grpc-0a9b8c7d6e5f"  # the workers check it, the router and decode workers send it
+SECRETS = (API_KEY, ADMIN_KEY, GRPC_TOKEN)
 READY_TIMEOUT_S = 240
 
 
@@ -60,7 +62,8 @@ def wait_for(cond, timeout_s: float, what: str):
 
 @pytest.fixture
 def cluster(tmp_path, tiny_model_dir):
-    """`pdorch serve --prefill 2 --set router.api_key=... --set router.admin_key=...` (tiny model)."""
+    """`pdorch serve --prefill 2 --set router.api_key=... --set router.admin_key=... --set grpc.token=...`
+    (tiny model)."""
     router_port = free_port()
     ports = [f"store.master_address=127.0.0.1:{free_port()}",
              f"store.metadata_server=http://127.0.0.1:{free_port()}/metadata",
@@ -70,7 +73,7 @@ def cluster(tmp_path, tiny_model_dir):
     sets = ports + [f"model.source={tiny_model_dir}", f"model.cache_dir={tmp_path / 'models'}",
                     "model.torch_threads=1", "router.health_check_interval_s=0.5",
                     "router.circuit_breaker_cooldown_s=1", f"router.api_key={API_KEY}",
-                    f"router.admin_key={ADMIN_KEY}"]
+                    f"router.admin_key={ADMIN_KEY}", f"grpc.token={GRPC_TOKEN}"]
     log_dir = tmp_path / "logs"
     out_path = tmp_path / "serve.out"
     argv = pdorch_command() + ["serve", "--prefill", "2", "--log-dir", str(log_dir)]
@@ -108,14 +111,18 @@ def test_a_killed_worker_is_restarted_while_serving_and_keys_stay_out_of_argv_an
     client = {"Authorization": f"Bearer {API_KEY}"}
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
-    # Keys: in no child's command line, only in the router's environment.
+    # Secrets: in no child's command line; each only in the environment of the children that use it.
     for pid, cmd in kids.items():
-        assert API_KEY not in cmd and ADMIN_KEY not in cmd, cmd
+        assert not [s for s in SECRETS if s in cmd], cmd
         env = read_environ(pid)
+        keys = {"PDORCH_ROUTER_API_KEY", "PDORCH_ROUTER_ADMIN_KEY"} & set(env)
         if "-m router" in cmd:
             assert env["PDORCH_ROUTER_API_KEY"] == API_KEY and env["PDORCH_ROUTER_ADMIN_KEY"] == ADMIN_KEY
-        else:
-            assert not {"PDORCH_ROUTER_API_KEY", "PDORCH_ROUTER_ADMIN_KEY"} & set(env), cmd
+            assert env["PDORCH_GRPC_TOKEN"] == GRPC_TOKEN
+        elif "_node" in cmd:
+            assert not keys and env["PDORCH_GRPC_TOKEN"] == GRPC_TOKEN, cmd
+        else:  # mooncake_master
+            assert not keys and "PDORCH_GRPC_TOKEN" not in env, cmd
     assert httpx.post(url + "/generate", json={"input_ids": [1, 2, 3]}, timeout=30).status_code == 401
 
     def generate() -> int:
@@ -150,11 +157,11 @@ def test_a_killed_worker_is_restarted_while_serving_and_keys_stay_out_of_argv_an
 
     # Keys appear in no log and not in /metrics.
     metrics = httpx.get(url + "/metrics", timeout=10).text
-    assert API_KEY not in metrics and ADMIN_KEY not in metrics
+    assert not [s for s in SECRETS if s in metrics]
     logs = {p.name: p.read_text(errors="replace") for p in Path(log_dir).glob("*.log")}
     assert {"router.log", "prefill-0.log", "prefill-1.log", "decode-0.log"} <= set(logs)
     for name, text in logs.items():
-        assert API_KEY not in text and ADMIN_KEY not in text, name
+        assert not [s for s in SECRETS if s in text], name
     assert "router.api_key" not in logs["router.log"]  # not even redacted: never on its argv
 
     # SIGTERM: everything stops cleanly, no orphans, ports free.

@@ -100,20 +100,24 @@ def test_master_ports_need_an_http_metadata_url():
 def test_secrets_never_reach_an_argv_and_only_the_router_gets_them_by_env():
     from pdorch.launch_plan import child_env
 
-    overrides = ("router.api_key=sk-client-123", "router.policy=round_robin", " router.admin_key =sk-admin-456")
+    overrides = ("router.api_key=sk-client-123", "router.policy=round_robin", " router.admin_key =sk-admin-456",
+                 "grpc.token=tok-789")
     cfg = local(**{o.split("=", 1)[0].strip(): o.split("=", 1)[1] for o in overrides})
     plan = plan_local_cluster(cfg, 2, 1, "/c.yaml", overrides, python="py", master_argv=MASTER, cpu_count=2)
     for child in plan.children:
-        assert not any("sk-client-123" in a or "sk-admin-456" in a for a in child.argv), child.name
-        assert "sk-" not in repr(child)
+        assert not any(s in a for a in child.argv for s in ("sk-client-123", "sk-admin-456", "tok-789")), child.name
+        assert "sk-" not in repr(child) and "tok-" not in repr(child)
         assert "router.policy=round_robin" in sets(child.argv) or child.role == "master"
     router = plan.by_role("router")[0]
-    assert dict(router.env) == {"PDORCH_ROUTER_API_KEY": "sk-client-123", "PDORCH_ROUTER_ADMIN_KEY": "sk-admin-456"}
-    assert all(c.env == () for c in plan.children if c.role != "router")
+    assert dict(router.env) == {"PDORCH_ROUTER_API_KEY": "sk-client-123", "PDORCH_ROUTER_ADMIN_KEY": "sk-admin-456",
+                                "PDORCH_GRPC_TOKEN": "tok-789"}
+    # the workers get the token they check, and nothing else
+    assert all(dict(c.env) == {"PDORCH_GRPC_TOKEN": "tok-789"} for c in plan.by_role("prefill") + plan.by_role("decode"))
+    assert plan.by_role("master")[0].env == ()
     # the launcher's own environment may hold a key too: workers never inherit it
     inherited = {"PATH": "/bin", "PDORCH_ROUTER_API_KEY": "from-env", "PDORCH_DECODE_NUM_PAGES": "64"}
     worker_env = child_env(inherited, plan.by_role("prefill")[0])
-    assert worker_env == {"PATH": "/bin", "PDORCH_DECODE_NUM_PAGES": "64"}
+    assert worker_env == {"PATH": "/bin", "PDORCH_DECODE_NUM_PAGES": "64", "PDORCH_GRPC_TOKEN": "tok-789"}
     assert child_env(inherited, router)["PDORCH_ROUTER_API_KEY"] == "sk-client-123"
     # what the router process reads back is the effective key
     env = child_env(inherited, router)

@@ -151,3 +151,15 @@ def test_keys_never_appear_in_logs_metrics_or_error_bodies(keyed):
         assert secret not in metrics
         assert not [b for b in bodies if secret in b]  # not even the near-miss key a client sent
         assert secret not in logged
+
+
+def test_admin_query_parameters_are_checked_after_the_key_and_answered_openai_style(keyed):
+    c, _ = keyed
+    assert_refused(c.post("/flush_cache?store=abc"), 401, "missing admin key")  # was FastAPI's 422 first
+    resp = c.post("/flush_cache?store=abc", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "store" and "must be true or false, got 'abc'" in err["message"]
+    assert c.post("/flush_cache?store=false", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
+    spec = c.get("/openapi.json").json()
+    assert spec["paths"]["/flush_cache"]["post"]["parameters"][0]["name"] == "store"
