@@ -73,7 +73,8 @@ class DecodeConfig:
     kv_watermark: float = _key(0.95, "Admit a request only while pool usage stays below this fraction",
                                min=0.1, max=1.0)
     offload_generated_kv: bool = _key(True, "Write pages filled during decode to the store (next turn hits)")
-    prefill_timeout_s: float = _key(30.0, "Deadline for the prefill call to P", min=0.1)
+    prefill_timeout_s: float = _key(30.0, "Caps the prefill call for requests that arrive without a deadline of "
+                                    "their own (a request's own deadline always governs)", min=0.1)
     request_timeout_s: float = _key(600.0, "Default whole-request deadline when the caller gives none",
                                     min=0.1)
 
@@ -89,6 +90,9 @@ class RouterConfig:
     cache_index_pages: int = _key(65536, "Page hashes remembered per prefill worker (cache_aware LRU)", min=1)
     load_imbalance_threshold: int = _key(8, "cache_aware falls back to least load when the best-match "
                                          "worker has this many more requests than the least loaded", min=0)
+    store_aware_routing: bool = _key(True, "cache_aware with the store on: a prefix the store already holds goes "
+                                     "to the least-loaded prefill worker instead of queueing behind the one whose "
+                                     "L1 holds it (a store read is cheaper than the wait)")
     session_affinity_header: str = _key("", "HTTP header whose value pins a session to one prefill worker")
     api_key: str = _key("", "Bearer key clients must send; empty = no auth (env PDORCH_ROUTER_API_KEY)")
     admin_key: str = _key("", "Bearer key for /flush_cache and /workers (env PDORCH_ROUTER_ADMIN_KEY)")

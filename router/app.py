@@ -59,10 +59,12 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     rc = cfg.router
     pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s,
                       cfg.grpc)  # the workers' shared gRPC token and TLS
-    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold)
+    store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
+    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
     metrics.queue_depth = lambda: svc.in_flight  # gauges are read at scrape time
     metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
+    metrics.prefill_choices = lambda: getattr(policy, "decisions", {})
     auth = Auth(rc.api_key, rc.admin_key)
     discovery = make_discovery(cfg.discovery, pool)
 

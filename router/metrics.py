@@ -127,6 +127,7 @@ class RouterMetrics:
         # Gauges are read when scraped: nothing to update on the hot path.
         self.queue_depth: Callable[[], float] = lambda: 0.0
         self.workers_healthy: Callable[[], dict[str, int]] = dict
+        self.prefill_choices: Callable[[], dict[str, int]] = dict  # the policy's choices by reason
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -140,6 +141,12 @@ class RouterMetrics:
         for role, n in self.workers_healthy().items():
             healthy.add_metric((role,), n)
         yield healthy
+        choices = CounterMetricFamily("pdorch_router_prefill_choices", "Prefill worker choices of the policy, by "
+                                      "reason (prefix_match, store_covered, imbalance, no_match, no_prefix)",
+                                      labels=("reason",))
+        for reason, n in self.prefill_choices().items():
+            choices.add_metric((reason,), n)
+        yield choices
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,10 +6,15 @@
   it (an approximation of its L1 prefix cache). The worker whose index holds the longest
   leading run of the prompt's page hashes wins, unless its load exceeds the least-loaded
   worker's by more than `load_imbalance_threshold`; then least load wins.
+  Store-aware (with the store on): a second index holds the page hashes the store has been sent
+  (every routed prompt is written back by its prefill worker). When the store holds at least the
+  prefix the best worker's L1 holds, any worker gets that prefix by one batched store read, so a
+  busier best worker loses to the least loaded one at once, instead of after the threshold:
+  queueing behind a busy worker costs more than a store read.
 
 NOTE: page hashes are chained (hash i covers pages 0..i), so "hash i is in the index" means
 the whole prefix up to page i was routed there; the leading run is the matched prefix.
-Store-resident pages help every worker equally, so the store does not steer the choice.
+Every choice is counted by reason (`decisions`, exported as pdorch_router_prefill_choices_total).
 
 Decode is always least load. Session affinity (a header value) pins a session to the prefill
 worker it first went to while that worker stays routable.
@@ -108,49 +113,71 @@ class LeastLoad(Policy):
 
 class CacheAware(Policy):
     name = "cache_aware"
+    REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered")
 
-    def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8):
+    def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8,
+                 store_index_pages: int = 0):
         super().__init__()
         self.capacity = cache_index_pages
         self.threshold = load_imbalance_threshold
         self.index: dict[str, LRUSet] = {}  # worker address -> recently routed page hashes
+        # page hashes sent to the store (None: store off or store-aware routing off)
+        self.store_index = LRUSet(store_index_pages) if store_index_pages > 0 else None
+        self.decisions = dict.fromkeys(self.REASONS, 0)
 
     def matched_pages(self, worker: Worker, hashes: list[str]) -> int:
         idx = self.index.get(worker.address)
         return idx.leading_matches(hashes) if idx is not None else 0
 
     def choose(self, workers, ctx):
+        worker, reason = self._choose(workers, ctx)
+        self.decisions[reason] += 1
+        return worker
+
+    def _choose(self, workers, ctx) -> tuple[Worker, str]:
         least = _least_loaded(workers, self._rr)
         if not ctx.page_hashes:
-            return least
+            return least, "no_prefix"
         scored = [(self.matched_pages(w, ctx.page_hashes), -w.load, w) for w in workers]
         best_match = max(s[0] for s in scored)
         if best_match == 0:
-            return least
+            return least, "no_match"
         best = max((s for s in scored if s[0] == best_match), key=lambda s: s[1])[2]
+        if best.load <= least.load:
+            return best, "prefix_match"
+        if self.store_index is not None and self.store_index.leading_matches(ctx.page_hashes) >= best_match:
+            return least, "store_covered"
         if best.load - least.load > self.threshold:
-            return least
-        return best
+            return least, "imbalance"
+        return best, "prefix_match"
 
     def on_routed(self, worker, ctx):
         if ctx.page_hashes:
             self.index.setdefault(worker.address, LRUSet(self.capacity)).touch(ctx.page_hashes)
+            if self.store_index is not None:  # its prefill worker writes the prompt's pages back
+                self.store_index.touch(ctx.page_hashes)
 
     def forget(self, worker):
         self.index.pop(worker.address, None)
 
     def reset(self):
         self.index.clear()
+        if self.store_index is not None:
+            self.store_index = LRUSet(self.store_index.capacity)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RoundRobin, LeastLoad, CacheAware)}
 
 
-def make_policy(name: str, cache_index_pages: int, load_imbalance_threshold: int) -> Policy:
+def make_policy(name: str, cache_index_pages: int, load_imbalance_threshold: int,
+                store_index_pages: int = 0) -> Policy:
+    """`store_index_pages` > 0: cache_aware also remembers that many page hashes sent to the store."""
     try:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"router.policy: unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
+    if cls is CacheAware:
+        return CacheAware(cache_index_pages, load_imbalance_threshold, store_index_pages)
     return cls(cache_index_pages=cache_index_pages, load_imbalance_threshold=load_imbalance_threshold)
 
 

@@ -128,3 +128,31 @@ def test_auth_client_and_admin_rules():
     assert "sk-client-7" not in repr(auth) and "sk-admin-9" not in repr(auth)
     only_client = Auth(api_key="sk-client-7")
     only_client.check_admin("Bearer sk-client-7")  # no admin key: admin endpoints follow the client rule
+
+
+def test_store_aware_sends_a_stored_prefix_to_the_least_loaded_worker():
+    aware, plain = CacheAware(64, 8, store_index_pages=64), CacheAware(64, 8)
+    a, b = _w("a:1"), _w("b:1")
+    conv = RouteContext(["h1", "h2", "h3"])
+    for p in (aware, plain):
+        p.on_routed(a, conv)  # a's L1 (and, store-aware, the store) holds the conversation
+    a.in_flight = 2  # a is busier, but within the imbalance threshold
+    longer = RouteContext(["h1", "h2", "h3", "h4"])
+    assert plain.choose([a, b], longer) is a  # plain cache-aware queues behind a
+    assert aware.choose([a, b], longer) is b  # the store serves h1..h3 on b at once
+    assert aware.decisions["store_covered"] == 1
+    # a prefix the store does not hold as far as a's L1 does: the threshold rule as before
+    aware.store_index = LRUSet(64)
+    aware.store_index.touch(["h1"])
+    assert aware.choose([a, b], longer) is a and aware.decisions["prefix_match"] == 1
+    # equal load: the L1 holder wins, the store is not needed
+    a.in_flight = 0
+    aware.on_routed(a, conv)
+    assert aware.choose([a, b], longer) is a
+    assert sum(aware.decisions.values()) == 3
+
+
+def test_make_policy_store_index_only_for_cache_aware():
+    assert make_policy("cache_aware", 16, 8, 32).store_index.capacity == 32
+    assert make_policy("cache_aware", 16, 8).store_index is None
+    assert not hasattr(make_policy("least_load", 16, 8, 32), "store_index")
