@@ -10,10 +10,10 @@ import time
 import grpc
 import pytest
 
+from bench.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch import GENERATE_PATH
 from router.grpc_stream import Channel, RpcError
-from router.standin import StandinServer
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import wait_until
 

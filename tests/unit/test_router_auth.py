@@ -9,8 +9,8 @@ import logging
 import httpx
 import pytest
 
+from bench.standin import StandinServer
 from router.app import _ROUTES
-from router.standin import StandinServer
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import RouterThread, router_config
 

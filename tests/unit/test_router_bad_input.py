@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from router.standin import StandinServer
+from bench.standin import StandinServer
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import RouterThread, router_config
 
