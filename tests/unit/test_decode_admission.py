@@ -44,7 +44,8 @@ def test_waiting_request_hits_its_deadline_with_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="waited .* for 1 KV pages"):
         adm.admit("b", 1, time.monotonic() + 0.5, never)
-    assert 0.4 < time.monotonic() - t0 < 2.0
+    # not before its deadline; the upper bound only rules out a hang (shared machines are slow)
+    assert 0.45 <= time.monotonic() - t0 < 10.0
     assert adm.waiting == 0
 
 

@@ -170,7 +170,10 @@ def test_abort_during_store_load_answers_at_once_but_frees_pages_after_the_load(
     sched, rt, _ = make(store_io=io)
     try:
         task = submit(sched, tokens, "x")
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while not io.loads:  # admitted, its store load in flight (no fixed sleep: machines are slow)
+            assert time.monotonic() < deadline, "the task never started its store load"
+            time.sleep(0.005)
         sched.abort("x")
         with pytest.raises(Aborted):
             task.future.result(5)
