@@ -130,7 +130,8 @@ def test_a_child_dying_after_ready_is_restarted_with_backoff_then_sigterm_stops_
     assert not any(port_in_use("127.0.0.1", p) for p in ports)
     # the other children kept running all along: started once
     assert [c.starts for c in lc.children if c.name != "decode-0"] == [1, 1]
-    assert (tmp_path / "logs" / "decode-0.log").read_text().count(f"fake listening on {ports[1]}") >= 4
+    # every start that died had listened first; the last one may be stopped before it listens
+    assert (tmp_path / "logs" / "decode-0.log").read_text().count(f"fake listening on {ports[1]}") >= 3
 
 
 def test_startup_deadline(tmp_path):
