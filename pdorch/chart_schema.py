@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdorch.config_schema import config_json_schema
+from pdorch.generated_file import write_or_check
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "charts" / "pdorch" / "values.schema.json"
 
@@ -99,15 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdorch.chart_schema", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed schema is stale")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not SCHEMA_PATH.is_file() or SCHEMA_PATH.read_text() != text:
-            print(f"{SCHEMA_PATH} is stale: run python -m pdorch.chart_schema", file=sys.stderr)
-            return 1
-        return 0
-    SCHEMA_PATH.write_text(text)
-    print(f"wrote {SCHEMA_PATH}")
-    return 0
+    return write_or_check(SCHEMA_PATH, render(), args.check, "python -m pdorch.chart_schema")
 
 
 if __name__ == "__main__":

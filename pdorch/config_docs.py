@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pdorch.config_loader import SECTIONS, env_var
 from pdorch.config_values import describe, field_default, field_kind
+from pdorch.generated_file import write_or_check
 
 DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -96,16 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is stale")
     parser.add_argument("--path", default=str(DOC_PATH), help="the markdown file (default: %(default)s)")
     args = parser.parse_args(argv)
-    text = render()
-    path = Path(args.path)
-    if args.check:
-        if not path.is_file() or path.read_text() != text:
-            print(f"{path} is stale; run: python -m pdorch.config_docs", file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
+    return write_or_check(Path(args.path), render(), args.check, "python -m pdorch.config_docs")
 
 
 if __name__ == "__main__":
