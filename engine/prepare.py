@@ -68,11 +68,8 @@ def prepare_model(source: str, cache_dir: str = DEFAULT_CACHE_DIR, progress: Pro
     if is_prepared(out):
         progress(f"[prepare] {out} is ready (cached)")
         return out
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+
+    def fill(tmp: pathlib.Path) -> None:
         if gguf_path is not None:
             from engine.gguf_convert import convert_gguf
             convert_gguf(gguf_path, tmp, progress)
@@ -82,17 +79,33 @@ def prepare_model(source: str, cache_dir: str = DEFAULT_CACHE_DIR, progress: Pro
         digest = weights_digest(tmp)
         (tmp / MARKER).write_text(json.dumps({"format": FORMAT_VERSION, "source": str(source),
                                                "weights_digest": digest}))
-        if out.exists() and not is_prepared(out):
-            shutil.rmtree(out)  # a leftover of an interrupted older run
+
+    _publish(out, fill, is_prepared)
+    progress(f"[prepare] {out} ready")
+    return out
+
+
+def _publish(out: pathlib.Path, fill: Callable[[pathlib.Path], None],
+             is_done: Callable[[pathlib.Path], bool]) -> None:
+    """Build `out` in a temp dir next to it (`fill(tmp)`), then publish it whole, at once.
+
+    An `out` that is not `is_done` (a leftover of an interrupted older run) is replaced; one that
+    another process published first wins."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        if out.exists() and not is_done(out):
+            shutil.rmtree(out)
         try:
             os.replace(tmp, out)
         except OSError:
-            if not is_prepared(out):  # NOTE: another process may have published it first; that copy wins
+            if not is_done(out):  # NOTE: another process may have published it first; that copy wins
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"[prepare] {out} ready")
-    return out
 
 
 def _resolve(source: str) -> tuple[pathlib.Path, pathlib.Path | None, str]:
@@ -125,19 +138,7 @@ def prepare_tokenizer(source: str, cache_dir: str = DEFAULT_CACHE_DIR) -> pathli
     if (out / "config.json").is_file():
         return out
     from engine.gguf_convert import write_gguf_tokenizer_dir
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".{name}.tokenizer.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        write_gguf_tokenizer_dir(gguf_path, tmp)
-        try:
-            os.replace(tmp, out)  # published whole, at once
-        except OSError:
-            if not (out / "config.json").is_file():  # NOTE: another process published it first: that copy wins
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    _publish(out, lambda tmp: write_gguf_tokenizer_dir(gguf_path, tmp), lambda d: (d / "config.json").is_file())
     return out
 
 
