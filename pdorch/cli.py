@@ -44,12 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                                      "with the Mooncake KV store.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", allow_abbrev=False,
-                           help="run a local cluster: mooncake_master, workers and the router",
-                           description="Run mooncake_master, N prefill and M decode workers and the router "
-                           "as child processes until Ctrl-C. Without --config: the embedded "
-                           "configs/local.yaml.")
-    add_config_args(serve)
+    serve = _command(sub, "serve", help="run a local cluster: mooncake_master, workers and the router",
+                     description="Run mooncake_master, N prefill and M decode workers and the router "
+                     "as child processes until Ctrl-C. Without --config: the embedded configs/local.yaml.")
     serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
@@ -59,38 +56,39 @@ def _parser() -> argparse.ArgumentParser:
                        help="stop the whole cluster and exit 1 when a child dies (default: restart it "
                        "with backoff, as Kubernetes would, and keep serving)")
 
-    master = sub.add_parser("master", allow_abbrev=False,
-                            help="run mooncake_master with the flags pdorch expects (from store.* keys)",
-                            description="Run mooncake_master in the foreground with its ports and flags "
-                            "from the config's store.* keys (bare-metal installs; the Helm chart's "
-                            "master pod runs this too).")
-    add_config_args(master)
+    master = _command(sub, "master", help="run mooncake_master with the flags pdorch expects (from store.* keys)",
+                      description="Run mooncake_master in the foreground with its ports and flags from the "
+                      "config's store.* keys (bare-metal installs; the Helm chart's master pod runs this too).")
     add_master_args(master)
 
-    status = sub.add_parser("status", allow_abbrev=False,
-                            help="workers, load and cache hit rates from a running router")
-    add_config_args(status)
+    status = _command(sub, "status", help="workers, load and cache hit rates from a running router")
     status.add_argument("--url", help="router URL (default: from the config's router.host/port)")
     status.add_argument("--admin-key", default=None, help="admin key (default: router.admin_key, "
                         "e.g. env PDORCH_ROUTER_ADMIN_KEY)")
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
-    model = sub.add_parser("model", allow_abbrev=False, help="model management")
+    model = _command(sub, "model", config=False, help="model management")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     # NOTE: no own --help: everything after `prepare` goes to engine.prepare, which documents itself.
-    model_sub.add_parser("prepare", add_help=False, allow_abbrev=False,
-                         help="convert a model once into the cache (smollm2, a .gguf file or a HF directory)")
+    _command(model_sub, "prepare", config=False, add_help=False,
+             help="convert a model once into the cache (smollm2, a .gguf file or a HF directory)")
 
-    bench = sub.add_parser("bench", allow_abbrev=False, help="benchmarks (from a source checkout)")
+    bench = _command(sub, "bench", config=False, help="benchmarks (from a source checkout)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     # NOTE: no own --help: everything after the name goes to the benchmark, which documents itself.
     for name, what in BENCHMARKS.items():
-        bench_sub.add_parser(name, add_help=False, allow_abbrev=False, help=what[1])
+        _command(bench_sub, name, config=False, add_help=False, help=what[1])
 
-    config = sub.add_parser("config", allow_abbrev=False,
-                            help="validate a config and print the effective values "
-                            "(defaults < file < PDORCH_* env < --set); secrets redacted")
-    add_config_args(config)
+    _command(sub, "config", help="validate a config and print the effective values "
+             "(defaults < file < PDORCH_* env < --set); secrets redacted")
+    return parser
+
+
+def _command(sub, name: str, config: bool = True, **kwargs) -> argparse.ArgumentParser:
+    """One (sub)command's parser, never abbreviating options; `config`: it takes --config and --set."""
+    parser = sub.add_parser(name, allow_abbrev=False, **kwargs)
+    if config:
+        add_config_args(parser)
     return parser
 
 
