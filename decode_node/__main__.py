@@ -6,8 +6,8 @@ from __future__ import annotations
 def build(cfg, worker_id: str):
     from decode_node.servicer import add_to_server
     from decode_node.worker import DecodeWorker
-    from pdorch.worker_metrics import WorkerRecorder
-    from pdorch.worker_runtime import build_runtime
+    from pdorch.worker.metrics import WorkerRecorder
+    from pdorch.worker.runtime import build_runtime
 
     # The store is needed only to offload generated pages.
     recorder = WorkerRecorder("decode")
@@ -16,6 +16,6 @@ def build(cfg, worker_id: str):
 
 
 if __name__ == "__main__":
-    from pdorch.worker_main import run_worker
+    from pdorch.worker.main import run_worker
 
     run_worker("decode", build)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
 
 WAIT_SLICE_S = 0.25  # re-check cancellation this often while waiting for pages
 

@@ -6,8 +6,8 @@ Sampling parameters and cached-token counts share the prefill protocol's convert
 from __future__ import annotations
 
 from decode_node.request import DecodeEvent, GenerateJob
-from prefill_node.convert import cached_to_proto, sampling_from_proto
-from prefill_node.job import CachedTokens
+from pdorch.worker.convert import cached_to_proto, sampling_from_proto
+from pdorch.worker.protocol import CachedTokens
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

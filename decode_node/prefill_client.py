@@ -23,10 +23,10 @@ from dataclasses import replace
 import grpc
 
 from pdorch.config import GrpcConfig
-from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
-from pdorch.worker_rpc import client_channel
-from prefill_node import convert
-from prefill_node.job import WRITES_OVER_KEY, PrefillJob, PrefillResult
+from pdorch.worker import convert
+from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
+from pdorch.worker.protocol import WRITES_OVER_KEY, PrefillJob, PrefillResult
+from pdorch.worker.rpc import client_channel
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 

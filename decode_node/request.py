@@ -11,7 +11,7 @@ import queue
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
-from prefill_node.job import CachedTokens
+from pdorch.worker.protocol import CachedTokens
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
-from pdorch.worker_errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
+from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from store_client.page_hash import store_key
 
 log = logging.getLogger(__name__)

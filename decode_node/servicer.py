@@ -1,11 +1,11 @@
-"""gRPC DecodeService: thin transport over DecodeWorker; errors mapped by pdorch.worker_errors."""
+"""gRPC DecodeService: thin transport over DecodeWorker; errors mapped by pdorch.worker.errors."""
 
 from __future__ import annotations
 
 from decode_node import convert
 from decode_node.worker import DecodeWorker
-from pdorch.worker_errors import grpc_errors
-from pdorch.worker_rpc import WorkerServicer
+from pdorch.worker.errors import grpc_errors
+from pdorch.worker.rpc import WorkerServicer
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 
 

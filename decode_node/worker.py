@@ -31,11 +31,11 @@ from decode_node.stopping import check_stop, make_stopper
 from engine.sampler import make_generator
 from engine.tokenizer import Tokenizer
 from pdorch.config import Config
-from pdorch.worker_errors import InvalidRequest, WorkerError
-from pdorch.worker_metrics import WorkerRecorder
-from pdorch.worker_runtime import WorkerRuntime, check_integrity
-from pdorch.worker_status import WorkerLoad, worker_info, worker_stats
-from prefill_node.job import PrefillJob
+from pdorch.worker.errors import InvalidRequest, WorkerError
+from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.protocol import PrefillJob
+from pdorch.worker.runtime import WorkerRuntime, check_integrity
+from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 
 def build(cfg, worker_id: str):
-    from pdorch.worker_metrics import WorkerRecorder
-    from pdorch.worker_runtime import build_runtime
+    from pdorch.worker.metrics import WorkerRecorder
+    from pdorch.worker.runtime import build_runtime
     from prefill_node.servicer import add_to_server
     from prefill_node.worker import PrefillWorker
 
@@ -15,6 +15,6 @@ def build(cfg, worker_id: str):
 
 
 if __name__ == "__main__":
-    from pdorch.worker_main import run_worker
+    from pdorch.worker.main import run_worker
 
     run_worker("prefill", build)

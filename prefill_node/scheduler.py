@@ -28,7 +28,7 @@ import torch
 
 from engine.model_runner import Chunk
 from engine.sampler import make_generator
-from pdorch.worker_errors import (
+from pdorch.worker.errors import (
     Aborted,
     DeadlineExceeded,
     InvalidRequest,
@@ -36,9 +36,9 @@ from pdorch.worker_errors import (
     ShuttingDown,
     WorkerError,
 )
-from pdorch.worker_status import WorkerLoad
+from pdorch.worker.protocol import PrefillResult
+from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
-from prefill_node.job import PrefillResult
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 

@@ -1,11 +1,11 @@
-"""gRPC PrefillService: thin transport over PrefillWorker; errors mapped by pdorch.worker_errors."""
+"""gRPC PrefillService: thin transport over PrefillWorker; errors mapped by pdorch.worker.errors."""
 
 from __future__ import annotations
 
-from pdorch.worker_errors import grpc_errors
-from pdorch.worker_rpc import WorkerServicer
-from prefill_node import convert
-from prefill_node.job import WRITES_OVER_KEY
+from pdorch.worker import convert
+from pdorch.worker.errors import grpc_errors
+from pdorch.worker.protocol import WRITES_OVER_KEY
+from pdorch.worker.rpc import WorkerServicer
 from prefill_node.worker import PrefillWorker
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 

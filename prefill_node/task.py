@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prefill_node.job import CachedTokens, PrefillJob, PrefillResult
+from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
 
 
 class Phase(enum.Enum):

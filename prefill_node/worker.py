@@ -17,11 +17,11 @@ import logging
 import time
 
 from pdorch.config import Config
-from pdorch.worker_errors import DeadlineExceeded, InvalidRequest, Overloaded
-from pdorch.worker_metrics import WorkerRecorder
-from pdorch.worker_runtime import WorkerRuntime, check_integrity
-from pdorch.worker_status import worker_info, worker_stats
-from prefill_node.job import PrefillJob, PrefillResult
+from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.protocol import PrefillJob, PrefillResult
+from pdorch.worker.runtime import WorkerRuntime, check_integrity
+from pdorch.worker.status import worker_info, worker_stats
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask

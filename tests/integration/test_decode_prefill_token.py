@@ -8,7 +8,7 @@ import time
 import grpc
 
 from pdorch.config import GrpcConfig
-from pdorch.worker_rpc import client_channel
+from pdorch.worker.rpc import client_channel
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from tests.fixtures.processes import wait_for_port

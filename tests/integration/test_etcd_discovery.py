@@ -12,7 +12,7 @@ import time
 import httpx
 
 from pdorch.config import DiscoveryConfig
-from pdorch.registration import WorkerRegistration, connect, worker_key
+from pdorch.worker.registration import WorkerRegistration, connect, worker_key
 from tests.fixtures.processes import stop_process
 from tests.fixtures.router import router_config, wait_until
 
@@ -45,7 +45,7 @@ def test_registration_of_a_killed_process_disappears_within_the_lease_ttl(etcd_s
     script = textwrap.dedent(f"""
         import time
         from pdorch.config import DiscoveryConfig
-        from pdorch.registration import WorkerRegistration
+        from pdorch.worker.registration import WorkerRegistration
         cfg = DiscoveryConfig(mode="etcd", etcd_endpoints=("{etcd_server.endpoint}",), cluster="t", lease_ttl_s={TTL_S})
         WorkerRegistration(cfg, "decode", "d-9", "127.0.0.1:5002").start()
         print("registered", flush=True)

@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 
-from pdorch import worker_main
+from pdorch.worker import main as worker_main
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router import grpc_stream
 from router.dispatch import GENERATE_PATH

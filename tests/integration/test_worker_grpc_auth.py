@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from pdorch.config import GrpcConfig
-from pdorch.worker_main import make_server
-from pdorch.worker_rpc import add_port, aio_channel, bearer, client_channel
+from pdorch.worker.main import make_server
+from pdorch.worker.rpc import add_port, aio_channel, bearer, client_channel
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch import GENERATE_PATH
 from router.grpc_stream import Channel, RpcError

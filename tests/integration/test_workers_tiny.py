@@ -13,7 +13,7 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from pdorch.registration import connect
+from pdorch.worker.registration import connect
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.processes import stop_process
 from tests.fixtures.workers import start_cluster

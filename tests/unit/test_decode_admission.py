@@ -7,7 +7,7 @@ import pytest
 
 from decode_node.admission import Admission
 from engine.page_allocator import PageAllocator
-from pdorch.worker_errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
 
 
 def never():

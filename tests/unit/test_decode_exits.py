@@ -18,9 +18,9 @@ from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
 from pdorch.ports import free_port
-from pdorch.worker_metrics import WorkerRecorder
-from pdorch.worker_runtime import build_runtime
-from prefill_node.job import PrefillResult
+from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.protocol import PrefillResult
+from pdorch.worker.runtime import build_runtime
 from tests.fixtures.workers import make_config
 
 

@@ -5,9 +5,9 @@ import pytest
 from decode_node.convert import event_to_proto, job_from_proto
 from decode_node.request import DecodeEvent
 from engine.sampling_params import SamplingParams
-from pdorch.worker_errors import InvalidRequest
-from prefill_node import convert
-from prefill_node.job import CachedTokens, PrefillJob, PrefillResult
+from pdorch.worker import convert
+from pdorch.worker.errors import InvalidRequest
+from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

@@ -14,9 +14,9 @@ import torch
 from engine.page_allocator import PageAllocator
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from pdorch.worker_errors import Aborted, PeerFailed
-from pdorch.worker_metrics import WorkerRecorder
-from prefill_node.job import PrefillJob
+from pdorch.worker.errors import Aborted, PeerFailed
+from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.protocol import PrefillJob
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_router_modules_do_not_import_torch():
     modules = sorted(f"router.{p.stem}" for p in (ROOT / "router").glob("*.py") if p.stem != "__main__")
-    modules += ["router.__main__", "pdorch.registration", "engine.tokenizer", "engine.prepare",
+    modules += ["router.__main__", "pdorch.worker.registration", "engine.tokenizer", "engine.prepare",
                 "store_client.page_hash"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"

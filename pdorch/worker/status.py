@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdorch.worker_metrics import WorkerRecorder
+from pdorch.worker.metrics import WorkerRecorder
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

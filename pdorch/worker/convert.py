@@ -7,8 +7,8 @@ servicer; the engine never imports generated code.
 from __future__ import annotations
 
 from engine.sampling_params import SamplingParams
-from pdorch.worker_errors import InvalidRequest
-from prefill_node.job import CachedTokens, PrefillJob, PrefillResult
+from pdorch.worker.errors import InvalidRequest
+from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

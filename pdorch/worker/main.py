@@ -17,8 +17,8 @@ import grpc
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
-from pdorch.worker_rpc import add_port, server_interceptors
-from pdorch.worker_runtime import configure_torch
+from pdorch.worker.rpc import add_port, server_interceptors
+from pdorch.worker.runtime import configure_torch
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         metrics_server, _ = worker.recorder.serve(section.metrics_port, host=section.host)
     registration = None
     if cfg.discovery.mode == "etcd":
-        from pdorch.registration import WorkerRegistration  # lazy: etcd3 only when it is used
+        from pdorch.worker.registration import WorkerRegistration  # lazy: etcd3 only when it is used
 
         info = worker.info()
         registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {

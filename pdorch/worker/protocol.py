@@ -1,0 +1,57 @@
+"""The prefill protocol's engine-side objects: what D asks of P, and what P answers.
+
+Plain frozen dataclasses (no protobuf): `prefill_node/convert.py` maps them to and from
+`worker_pb2`, so the scheduler, the tests and the decode worker's client code never touch
+generated classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+# Trailing metadata P sets on a Prefill answer (any status) when no KV write of the request into D's
+# pages can land any more: D may then give those pages to another request at once (docs/workers.md).
+WRITES_OVER_KEY = "pdorch-writes-over"
+
+
+@dataclass(frozen=True)
+class CachedTokens:
+    """Prompt tokens reused instead of computed, per tier (DESIGN.md section 4)."""
+
+    device: int = 0
+    host: int = 0
+    store: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host + self.store
+
+
+@dataclass(frozen=True)
+class PrefillJob:
+    """One Prefill call: produce the prompt KV into D's pages and sample the first token."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    params: SamplingParams
+    decode_segment: str
+    dest_page_addrs: tuple[int, ...]
+    timeout_s: float
+    page_size: int
+    model_fingerprint: str
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What P returns once the KV sits in D's pages."""
+
+    request_id: str
+    first_token_id: int
+    prompt_tokens: int
+    cached: CachedTokens = field(default_factory=CachedTokens)
+    transfer_bytes: int = 0
+    transfer_s: float = 0.0
+    compute_s: float = 0.0
+    sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)

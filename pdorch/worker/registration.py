@@ -1,0 +1,106 @@
+"""Worker-side etcd registration: a key under a lease, kept alive by a thread.
+
+    key   /{cluster}/workers/{role}/{worker_id}
+    value {"address": "host:port", "role": ..., "worker_id": ..., "info": {...}}   (JSON)
+
+The lease has `discovery.lease_ttl_s`; the keep-alive thread refreshes it every TTL/3. If the
+process dies or stops renewing, etcd deletes the key when the lease expires, and routers
+watching the prefix drop the worker. If a refresh finds the lease gone (etcd restarted, long
+pause), the thread grants a new lease and puts the key again. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Self
+
+import etcd3
+
+from pdorch.config import DiscoveryConfig
+
+log = logging.getLogger("pdorch.worker.registration")
+
+
+def worker_key(cluster: str, role: str, worker_id: str) -> str:
+    return f"/{cluster}/workers/{role}/{worker_id}"
+
+
+def workers_prefix(cluster: str) -> str:
+    return f"/{cluster}/workers/"
+
+
+def connect(endpoints: tuple[str, ...] | list[str], timeout_s: float = 5.0) -> etcd3.Etcd3Client:
+    """A client for the first endpoint that answers; ConnectionError naming all of them otherwise."""
+    errors = []
+    for ep in endpoints:
+        host, _, port = ep.rpartition(":")
+        try:
+            client = etcd3.client(host=host or "127.0.0.1", port=int(port), timeout=timeout_s)
+            client.status()
+            return client
+        except Exception as e:  # noqa: BLE001 - collect and report every endpoint's failure
+            errors.append(f"{ep}: {e.__class__.__name__}: {e}")
+    raise ConnectionError("no etcd endpoint answered: " + "; ".join(errors))
+
+
+class WorkerRegistration:
+    def __init__(self, discovery_cfg: DiscoveryConfig, role: str, worker_id: str, address: str,
+                 info: dict | None = None):
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', got {role!r}")
+        self.cfg = discovery_cfg
+        self.key = worker_key(discovery_cfg.cluster, role, worker_id)
+        self.value = json.dumps({"address": address, "role": role, "worker_id": worker_id, "info": info or {}})
+        self.ttl = discovery_cfg.lease_ttl_s
+        self._client: etcd3.Etcd3Client | None = None
+        self._lease = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Self:
+        self._client = connect(self.cfg.etcd_endpoints)
+        self._register()
+        self._thread = threading.Thread(target=self._keep_alive, name=f"etcd-keepalive {self.key}", daemon=True)
+        self._thread.start()
+        log.info("registered %s (lease TTL %ss)", self.key, self.ttl)
+        return self
+
+    def _register(self) -> None:
+        self._lease = self._client.lease(self.ttl)
+        self._client.put(self.key, self.value, lease=self._lease)
+
+    def _keep_alive(self) -> None:
+        interval = max(0.2, self.ttl / 3.0)
+        while not self._stop.wait(interval):
+            try:
+                ttl = None
+                for resp in self._client.refresh_lease(self._lease.id):
+                    ttl = resp.TTL
+                if not ttl or ttl <= 0:  # lease expired or unknown: register again
+                    log.warning("lease of %s expired; registering again", self.key)
+                    self._register()
+            except Exception as e:  # noqa: BLE001 - etcd briefly unreachable: keep trying
+                log.warning("etcd keep-alive for %s failed: %s", self.key, e)
+
+    def stop(self) -> None:
+        """Stop renewing and delete the key now (revoking the lease)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self._client is not None:
+            try:
+                if self._lease is not None:
+                    self._lease.revoke()
+            except Exception as e:  # noqa: BLE001 - the key expires with its lease anyway
+                log.warning("could not revoke the lease of %s: %s", self.key, e)
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
