@@ -9,6 +9,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from engine.tokenizer import Tokenizer
 from proto.pdorch.v1 import worker_pb2 as pb
@@ -30,6 +31,25 @@ def start_fault_cluster(tmp, model_dir, num_prefill: int) -> WorkerCluster:
         c.stop()
         raise
     return c
+
+
+def fault_fixtures(name: str, num_prefill: int, **router_keys):
+    """The module-scoped `cluster` (start_fault_cluster) and `router` (start_router with `router_keys`)
+    fixtures of a fault test module: `cluster, router = fault_fixtures("faults_x", num_prefill=2, ...)`."""
+
+    @pytest.fixture(scope="module")
+    def cluster(tmp_path_factory, tiny_model_dir):
+        c = start_fault_cluster(tmp_path_factory.mktemp(name), tiny_model_dir, num_prefill=num_prefill)
+        yield c
+        c.stop()
+
+    @pytest.fixture(scope="module")
+    def router(cluster, tiny_model_dir):
+        r = start_router(cluster, tiny_model_dir, **router_keys)
+        yield r
+        r.stop()
+
+    return cluster, router
 
 
 def in_thread(fn, *args, **kwargs):

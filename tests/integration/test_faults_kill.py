@@ -13,34 +13,21 @@ import signal
 import time
 
 import httpx
-import pytest
 
 from tests.integration.fault_helpers import (
     assert_survivors_sound,
+    fault_fixtures,
     in_thread,
     prompt,
     router_workers,
     sse_events,
-    start_fault_cluster,
-    start_router,
     wait_running,
 )
 
 KILL_TO_ERROR_S = 5.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    c = start_fault_cluster(tmp_path_factory.mktemp("faults_kill"), tiny_model_dir, num_prefill=2)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def router(cluster, tiny_model_dir):
-    r = start_router(cluster, tiny_model_dir, policy="round_robin")
-    yield r
-    r.stop()
+cluster, router = fault_fixtures("faults_kill", num_prefill=2, policy="round_robin")
 
 
 def kill(wp) -> float:

@@ -13,16 +13,14 @@ import signal
 import time
 
 import httpx
-import pytest
 
 from tests.integration.fault_helpers import (
     assert_survivors_sound,
+    fault_fixtures,
     in_thread,
     prompt,
     router_workers,
     sse_events,
-    start_fault_cluster,
-    start_router,
     wait_running,
     worker_stats,
 )
@@ -30,18 +28,7 @@ from tests.integration.fault_helpers import (
 DEADLINE_S = 6.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    c = start_fault_cluster(tmp_path_factory.mktemp("faults_stop"), tiny_model_dir, num_prefill=1)
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def router(cluster, tiny_model_dir):
-    r = start_router(cluster, tiny_model_dir, policy="round_robin", request_timeout_s=DEADLINE_S)
-    yield r
-    r.stop()
+cluster, router = fault_fixtures("faults_stop", num_prefill=1, policy="round_robin", request_timeout_s=DEADLINE_S)
 
 
 def test_100_client_disconnects_mid_stream_leak_no_page(cluster, router):
