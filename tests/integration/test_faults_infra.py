@@ -5,47 +5,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from typing import Self
 
 import httpx
 
 from engine.tokenizer import Tokenizer
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.router import RouterThread, _start_etcd, router_config, wait_until
+from tests.fixtures.traffic import Traffic
 from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import assert_survivors_sound, prompt, start_router
 
 
-class Load:
-    """Two clients posting /generate back to back until stopped; outcomes recorded."""
-
-    def __init__(self, url: str, seeds: range):
-        self.url, self.seeds, self.stop, self.outcomes = url, seeds, threading.Event(), []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(2)]
-
-    def _run(self, client: int) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            seed = self.seeds[(client + 2 * n) % len(self.seeds)]
-            body = {"input_ids": prompt(40, seed=seed), "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-            try:
-                r = httpx.post(self.url + "/generate", json=body, timeout=60)
-                self.outcomes.append(r.status_code)
-            except httpx.HTTPError as e:
-                self.outcomes.append(repr(e))
-
-    def __enter__(self) -> Self:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(70)
+def _load(url: str, seeds: range) -> Traffic:
+    """Two clients, each request a 40-token prompt of one of `seeds`."""
+    return Traffic(url, lambda client, n: {"input_ids": prompt(40, seed=seeds[(client + 2 * n) % len(seeds)]),
+                                           "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
 
 
 def _metric(url: str, name: str, **labels) -> float:
@@ -78,12 +53,12 @@ def test_killed_master_costs_recompute_not_errors_and_hits_return_after_restart(
 
         assert store_hit(100) >= 32
         misses_before = _metric(p_metrics, "pdorch_store_miss_pages_total")
-        with Load(router.url, range(200, 206)) as load:
+        with _load(router.url, range(200, 206)) as load:
             time.sleep(1.0)
             cluster.master.kill()
             t_kill = time.monotonic()
             time.sleep(6.0)
-        assert load.outcomes and all(o == 200 for o in load.outcomes), f"requests failed: {load.outcomes}"
+        assert load.results and set(load.statuses()) == {200}, f"requests failed: {load.results}"
         assert _metric(p_metrics, "pdorch_store_enabled") == 0
         misses = _metric(p_metrics, "pdorch_store_miss_pages_total") - misses_before
         by_reason = {line for line in httpx.get(p_metrics).text.splitlines()
@@ -94,7 +69,7 @@ def test_killed_master_costs_recompute_not_errors_and_hits_return_after_restart(
         wait_until(lambda: _metric(p_metrics, "pdorch_store_enabled") == 1, 30, "the prefill worker to reconnect")
         wait_until(lambda: store_hit(300) >= 32, 30, "store hits to return")
         assert [w.proc.pid for w in cluster.workers if w.proc.poll() is None] == pids, "no worker restarted"
-        print(f"master down {time.monotonic() - t_kill:.1f}s; {len(load.outcomes)} requests served meanwhile; "
+        print(f"master down {time.monotonic() - t_kill:.1f}s; {len(load.results)} requests served meanwhile; "
               f"misses by reason: {sorted(by_reason)}")
         assert_survivors_sound(cluster)
     finally:
@@ -118,11 +93,11 @@ def test_stopped_etcd_keeps_routing_to_known_workers_and_registrations_return(tm
                               Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
         wait_until(lambda: httpx.get(router.url + "/health", timeout=5).status_code == 200, 20, "workers via etcd")
         caplog.set_level(logging.WARNING, logger="pdorch.router")
-        with Load(router.url, range(400, 404)) as load:
+        with _load(router.url, range(400, 404)) as load:
             time.sleep(1.0)
             stop_process(etcd.proc)
             time.sleep(8.0)  # longer than the lease TTL: registrations are gone from the router's view of etcd
-        assert load.outcomes and all(o == 200 for o in load.outcomes), f"requests failed: {load.outcomes}"
+        assert load.results and set(load.statuses()) == {200}, f"requests failed: {load.results}"
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "last known workers" in said, said
 

@@ -11,10 +11,8 @@ traffic recovers with the same processes; at the end no page has leaked on eithe
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Self
 
 import grpc
 import httpx
@@ -24,6 +22,7 @@ import yaml
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from tests.fixtures.netns import NetnsLab, netns_available
+from tests.fixtures.traffic import Traffic
 
 pytestmark = [pytest.mark.skipif(netns_available() is not None, reason=f"network namespaces: {netns_available()}"),
               pytest.mark.timeout(360)]
@@ -52,41 +51,9 @@ def _config(lab: NetnsLab, model_dir: Path, tmp: Path) -> Path:
     return path
 
 
-class Traffic:
-    """Two clients sending short /generate requests back to back; every outcome recorded."""
-
-    def __init__(self, url: str):
-        self.url, self.stop, self.results, self.lock = url, threading.Event(), [], threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(2)]
-
-    def _run(self, client: int) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            body = {"input_ids": [(client * 131 + n % 4 * 17 + i * 7) % 900 + 20 for i in range(48)],
-                    "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
-            t0 = time.monotonic()
-            try:
-                r = httpx.post(f"{self.url}/generate", json=body, timeout=DEADLINE_S + 20)
-                outcome = (r.status_code, r.json())
-            except (httpx.HTTPError, ValueError) as e:
-                outcome = (None, repr(e))
-            with self.lock:
-                self.results.append((t0, time.monotonic(), *outcome))
-
-    def since(self, t: float) -> list[tuple]:
-        with self.lock:
-            return [r for r in self.results if r[0] >= t]
-
-    def __enter__(self) -> Self:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(DEADLINE_S + 25)
+def _body(client: int, n: int) -> dict:
+    return {"input_ids": [(client * 131 + n % 4 * 17 + i * 7) % 900 + 20 for i in range(48)],
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
 
 
 def _wait(what: str, check, timeout_s: float) -> float:
@@ -150,7 +117,7 @@ def test_partitions_end_requests_by_their_deadline_and_heal(tiny_model_dir, tmp_
         _wait("router /health", lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, 180)
         pids = {h: p.pid for h, p in procs.items()}
 
-        with Traffic(url) as traffic:
+        with Traffic(url, _body, timeout_s=DEADLINE_S + 20) as traffic:
             time.sleep(3.0)
             assert [r for r in traffic.results if r[2] == 200], f"no request served before any cut: {traffic.results}"
             report = {}
