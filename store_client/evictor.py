@@ -9,7 +9,8 @@ a head page makes the whole tail useless to a prefix reader. So every `evict_int
     fill = allocated / capacity;  nothing to do unless fill > evict_high_watermark
     deficit = ceil((allocated - evict_low_watermark * capacity) / page_nbytes)        pages
     share   = ceil(deficit * len(index) / max(master key count, len(index)))          this worker's part
-    remove the share's victims (ChainIndex: deepest and least recently used first), in batches
+    remove the share's victims (ChainIndex: pages of ended conversations first, then deepest and
+    least recently used first), in batches
 
 Several workers each remove their share of the keys they know, so together they remove ~ the deficit.
 Results per key: removed or absent -> forgotten by the index; leased (-706, a reader holds it) ->
@@ -242,8 +243,13 @@ class StoreEvictor:
 
     def _remove(self, keys: list[str]) -> tuple[int, list[str], int]:
         """One batch_remove; returns (pages removed, keys leased, number failed)."""
+        stale = {k for k in keys if self.index.is_stale(k)}
         codes = self.store.remove_many(keys)
-        removed_priorities = [p for k, c in zip(keys, codes) if c == 0 and (p := self.index.priority(k)) is not None]
+        # NOTE: stale pages (ended conversations) say nothing about the live ones' water level: a stale
+        # head's priority is far above a live conversation's tail, and as the cutoff it would stop
+        # every write-back of deep pages (should_write).
+        removed_priorities = [p for k, c in zip(keys, codes)
+                              if c == 0 and k not in stale and (p := self.index.priority(k)) is not None]
         if removed_priorities:
             self.cutoff = max(removed_priorities)
         gone = [k for k, c in zip(keys, codes) if c == 0 or c == _ABSENT]
@@ -256,6 +262,7 @@ class StoreEvictor:
         if gone and self.on_removed is not None:
             self.on_removed(gone)
         self.metrics.evicted_pages.inc(removed)
+        self.metrics.evicted_stale_pages.inc(sum(1 for k, c in zip(keys, codes) if c == 0 and k in stale))
         self.metrics.evict_skipped.labels("absent").inc(absent)
         self.metrics.evict_skipped.labels("leased").inc(len(leased))
         self.metrics.evict_skipped.labels("failed").inc(failed)
@@ -263,6 +270,7 @@ class StoreEvictor:
 
     def _export_index_size(self) -> None:
         self.metrics.chain_index_pages.set(len(self.index))
+        self.metrics.stale_after_seconds.set(self.index.stale_after() or 0.0)
         forgotten = self.index.forgotten
         self.metrics.chain_index_forgotten.inc(forgotten - self._forgotten_seen)
         self._forgotten_seen = forgotten

@@ -64,6 +64,12 @@ class StoreMetrics:
         self.evict_skipped = Counter(p + "evict_skipped_pages", "Eviction victims not removed, by reason "
                                      "(leased: being read, kept; absent: already gone; failed)", ["reason"],
                                      registry=reg)
+        self.evicted_stale_pages = Counter(p + "evicted_stale_pages", "Of the evicted pages, those of "
+                                           "conversations that stopped coming back (stale; chain_index.py)",
+                                           registry=reg)
+        self.stale_after_seconds = Gauge(p + "stale_after_seconds", "A store page unused this long is stale and "
+                                         "leaves first (1.5 x the p90 time a conversation takes to come back; 0: "
+                                         "not learnt yet)", registry=reg)
         self.fill_ratio = Gauge(p + "fill_ratio", "The master's allocated / capacity bytes, as last read",
                                 registry=reg)
         self.chain_index_pages = Gauge(p + "chain_index_pages", "Store pages the chain index knows", registry=reg)

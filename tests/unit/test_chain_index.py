@@ -149,3 +149,53 @@ def test_touch_and_forget_during_compact_are_not_lost(monkeypatch):
     order = idx.victims(1000)
     assert order[:2] == ["a598", "a597"]  # a599 forgotten, a0 re-touched
     assert order[-2:] == ["a0", "late"]  # both used at t=100 at depth 0 (a0 keeps its depth): key order
+
+
+def _learn_gap(idx: ChainIndex, clock: FakeClock, gap: float, samples: int = 8) -> None:
+    """Conversations 'g0'.. come back every `gap` seconds: `samples` lookups from the head."""
+    for i in range(samples):
+        idx.touch([f"g{i}h"])
+        clock.t += gap
+        idx.touch([f"g{i}h"])  # a lookup from the head of a known chain: one sample, `gap`
+
+
+def test_nothing_is_stale_before_enough_conversations_came_back():
+    clock = FakeClock(0.0)
+    idx = ChainIndex(100, depth_weight_s=60.0, clock=clock)
+    idx.touch(chain("old", 2))
+    _learn_gap(idx, clock, 10.0, samples=7)
+    clock.t += 1000.0
+    assert idx.stale_after() is None and not idx.is_stale("old0")
+    idx.touch(chain("new", 3), first_depth=5)  # a write deep in a chain is not a sample
+    assert idx.stale_after() is None
+
+
+def test_pages_of_ended_conversations_leave_before_live_tails():
+    clock = FakeClock(0.0)
+    idx = ChainIndex(100, depth_weight_s=60.0, clock=clock)
+    idx.touch(chain("dead", 3))  # an ended conversation: never looked up again
+    clock.t = 20.0
+    _learn_gap(idx, clock, 10.0)  # live conversations come back every 10 s
+    assert idx.stale_after() == pytest.approx(15.0)
+    idx.touch(chain("live", 8))  # deep pages of a live chain, touched now
+    # By depth weight alone the live tail (priority now - 420 s) would go before dead0 (priority 0).
+    victims = idx.victims(len(idx))
+    assert victims[:3] == ["dead0", "dead1", "dead2"]  # stale, oldest first (ties: as touched)
+    # then the other stale pages (the sample chains unused for > 15 s), then the live tail
+    assert victims[3:9] == [f"g{i}h" for i in range(6)] and victims[9] == "live7"
+    assert idx.is_stale("dead0") and not idx.is_stale("live7")
+    idx.touch(["dead0"])  # a conversation that does come back is fresh again
+    assert not idx.is_stale("dead0") and "dead0" not in idx.victims(3)
+
+
+def test_stale_victims_are_not_offered_twice_and_stay_in_the_heap():
+    clock = FakeClock(0.0)
+    idx = ChainIndex(100, depth_weight_s=1.0, clock=clock)
+    idx.touch(chain("a", 3))
+    clock.t = 100.0
+    _learn_gap(idx, clock, 1.0)
+    victims = idx.victims(20)
+    assert len(victims) == len(set(victims)) == len(idx)
+    assert victims[:3] == ["a0", "a1", "a2"]
+    idx.refresh(["a0"])  # leased: used now, so no longer stale, and still reachable by priority
+    assert "a0" in idx.victims(20) and idx.victims(20)[:2] == ["a1", "a2"]

@@ -222,3 +222,25 @@ def test_should_write_skips_pages_eviction_would_remove_at_once(server):
     assert ev.should_write(10**6, 5)  # room below the high watermark (0.80 + 5 pages): write anything
     assert ev.should_write(0, 6)  # full, but a head touched now outranks the water level
     assert not ev.should_write(10**6, 6)  # full, and so deep it would be the next victim: skip
+
+
+def test_stale_pages_leave_first_and_do_not_raise_the_water_level(server):
+    now = [0.0]
+    idx = ChainIndex(1000, depth_weight_s=60.0, clock=lambda: now[0])
+    idx.touch([f"dead{i}" for i in range(10)])  # a conversation that ended at t=0
+    for i in range(8):  # live conversations come back every 10 s: stale after 15 s
+        now[0] = 100.0 + 10 * i
+        idx.touch([f"live{i}p{d}" for d in range(10)])
+        now[0] += 10
+        idx.touch([f"live{i}p{d}" for d in range(10)])
+    for i in range(7):  # 80 pages are known; fill 90%: a deficit of 10 pages
+        idx.touch([f"more{i}p0"])
+    store = FakeStore()
+    ev = StoreEvictor(store, idx, _cfg(), server.url)
+    assert ev.run_once() == 10
+    assert store.calls == [[f"dead{i}" for i in range(10)]]  # by depth weight alone: the live tails
+    assert ev.cutoff is None  # a stale head says nothing about what the live chains can afford
+    assert ev.should_write(20, 1)
+    samples = {s.name: s.value for m in store.registry.collect() for s in m.samples}
+    assert samples["pdorch_store_evicted_stale_pages_total"] == 10
+    assert samples["pdorch_store_stale_after_seconds"] == pytest.approx(15.0)
