@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 
 import httpx
@@ -50,22 +49,6 @@ def fault_fixtures(name: str, num_prefill: int, **router_keys):
         r.stop()
 
     return cluster, router
-
-
-def in_thread(fn, *args, **kwargs):
-    """Run fn on a daemon thread; box gets "result" or "error", and "at" (when it ended)."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["result"] = fn(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001 - the test inspects it
-            box["error"] = e
-        box["at"] = time.monotonic()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
 
 
 def start_router(cluster, model_dir, **router_keys) -> RouterThread:

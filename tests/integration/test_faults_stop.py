@@ -14,10 +14,10 @@ import time
 
 import httpx
 
+from tests.fixtures.threads import in_thread
 from tests.integration.fault_helpers import (
     assert_survivors_sound,
     fault_fixtures,
-    in_thread,
     prompt,
     router_workers,
     sse_events,

@@ -19,6 +19,7 @@ from pdorch.worker_metrics import WorkerRecorder
 from prefill_node import worker as prefill_worker
 from prefill_node.job import PrefillJob
 from prefill_node.worker import PrefillWorker
+from tests.fixtures.threads import in_thread
 from tests.unit.test_prefill_scheduler import FakeRunner, make, settle, submit
 
 P = 4
@@ -63,20 +64,14 @@ def job(rid: str, timeout_s: float, n: int = 10) -> PrefillJob:
 
 
 def answer_in_thread(w, j):
+    """The RPC handler's part on a thread: box["task"] once started, then "result" or "error" and "at"."""
     box: dict = {}
 
-    def run():
-        task = w.start(j)
-        box["task"] = task
-        try:
-            box["result"] = w.wait(task)
-        except Exception as e:  # noqa: BLE001 - the test inspects it
-            box["error"] = e
-        box["answered_at"] = time.monotonic()
+    def answer():
+        box["task"] = w.start(j)
+        return w.wait(box["task"])
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
+    return in_thread(answer, box=box)
 
 
 def test_a_request_failing_mid_push_is_answered_only_after_the_push_returned(worker_and_transfer):
@@ -89,11 +84,11 @@ def test_a_request_failing_mid_push_is_answered_only_after_the_push_returned(wor
         assert time.monotonic() < deadline, "the task was never failed at its deadline"
         time.sleep(0.02)
     time.sleep(0.3)  # the handler had every chance to answer early
-    assert "answered_at" not in box, "answered while the KV push into D's pages still ran"
+    assert "at" not in box, "answered while the KV push into D's pages still ran"
     transfer.go.set()
     t.join(10)
     assert isinstance(box["error"], DeadlineExceeded)
-    assert box["answered_at"] >= transfer.returned_at
+    assert box["at"] >= transfer.returned_at
     assert box["task"].writes_over
     settle(w._scheduler, rt)
     assert rt.allocator.num_available() == rt.allocator.num_total
