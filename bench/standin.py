@@ -28,7 +28,11 @@ class Behavior:
     model: str = "SmolLM2-135M-Instruct"
     fail_before_first: int = 0  # this many next Generate/Prefill calls fail with UNAVAILABLE
     fail_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
-    fail_after_tokens: int | None = None  # Generate aborts after streaming this many tokens
+    fail_after_tokens: int | None = None  # Generate aborts after streaming this many tokens ...
+    fail_after_code: grpc.StatusCode = grpc.StatusCode.INTERNAL  # ... with this code
+    # Token i of a request with n prompt tokens is 1000 + n + i (else 1000 + i): a request resumed
+    # with prompt + streamed tokens continues the same sequence.
+    position_tokens: bool = False
     first_token_delay_s: float = 0.0
     token_delay_s: float = 0.0
     call_prefill: bool = False  # D calls Prefill on the prefill_address it was given
@@ -113,9 +117,10 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
                 if i and b.token_delay_s:  # NOTE: between tokens only; the stream ends right after the last
                     await asyncio.sleep(b.token_delay_s)
                 if b.fail_after_tokens is not None and i == b.fail_after_tokens:
-                    await context.abort(grpc.StatusCode.INTERNAL, "stand-in decode: injected mid-stream failure")
+                    await context.abort(b.fail_after_code, "stand-in decode: injected mid-stream failure")
+                token = 1000 + i + (len(request.token_ids) if b.position_tokens else 0)
                 yield worker_pb2.GenerateResponse(
-                    request_id=request.request_id, token_ids=[1000 + i], text=f" w{i}",
+                    request_id=request.request_id, token_ids=[token], text=f" w{token - 1000}",
                     prompt_tokens=len(request.token_ids), cached=cached,
                     finish_reason="length" if i == n - 1 else "")
         except asyncio.CancelledError:

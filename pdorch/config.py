@@ -93,6 +93,12 @@ class RouterConfig:
     store_aware_routing: bool = _key(True, "cache_aware with the store on: a prefix the store already holds goes "
                                      "to the least-loaded prefill worker instead of queueing behind the one whose "
                                      "L1 holds it (a store read is cheaper than the wait)")
+    mid_stream_failover: str = _key("auto", "A stream whose decode worker dies (connection lost) resumes on another "
+                                     "decode worker with the prompt + the tokens already streamed, the client's "
+                                     "stream going on unbroken; auto = only with the store on and "
+                                     "decode.offload_generated_kv (the new worker loads the generated pages from "
+                                     "the store), on = also without (prefill recomputes them), off = the stream "
+                                     "ends with an error event", choices=["auto", "on", "off"])
     session_affinity_header: str = _key("", "HTTP header whose value pins a session to one prefill worker")
     api_key: str = _key("", "Bearer key clients must send; empty = no auth (env PDORCH_ROUTER_API_KEY)")
     admin_key: str = _key("", "Bearer key for /flush_cache and /workers (env PDORCH_ROUTER_ADMIN_KEY)")

@@ -1,4 +1,5 @@
-"""Run one request on a P/D pair: pick workers, stream from D, retry once before the first token.
+"""Run one request on a P/D pair: pick workers, stream from D, retry once before the first token,
+resume on another D when D dies mid-stream.
 
     pick P (policy) + D (least load) --> D.Generate(token ids, prefill_address=P) --> chunks
 
@@ -12,8 +13,11 @@
   failed workers are excluded when others are routable). Which worker failed is decided by
   probing both with Info; the one that does not answer gets the circuit-breaker failure. The
   probes never hold the answer past the deadline (after the last attempt they run after it).
-- After the first token, a failure ends the stream with `StreamFailed` (the HTTP layer turns it
-  into an error event; the client already has a 200).
+- After the first token, a decode worker that is gone (UNAVAILABLE: connection lost) is replaced:
+  with mid-stream failover on, the stream resumes on another D with the prompt + the tokens already
+  streamed (router/failover.py), at most MAX_FAILOVERS times per request. Any other failure after
+  the first token, or a resumption that fails, ends the stream with `StreamFailed` (the HTTP layer
+  turns it into an error event; the client already has a 200).
 - Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
 """
 
@@ -29,6 +33,7 @@ import grpc
 
 from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
+from router.failover import MAX_FAILOVERS, Resumption
 from router.grpc_stream import RpcError, StreamCall
 from router.metrics import RouterMetrics
 from router.policies import Policy, RouteContext, SessionAffinity
@@ -64,11 +69,15 @@ class Job:
 
 
 class Dispatcher:
-    def __init__(self, pool: WorkerPool, policy: Policy, metrics: RouterMetrics, max_attempts: int = 2):
+    def __init__(self, pool: WorkerPool, policy: Policy, metrics: RouterMetrics, max_attempts: int = 2,
+                 failover: bool = False, tokenizer=None, page_size: int = 16):
         self.pool = pool
         self.policy = policy
         self.metrics = metrics
         self.max_attempts = max_attempts
+        self.failover = failover and tokenizer is not None  # resume mid-stream (router/failover.py)
+        self.tokenizer = tokenizer
+        self.page_size = page_size
         self.affinity = SessionAffinity()
         self._probes: set[asyncio.Task] = set()  # blame probes running after a request was answered
         pool.on_remove.append(policy.forget)
@@ -76,13 +85,13 @@ class Dispatcher:
     def has_capacity(self) -> tuple[bool, bool]:
         return bool(self.pool.routable("prefill")), bool(self.pool.routable("decode"))
 
-    def _pick(self, job: Job, tried_p: set, tried_d: set) -> tuple[Worker, Worker]:
+    def _pick(self, job: Job, page_hashes: list[str], tried_p: set, tried_d: set) -> tuple[Worker, Worker]:
         prefills = self.pool.routable("prefill", tried_p) or self.pool.routable("prefill")
         decodes = self.pool.routable("decode", tried_d) or self.pool.routable("decode")
         if not prefills or not decodes:
             missing = " and ".join(r for r, ws in (("prefill", prefills), ("decode", decodes)) if not ws)
             raise unavailable(f"no healthy {missing} worker is available; retry later")
-        ctx = RouteContext(job.page_hashes, job.session)
+        ctx = RouteContext(page_hashes, job.session)
         p = self.affinity.lookup(job.session, prefills) if job.session else None
         if p is None:
             p = self.policy.choose(prefills, ctx)
@@ -115,9 +124,80 @@ class Dispatcher:
     async def stream(self, job: Job) -> AsyncIterator[list[worker_pb2.GenerateResponse]]:
         """Yield D's chunks in batches (all that arrived together; the first batch holds the first
         token). Raises APIError before the first token, StreamFailed after it."""
-        tried_p: set[Worker] = set()
-        tried_d: set[Worker] = set()
+        att = await self._open(job, None, set(), set())
+        streamed: list[int] = []  # token ids the client has been sent (what a resumption continues)
+        resumption: Resumption | None = None
+        failovers = 0
+        try:
+            batch = att.first
+            while True:
+                if resumption is not None:
+                    batch = resumption.rewrite(batch)
+                if batch:
+                    # NOTE: the chunk with finish_reason is the last one: the request is complete
+                    # here, so a consumer that stops reading after it must not cancel the call.
+                    if batch[-1].finish_reason:
+                        # NOTE: unless the router's own stop check ended a resumed stream before D did:
+                        # then closing the attempt cancels D's call.
+                        att.finished = self._done(att.d) and not (resumption and resumption.cut_short)
+                    for m in batch:
+                        streamed.extend(m.token_ids)
+                    yield batch
+                    if att.finished:
+                        return
+                try:
+                    batch = await att.call.next_batch()
+                except RpcError as e:
+                    self.pool.record_failure(att.d, f"{e.code().name}: {e.details()}")
+                    self.metrics.worker_errors.labels(att.d.role, att.d.address).inc()
+                    broke = (f"decode worker {att.d.address} failed mid-stream: {e.code().name}: {e.details()}")
+                    if not self._may_resume(e, failovers):
+                        raise StreamFailed(broke) from None
+                    failovers += 1
+                    att.close()
+                    resumption, att = await self._resume(job, streamed, att.d, failovers, broke)
+                    batch = att.first
+                    continue
+                if not batch:
+                    att.finished = self._done(att.d)  # ended without a finish_reason: still a clean end
+                    return
+        finally:
+            att.close()  # a client that went away (or a failure): stop the work on D and P
+
+    def _may_resume(self, e: RpcError, failovers: int) -> bool:
+        # NOTE: only UNAVAILABLE (connection lost, worker gone): a worker that answered with an error
+        # (INTERNAL, DEADLINE_EXCEEDED) would likely answer the same again.
+        return self.failover and e.code() == grpc.StatusCode.UNAVAILABLE and failovers < MAX_FAILOVERS
+
+    async def _resume(self, job: Job, streamed: list[int], dead: Worker, n: int,
+                      broke: str) -> tuple[Resumption, _Attempt]:
+        """Open the stream again on another D, continuing after `streamed`; StreamFailed if it cannot."""
+        t0 = time.perf_counter()
+        try:
+            resumption = Resumption(self.tokenizer, job, streamed, self.page_size, n)
+            log.warning("request %s: %s; resuming after %d tokens on another decode worker (%.1f s left)",
+                        job.request_id, broke, len(streamed), job.remaining_s())
+            att = await self._open(job, resumption, set(), {dead})
+        except (APIError, ValueError) as e:
+            self.metrics.failovers.labels("failed").inc()
+            raise StreamFailed(f"{broke}; resuming on another decode worker failed: "
+                               f"{getattr(e, 'message', e)}") from None
+        self.metrics.failovers.labels("resumed").inc()
+        self.metrics.failover_gap.observe(time.perf_counter() - t0)
+        resumed = att.first
+        cached = next((m.cached for m in resumed if m.HasField("cached")), None)
+        if cached is not None:
+            for tier in ("device", "host", "store"):
+                self.metrics.failover_cached_tokens.labels(tier).inc(getattr(cached, tier))
+            computed = len(resumption.token_ids) - cached.device - cached.host - cached.store
+            self.metrics.failover_computed_tokens.inc(computed)
+        return resumption, att
+
+    async def _open(self, job: Job, resumption: Resumption | None, tried_p: set, tried_d: set) -> _Attempt:
+        """Open Generate on a P/D pair and wait for the first token, retrying once on another pair.
+        `resumption` set: the request continues a broken stream (router/failover.py)."""
         last_error: APIError | None = None
+        hashes = job.page_hashes if resumption is None else resumption.page_hashes
         for attempt in range(self.max_attempts):
             remaining = job.remaining_s()
             if attempt:
@@ -128,68 +208,46 @@ class Dispatcher:
                             job.request_id, last_error.message, remaining)
             elif remaining <= 0:
                 raise _timeout(f"the request's deadline ({job.timeout_s:g} s) passed before it reached a worker")
-            p, d = self._pick(job, tried_p, tried_d)
+            p, d = self._pick(job, hashes, tried_p, tried_d)
             tried_p.add(p)
             tried_d.add(d)
-            req = worker_pb2.GenerateRequest(request_id=job.request_id, token_ids=job.token_ids,
-                                             sampling=job.sampling, prefill_address=p.address,
-                                             timeout_s=remaining)
+            if resumption is None:
+                req = worker_pb2.GenerateRequest(request_id=job.request_id, token_ids=job.token_ids,
+                                                 sampling=job.sampling, prefill_address=p.address,
+                                                 timeout_s=remaining)
+            else:
+                req = resumption.request(p.address, remaining)
             for w in (p, d):
                 w.in_flight += 1
                 w.routed += 1
                 w.breaker.on_sent()
                 self.metrics.worker_routed.labels(w.role, w.address).inc()
             call: StreamCall | None = None
-            p_held, d_held, finished = True, True, False
             try:
+                call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
+                                          worker_pb2.GenerateResponse.FromString, remaining)
                 first: list[worker_pb2.GenerateResponse] = []
-                try:
-                    call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
-                                              worker_pb2.GenerateResponse.FromString, remaining)
-                    while True:
-                        batch = await call.next_batch()
-                        if not batch:
-                            raise _EarlyEOF()
-                        first.extend(batch)
-                        if any(m.token_ids or m.finish_reason for m in batch):
-                            break
-                except (RpcError, _EarlyEOF) as e:
-                    p.in_flight -= 1
-                    d.in_flight -= 1
-                    p_held = d_held = False
-                    final = attempt + 1 >= self.max_attempts
-                    last_error = await self._first_token_failure(e, p, d, job, final)
-                    continue
-                # First token: prefill is done, P's share of the load ends here.
-                p.in_flight -= 1
-                p_held = False
-                self.pool.record_success(p)
-                batch = first
                 while True:
-                    # NOTE: the chunk with finish_reason is the last one: the request is complete
-                    # here, so a consumer that stops reading after it must not cancel the call.
-                    if batch[-1].finish_reason:
-                        finished = self._done(d)
-                    yield batch
-                    if finished:
-                        return
-                    try:
-                        batch = await call.next_batch()
-                    except RpcError as e:
-                        self.pool.record_failure(d, f"{e.code().name}: {e.details()}")
-                        self.metrics.worker_errors.labels(d.role, d.address).inc()
-                        raise StreamFailed(f"decode worker {d.address} failed mid-stream: "
-                                           f"{e.code().name}: {e.details()}") from None
+                    batch = await call.next_batch()
                     if not batch:
-                        finished = self._done(d)  # ended without a finish_reason: still a clean end
-                        return
-            finally:
-                if p_held:
-                    p.in_flight -= 1
-                if d_held:
-                    d.in_flight -= 1
-                if not finished and call is not None:
-                    call.cancel()  # client went away (or we failed): stop the work on D and P
+                        raise _EarlyEOF()
+                    first.extend(batch)
+                    if any(m.token_ids or m.finish_reason for m in batch):
+                        break
+            except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
+                p.in_flight -= 1
+                d.in_flight -= 1
+                if call is not None:
+                    call.cancel()  # stop the work on D and P
+                if not isinstance(e, (RpcError, _EarlyEOF)):
+                    raise
+                final = attempt + 1 >= self.max_attempts
+                last_error = await self._first_token_failure(e, p, d, job, final)
+                continue
+            # First token: prefill is done, P's share of the load ends here.
+            p.in_flight -= 1
+            self.pool.record_success(p)
+            return _Attempt(d, call, first)
         assert last_error is not None
         raise last_error
 
@@ -220,3 +278,20 @@ def _timeout(message: str) -> APIError:
 
 class _EarlyEOF(Exception):
     pass
+
+
+class _Attempt:
+    """An open Generate stream on D past its first token; holds D's share of the load until closed."""
+
+    def __init__(self, d: Worker, call: StreamCall, first: list[worker_pb2.GenerateResponse]):
+        self.d, self.call, self.first = d, call, first
+        self.finished = False
+        self._closed = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.d.in_flight -= 1
+        if not self.finished:
+            self.call.cancel()

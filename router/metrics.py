@@ -122,8 +122,19 @@ class RouterMetrics:
         self.worker_errors = LoopCounter("pdorch_router_worker_errors", "Failed requests per worker",
                                          ("role", "worker"))
         self.retries = LoopCounter("pdorch_router_retries", "Requests retried on another P/D pair")
+        self.failovers = LoopCounter("pdorch_router_failovers", "Streams whose decode worker died mid-stream, by "
+                                     "outcome (resumed on another decode worker, or failed)", ("outcome",))
+        self.failover_gap = LoopHistogram("pdorch_router_failover_gap_seconds", "From a decode worker's broken "
+                                          "stream to the resumed stream's first token", _LATENCY_BUCKETS)
+        self.failover_cached_tokens = LoopCounter("pdorch_router_failover_cached_tokens", "Resumed streams: "
+                                                  "prompt + streamed tokens reused instead of computed, by tier",
+                                                  ("tier",))
+        self.failover_computed_tokens = LoopCounter("pdorch_router_failover_computed_tokens",
+                                                    "Resumed streams: prompt + streamed tokens computed again")
         self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
-                          self.completion_tokens, self.worker_routed, self.worker_errors, self.retries]
+                          self.completion_tokens, self.worker_routed, self.worker_errors, self.retries,
+                          self.failovers, self.failover_gap, self.failover_cached_tokens,
+                          self.failover_computed_tokens]
         # Gauges are read when scraped: nothing to update on the hot path.
         self.queue_depth: Callable[[], float] = lambda: 0.0
         self.workers_healthy: Callable[[], dict[str, int]] = dict

@@ -18,6 +18,7 @@ from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch import Dispatcher, Job
 from router.errors import APIError, bad_request, overloaded, unavailable
+from router.failover import failover_enabled
 from router.formats import Progress
 from router.metrics import RouterMetrics
 from router.policies import CacheAware, Policy
@@ -57,7 +58,9 @@ class RouterService:
         self.policy = policy
         self.metrics = metrics
         self.model_dir = model_dir
-        self.dispatcher = Dispatcher(pool, policy, metrics)
+        failover = failover_enabled(cfg.router.mid_stream_failover, cfg.store.enabled, cfg.decode.offload_generated_kv)
+        self.dispatcher = Dispatcher(pool, policy, metrics, failover=failover, tokenizer=tokenizer,
+                                     page_size=cfg.model.page_size)
         self.model_name = cfg.model.name
         self.aliases = model_aliases(cfg.model.name, cfg.model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
