@@ -1,7 +1,8 @@
 """Worker faults and offload off, with SmolLM2 (a prefill long enough to kill a worker in the middle).
 
 Cluster: real mooncake_master, two prefill workers (P1 gets killed), one decode worker with
-`offload_generated_kv: false`. Tests run in file order: P1 dies in the second test, D in the last.
+`offload_generated_kv: false`. One test kills P1, another D; the `cluster` fixture starts a killed
+worker again before the next test, so every test runs alone or in any order.
 """
 
 from __future__ import annotations
@@ -29,11 +30,32 @@ def tok(smollm2_dir):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, smollm2_dir):
+def module_cluster(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("fault_cluster"), smollm2_dir, with_store=True, num_prefill=2,
                       decode={"offload_generated_kv": False})
     yield c
     c.stop()
+
+
+@pytest.fixture
+def cluster(module_cluster):
+    """The module's cluster with P1, P2 and D all alive: a worker an earlier test killed is started
+    again in its place (same role, same position in `workers`, and `prefill`/`decode` point at it)."""
+    c = module_cluster
+    started = []
+    for i, old in list(enumerate(c.workers)):
+        if old.proc.poll() is None:
+            continue
+        if c.prefill is old:
+            c.prefill = None
+        if c.decode is old:
+            c.decode = None
+        new = c.spawn_worker(old.role)  # appended to c.workers; becomes c.prefill / c.decode when None
+        c.workers.remove(new)
+        c.workers[i] = new
+        started.append(new)
+    c.wait_ready(*started)
+    return c
 
 
 def wait_running(cluster, wp, timeout_s: float = 60.0) -> None:
