@@ -153,6 +153,11 @@ class ServeCluster:
     def processes(self) -> dict[str, int]:
         return dict(self._children)
 
+    def refresh(self) -> dict[str, int]:
+        """processes() again: the launcher restarts a child that died under a new PID."""
+        self._children = self._find_children()
+        return dict(self._children)
+
     def stop(self) -> None:
         if self.proc is None:
             return
