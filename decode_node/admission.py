@@ -6,18 +6,32 @@ dry). When it does not fit, the request waits, up to its deadline, for pages to 
 at most `max_queued_requests` wait at once, beyond that new requests are rejected (RESOURCE_EXHAUSTED)
 so the worker never crashes or queues without bound.
 
-NOTE: this object also serializes every allocator call of the decode worker (handler threads
-admit and release; the scheduler thread grows requests), so its lock guards the allocator.
+NOTE: runs on the decode scheduler thread only, which owns the allocator (the one concurrency
+rule of both workers, pdorch/worker/loop.py). A handler thread posts an AdmitTicket and waits for
+its future (DecodeScheduler.admit); the scheduler answers it from `admit_ready()` every iteration.
 """
 
 from __future__ import annotations
 
-import threading
+import collections
+import concurrent.futures
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
 
-WAIT_SLICE_S = 0.25  # re-check cancellation this often while waiting for pages
+
+@dataclass(eq=False)
+class AdmitTicket:
+    """One request asking for pages; `future` gets the page ids or the WorkerError."""
+
+    request_id: str
+    num_pages: int
+    deadline: float  # time.monotonic() value
+    is_cancelled: Callable[[], bool]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    since: float = field(default_factory=time.monotonic)
 
 
 class Admission:
@@ -25,8 +39,14 @@ class Admission:
         self._alloc = allocator
         self._max_queued = max_queued
         self._watermark = watermark
-        self._cond = threading.Condition()
-        self.waiting = 0
+        self._queue: collections.deque[AdmitTicket] = collections.deque()
+        self.waiting = 0  # tickets queued; other threads read it as a snapshot (load figures)
+
+    def check_size(self, request_id: str, num_pages: int) -> None:
+        """Any thread: a request larger than the whole pool can never be admitted."""
+        if num_pages > self._alloc.num_total:
+            raise InvalidRequest(f"request {request_id} needs {num_pages} KV pages; the pool has "
+                                 f"{self._alloc.num_total} (decode.num_pages)")
 
     def _fits(self, n: int) -> bool:
         total = self._alloc.num_total
@@ -35,41 +55,44 @@ class Admission:
             return n <= total  # an idle pool admits anything that fits at all (no starvation)
         return used + n <= self._watermark * total
 
-    def admit(self, request_id: str, num_pages: int, deadline: float, is_cancelled) -> list[int]:
-        """Allocate `num_pages`, waiting (bounded by `deadline`) while the pool is above the watermark."""
-        if num_pages > self._alloc.num_total:
-            raise InvalidRequest(f"request {request_id} needs {num_pages} KV pages; the pool has "
-                                 f"{self._alloc.num_total} (decode.num_pages)")
-        with self._cond:
-            if self.waiting >= self._max_queued and not self._fits(num_pages):
-                raise Overloaded(f"decode worker overloaded: {self.waiting} requests already wait for KV pages "
-                                 f"(decode.max_queued_requests)")
-            self.waiting += 1
-            try:
-                waited_since = time.monotonic()
-                while not self._fits(num_pages):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise DeadlineExceeded(f"request {request_id} waited {time.monotonic() - waited_since:.1f}s "
-                                               f"for {num_pages} KV pages and hit its deadline")
-                    if is_cancelled():
-                        raise Aborted(f"request {request_id} cancelled while waiting for KV pages")
-                    self._cond.wait(min(remaining, WAIT_SLICE_S))
-                return self._alloc.allocate(num_pages)
-            finally:
-                self.waiting -= 1
+    def offer(self, ticket: AdmitTicket) -> None:
+        """Queue a ticket, or reject it at once when the wait queue is full and it does not fit."""
+        if len(self._queue) >= self._max_queued and not self._fits(ticket.num_pages):
+            _fail(ticket, Overloaded(f"decode worker overloaded: {len(self._queue)} requests already wait for "
+                                     f"KV pages (decode.max_queued_requests)"))
+            return
+        self._queue.append(ticket)
+        self.waiting = len(self._queue)
 
-    def allocate(self, n: int) -> list[int]:
-        """Pages for a running request (raises OutOfPages)."""
-        with self._cond:
-            return self._alloc.allocate(n)
+    def admit_ready(self, now: float, wake_at: Callable[[float], None]) -> None:
+        """Answer every queued ticket that fits (arrival order), is cancelled or is past its deadline."""
+        keep: collections.deque[AdmitTicket] = collections.deque()
+        for t in self._queue:
+            if t.future.cancelled():  # its handler gave up waiting (DecodeScheduler.admit)
+                continue
+            if now > t.deadline:
+                _fail(t, DeadlineExceeded(f"request {t.request_id} waited {now - t.since:.1f}s for "
+                                          f"{t.num_pages} KV pages and hit its deadline"))
+            elif t.is_cancelled():
+                _fail(t, Aborted(f"request {t.request_id} cancelled while waiting for KV pages"))
+            elif self._fits(t.num_pages):
+                # NOTE: RUNNING first: from here on the handler can no longer cancel the future, so
+                # the pages always reach it (no leak between its timeout and our answer).
+                if t.future.set_running_or_notify_cancel():
+                    t.future.set_result(self._alloc.allocate(t.num_pages))
+            else:
+                keep.append(t)
+                wake_at(t.deadline)
+        self._queue = keep
+        self.waiting = len(keep)
 
-    def release(self, page_ids: list[int]) -> None:
-        with self._cond:
-            self._alloc.release(page_ids)
-            self._cond.notify_all()
+    def fail_all(self, err: Exception) -> None:
+        for t in self._queue:
+            _fail(t, err)
+        self._queue.clear()
+        self.waiting = 0
 
-    def locked(self, fn):
-        """Run fn() while holding the allocator lock (flush, integrity checks, load figures)."""
-        with self._cond:
-            return fn()
+
+def _fail(ticket: AdmitTicket, err: Exception) -> None:
+    if ticket.future.set_running_or_notify_cancel():
+        ticket.future.set_exception(err)

@@ -1,4 +1,9 @@
-"""The decode scheduler: one thread running the continuous decode batch.
+"""The decode scheduler: one thread running the continuous decode batch and owning the allocator.
+
+Other threads talk to it through its SchedulerLoop (pdorch/worker/loop.py; messages in
+decode_node/messages.py): handler threads ask for a prompt's pages (`admit`, answered under the
+watermark by decode_node/admission.py), hand prefilled requests over (`join`) and give pages back
+(`release`, also the fence's); store write completions wake it.
 
 Each step: take new requests (their prompt KV already sits in their pages, written by P), drop
 aborted / expired ones, fill the batch up to `max_running_requests` (FIFO), give every request a
@@ -11,39 +16,39 @@ requests' pages once no offload still reads them. Requests join and leave at eve
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
-import queue
-import threading
 import time
 
 import torch
 from prometheus_client import Counter
 
+from decode_node.admission import Admission, AdmitTicket
+from decode_node.messages import Admit, Join, Release
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
-from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
+from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, WorkerError
+from pdorch.worker.loop import SchedulerLoop
 from store_client.page_hash import store_key
 
 log = logging.getLogger(__name__)
 
-IO_POLL_S = 0.005
-IDLE_WAIT_S = 0.5
+ADMIT_GRACE_S = 1.0  # a handler waits this long past its deadline for the scheduler's answer
 
 
 class DecodeScheduler:
-    def __init__(self, rt, admission, max_running: int, offload: bool, recorder):
+    def __init__(self, rt, max_running: int, offload: bool, recorder, max_queued: int = 64,
+                 watermark: float = 1.0):
         self._rt = rt
-        self._admission = admission
         self._max_running = max_running
         self._offload = offload and rt.store_io is not None
         self._rec = recorder
         self._page_size = rt.cfg.model.page_size
-        self._max_context = rt.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._max_context = rt.max_context
+        self.admission = Admission(rt.allocator, max_queued, watermark)
         self._waiting: collections.deque[DecodeRequest] = collections.deque()
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
@@ -52,72 +57,93 @@ class DecodeScheduler:
                                       "(each submits ONE store write for all of them)", registry=recorder.registry)
         self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
                                       registry=recorder.registry)
-        self._io_inflight = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="decode-scheduler", daemon=True)
+        self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
+                                   self._on_completion)
+        # Published by the scheduler thread every iteration, read by other threads (load figures).
         self.num_waiting = 0
         self.num_running = 0
+        self.free_pages = rt.allocator.num_available()
 
+    # ---------------------------------------------------------------- called from other threads
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
+        self._loop.stop(timeout_s)
+
+    def admit(self, request_id: str, num_pages: int, deadline: float, is_cancelled) -> list[int]:
+        """The prompt's pages (handler thread): waits, up to `deadline`, while the pool is over the
+        watermark; raises InvalidRequest, Overloaded, DeadlineExceeded or Aborted."""
+        self.admission.check_size(request_id, num_pages)
+        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled)
+        self._loop.post(Admit(ticket))
+        try:  # the scheduler answers at the deadline; the grace covers a forward in progress
+            return ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
+        except concurrent.futures.TimeoutError:
+            if ticket.future.cancel():  # the scheduler never got to it: it will drop the ticket
+                raise DeadlineExceeded(f"request {request_id} got no KV pages before its deadline") from None
+            return ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
 
     def join(self, req: DecodeRequest) -> None:
         """Hand a prefilled request to the batch (from a handler thread)."""
-        self._inbox.put(req)
-        self._wake.set()
+        self._loop.post(Join(req))
+
+    def release(self, page_ids) -> None:
+        """Give pages back (any thread): a request that failed before joining, or the fence."""
+        if page_ids:
+            self._loop.post(Release(tuple(page_ids)))
 
     def wake(self) -> None:
         """Make the loop look at cancellations now (Abort sets req.cancelled, then calls this)."""
-        self._wake.set()
+        self._loop.wake()
+
+    def call(self, fn, timeout_s: float = 30.0):
+        """Run fn() on the scheduler thread (flush, integrity checks) and return its result."""
+        return self._loop.call(fn, timeout_s)
 
     # ------------------------------------------------------------------------- scheduler thread
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._drain_inbox()
-                self._poll_io()
-                self._reap(time.monotonic())
-                while self._waiting and len(self._running) < self._max_running:
-                    self._running.append(self._waiting.popleft())
-                worked = self._step() if self._running else False
-            except Exception:  # a bug must fail requests, not kill the thread silently
-                log.exception("decode scheduler step failed")
-                for req in self._running + list(self._waiting):
-                    self._finish(req, DecodeEvent(error=WorkerError("decode scheduler error (see worker log)")))
-                worked = False
-            self.num_waiting, self.num_running = len(self._waiting), len(self._running)
-            if not worked:
-                self._wake.wait(IO_POLL_S if self._io_inflight else IDLE_WAIT_S)
-                self._wake.clear()
+    def _iterate(self, now: float) -> bool:
+        self._release_drained()
+        self._reap(now)
+        self.admission.admit_ready(now, self._loop.wake_at)
+        while self._waiting and len(self._running) < self._max_running:
+            self._running.append(self._waiting.popleft())
+        worked = self._step() if self._running else False
+        self._publish()
+        return worked
+
+    def _publish(self) -> None:
+        self.num_waiting, self.num_running = len(self._waiting), len(self._running)
+        self.free_pages = self._rt.allocator.num_available()
+
+    def _fail_all(self, err: WorkerError) -> None:
         for req in self._running + list(self._waiting):
-            req.emit(DecodeEvent(error=ShuttingDown("decode worker is shutting down")))
+            self._finish(req, DecodeEvent(error=err))
+        self.admission.fail_all(err)
+        self._publish()
 
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                self._waiting.append(self._inbox.get_nowait())
-            except queue.Empty:
-                return
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, Admit):
+            self.admission.offer(msg.ticket)
+        elif isinstance(msg, Join):
+            self._waiting.append(msg.req)
+        elif isinstance(msg, Release):
+            self._rt.allocator.release(list(msg.page_ids))
+        else:
+            raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
-    def _poll_io(self) -> None:
-        if self._rt.store_io is None:
-            return
+    def _on_completion(self, done) -> None:
+        owners, keys, depths = done.tag
+        for req in owners:  # the distinct requests of one step's offload
+            req.io_pending -= 1
+        self._rec.count_store_written(done.pages_ok, kind="offload")
         index = getattr(self._rt, "chain_index", None)
-        for done in self._rt.store_io.poll():
-            self._io_inflight -= 1
-            owners, keys, depths = done.tag
-            for req in owners:  # the distinct requests of one step's offload
-                req.io_pending -= 1
-            self._rec.count_store_written(done.pages_ok, kind="offload")
-            if index is not None:  # in the store now: the evictor ranks them by depth in their chain
-                for key, depth, ok in zip(keys, depths, done.page_ok):
-                    if ok:
-                        index.touch([key], first_depth=depth)
+        if index is not None:  # in the store now: the evictor ranks them by depth in their chain
+            for key, depth, ok in zip(keys, depths, done.page_ok):
+                if ok:
+                    index.touch([key], first_depth=depth)
+
+    def _release_drained(self) -> None:
         still = []
         for req in self._draining:
             if req.io_pending > 0:
@@ -128,6 +154,7 @@ class DecodeScheduler:
 
     def _reap(self, now: float) -> None:
         for req in self._running + list(self._waiting):
+            self._loop.wake_at(req.deadline)  # no later than its deadline, however idle
             if req.cancelled:
                 self._finish(req, DecodeEvent(error=Aborted(f"request {req.request_id} aborted")), aborted=True)
             elif now > req.deadline:
@@ -155,7 +182,7 @@ class DecodeScheduler:
 
     def _release(self, req: DecodeRequest) -> None:
         if req.page_ids:
-            self._admission.release(req.page_ids)
+            self._rt.allocator.release(req.page_ids)
             req.page_ids = []
 
     def _step(self) -> bool:
@@ -165,7 +192,7 @@ class DecodeScheduler:
             pos = len(req.token_ids) - 1  # the newest token is fed now; its K/V lands at `pos`
             if pos // page_size >= len(req.page_ids):
                 try:
-                    req.page_ids.extend(self._admission.allocate(1))
+                    req.page_ids.extend(self._rt.allocator.allocate(1))
                 except OutOfPages:
                     self._finish(req, DecodeEvent(error=Overloaded(
                         f"KV pool exhausted while decoding {req.request_id} (raise decode.num_pages or lower "
@@ -203,7 +230,6 @@ class DecodeScheduler:
         self._rt.store_io.submit_save((owners, keys, [depth for _, _, _, depth in filled]), keys,
                                       self._rt.pool.page_addrs([page for _, _, page, _ in filled]),
                                       owners=[req for req, _, _, _ in filled])
-        self._io_inflight += 1
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""

@@ -22,7 +22,6 @@ import time
 
 import torch
 
-from decode_node.admission import Admission
 from decode_node.fence import PageFence
 from decode_node.prefill_client import PrefillClient
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
@@ -36,6 +35,7 @@ from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.protocol import PrefillJob
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
+from pdorch.worker.validate import check_prompt, require
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes
 
@@ -51,14 +51,13 @@ class DecodeWorker:
         self.recorder = recorder or WorkerRecorder(ROLE)
         self.tokenizer = Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
-        self.admission = Admission(rt.allocator, dc.max_queued_requests, dc.kv_watermark)
-        self.scheduler = DecodeScheduler(rt, self.admission, dc.max_running_requests, dc.offload_generated_kv,
-                                         self.recorder)
+        self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
+                                         dc.max_queued_requests, dc.kv_watermark)
         self.prefill_client = PrefillClient(cfg.grpc)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
-        self.fence = PageFence(self.admission.release, self.prefill_client.confirm_writes_over,
+        self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)
-        self.max_context = cfg.model.max_context_tokens or rt.arch.max_position_embeddings
+        self.max_context = rt.max_context
         self._lock = threading.Lock()
         self._requests: dict[str, DecodeRequest] = {}
         self.recorder.bind_load(self.load, rt.allocator.num_total)
@@ -72,19 +71,10 @@ class DecodeWorker:
 
     # --------------------------------------------------------------------------------- requests
     def create(self, job: GenerateJob) -> DecodeRequest:
-        if not job.request_id:
-            raise InvalidRequest("request_id is empty")
-        if not job.token_ids:
-            raise InvalidRequest(f"request {job.request_id}: token_ids is empty")
-        if not job.prefill_address:
-            raise InvalidRequest(f"request {job.request_id}: prefill_address is empty")
-        vocab = self.rt.arch.vocab_size
-        bad = [t for t in job.token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest(f"request {job.request_id}: token id {bad[0]} outside [0, {vocab})")
-        if len(job.token_ids) >= self.max_context:
-            raise InvalidRequest(f"request {job.request_id}: {len(job.token_ids)} prompt tokens leave no room "
-                                 f"to generate within the max context of {self.max_context}")
+        # NOTE: one position is kept free: the first decode step feeds the first token there.
+        check_prompt(job.request_id, job.token_ids, self.rt.arch.vocab_size, self.max_context - 1,
+                     f"max context {self.max_context} minus the first generated token")
+        require(job.request_id, job.prefill_address, "prefill_address")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
         req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
@@ -113,9 +103,12 @@ class DecodeWorker:
         page_size, n = self.cfg.model.page_size, req.prompt_len
         # +1 position: the first decode step feeds the first token at position n (a spare page when
         # the prompt fills its last page exactly).
-        req.page_ids = self.admission.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
+        req.page_ids = self.scheduler.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
                                             cancelled)
         try:
+            # The prompt is hashed once, here: P reuses the hashes, and D continues the chain when
+            # it offloads generated pages (decode_node/offload.py).
+            req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
             res = self._prefill(req, cancelled)
             first = self._first_token(req, res)
             if not first.final:
@@ -125,14 +118,14 @@ class DecodeWorker:
         except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
             # NOTE: pages P may still write into were moved to the fence by _prefill already.
             pages, req.page_ids = req.page_ids, []
-            self.admission.release(pages)
+            self.scheduler.release(pages)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
                 log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
         if first.final:
-            self.admission.release(req.page_ids)
+            self.scheduler.release(req.page_ids)
             req.page_ids = []
             self.recorder.request_finished()
             req.done = True
@@ -162,7 +155,8 @@ class DecodeWorker:
         job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
                          decode_segment=self.rt.segment,
                          dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
-                         timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint)
+                         timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
+                         page_hashes=tuple(req.page_hashes))
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:
@@ -173,13 +167,12 @@ class DecodeWorker:
 
     def _first_token(self, req: DecodeRequest, res) -> DecodeEvent:
         """Take P's answer (KV in our pages, first token) and account the first token."""
-        page_size, n = self.cfg.model.page_size, req.prompt_len
+        n = req.prompt_len
         req.cached = res.cached
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
             req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
-        req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)
         return check_stop(req, res.first_token_id, self.max_context)
@@ -195,24 +188,22 @@ class DecodeWorker:
 
     def flush(self) -> int:
         # D keeps no prefix cache of its own (P owns L1); this drops any cached hashes all the same.
-        return self.admission.locked(self.rt.allocator.flush)
+        return self.scheduler.call(self.rt.allocator.flush)
 
     # ------------------------------------------------------------------------------------ status
     def load(self) -> WorkerLoad:
-        alloc = self.rt.allocator
-        free = alloc.num_available()
+        free, waiting = self.scheduler.free_pages, self.scheduler.admission.waiting
         with self._lock:
-            admitted = len(self._requests) - self.admission.waiting
-        load = WorkerLoad(queued=self.admission.waiting + self.scheduler.num_waiting,
+            admitted = len(self._requests) - waiting
+        return WorkerLoad(queued=waiting + self.scheduler.num_waiting,
                           running=max(admitted - self.scheduler.num_waiting, 0), free_pages=free,
-                          active_pages=alloc.num_total - free)
-        return load
+                          active_pages=self.rt.allocator.num_total - free)
 
     def info(self) -> pb.WorkerInfo:
         return worker_info(self.rt, ROLE, self.worker_id, self.load())
 
     def stats(self) -> pb.WorkerStats:
-        integrity = self.admission.locked(lambda: check_integrity(self.rt.allocator))
+        integrity = self.scheduler.call(lambda: check_integrity(self.rt.allocator))
         return worker_stats(self.recorder, self.info(), integrity, self.load().active_pages)
 
 

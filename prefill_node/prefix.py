@@ -32,7 +32,8 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     alloc, page_size = rt.allocator, task.job.page_size
     num_pages = -(-task.prompt_len // page_size)
     n_reuse = reusable_pages(task.prompt_len, page_size)
-    task.page_hashes = page_hashes(list(task.job.token_ids), page_size)
+    # D hashed the prompt once and sent the hashes (validated count); older callers did not.
+    task.page_hashes = list(task.job.page_hashes) or page_hashes(list(task.job.token_ids), page_size)
     found = alloc.lookup(task.page_hashes[:n_reuse]) if prefix_cache else [None] * n_reuse
     found += [None] * (num_pages - n_reuse)
     need = found.count(None)

@@ -1,8 +1,10 @@
 """The prefill scheduler: one thread that owns the page allocator and the model runner.
 
-Each iteration (never spinning, never blocking on I/O):
-  1. drain the inbox (new tasks, aborts, calls such as flush / integrity checks, push results),
-  2. poll store I/O completions (loads into our pages, writes from them),
+Each iteration of its SchedulerLoop (pdorch/worker/loop.py; never spinning, never blocking on I/O,
+woken by new messages and by store I/O completions):
+  1. take the messages (prefill_node/messages.py: new tasks, aborts, push results, evicted keys;
+     calls such as flush / integrity checks),
+  2. take store I/O completions (loads into our pages, writes from them),
   3. fail tasks whose deadline passed or that were aborted,
   4. admit waiting tasks: L1 lookup, allocate the rest, one store load of every page L1 lacks;
      under pool pressure wait (at most `persist_wait_s`) for writes of L1 pages rather than drop
@@ -18,34 +20,23 @@ NOTE: only this thread touches the allocator; other threads talk to it through t
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
-import queue
-import threading
 import time
 
 import torch
 
 from engine.model_runner import Chunk
 from engine.sampler import make_generator
-from pdorch.worker.errors import (
-    Aborted,
-    DeadlineExceeded,
-    InvalidRequest,
-    PeerFailed,
-    ShuttingDown,
-    WorkerError,
-)
+from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
+from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.protocol import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
+from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 
 log = logging.getLogger(__name__)
-
-IO_POLL_S = 0.002  # wait between polls while store I/O is in flight (poll() is non-blocking)
-IDLE_WAIT_S = 0.5  # wait when idle; submit/abort wake the loop at once
 
 
 class PrefillScheduler:
@@ -60,54 +51,48 @@ class PrefillScheduler:
         self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
         self._rec = recorder
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
         self._waiting: collections.deque[PrefillTask] = collections.deque()
         # Every task still holding state, in arrival order (an ordered set: tasks hash by identity).
         # NOTE: not keyed by request id: a retried id may arrive while the old task still waits for
         # its write-back to finish.
         self._tasks: dict[PrefillTask, None] = {}
-        self._io_inflight = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="prefill-scheduler", daemon=True)
+        self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
+                                   rt.store_io, self._on_completion)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
 
     # ---------------------------------------------------------------- called from other threads
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout_s)
+        self._loop.stop(timeout_s)
 
     def submit(self, task: PrefillTask) -> None:
-        self._post(("submit", task))
+        self._loop.post(Submit(task))
 
     def abort(self, request_id: str) -> None:
-        self._post(("abort", request_id))
+        self._loop.post(Abort(request_id))
 
     def cancel(self, task: PrefillTask) -> None:
         """Abort this very task (its RPC ended), whatever other task shares its request id."""
-        self._post(("cancel", task))
-
-    def tasks_with_id(self, request_id: str) -> list[PrefillTask]:
-        """Every task of this id still holding state, answered ones included (scheduler thread only)."""
-        return [task for task in self._tasks if task.request_id == request_id]
+        self._loop.post(Cancel(task))
 
     def call(self, fn, timeout_s: float = 30.0):
         """Run fn() on the scheduler thread (between forwards) and return its result."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._post(("call", fn, fut))
-        return fut.result(timeout=timeout_s)
+        return self._loop.call(fn, timeout_s)
 
     def store_evicted(self, keys) -> None:
         """Called by the store evictor's thread: these keys left the store (see Persister.left_store)."""
-        self._post(("evicted", list(keys)))
+        self._loop.post(Evicted(tuple(keys)))
 
     def push_done(self, task: PrefillTask, err: Exception | None) -> None:
         """Called by the pusher thread when the transfer of `task` finished (or failed)."""
-        self._post(("pushed", task, err))
+        self._loop.post(Pushed(task, err))
+
+    # ------------------------------------------------------------------------- scheduler thread
+    def tasks_with_id(self, request_id: str) -> list[PrefillTask]:
+        """Every task of this id still holding state, answered ones included (scheduler thread only)."""
+        return [task for task in self._tasks if task.request_id == request_id]
 
     def live_task(self, request_id: str) -> PrefillTask | None:
         """The unanswered task with this id (scheduler thread only)."""
@@ -116,91 +101,64 @@ class PrefillScheduler:
                 return task
         return None
 
-    def _post(self, item) -> None:
-        self._inbox.put(item)
-        self._wake.set()
+    def _iterate(self, now: float) -> bool:
+        self._reap(now)
+        self._admit()
+        worked = self._compute_step()
+        self._publish_load()
+        return worked
 
-    # ------------------------------------------------------------------------- scheduler thread
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._drain_inbox()
-                self._poll_io()
-                self._reap(time.monotonic())
-                self._admit()
-                worked = self._compute_step()
-            except Exception:  # a bug must fail requests, not kill the thread silently
-                log.exception("prefill scheduler iteration failed")
-                for task in list(self._tasks):
-                    task.fail(WorkerError("prefill scheduler error (see worker log)"))
-                    self._maybe_release(task)
-                worked = False
-            self._publish_load()
-            if not worked:
-                self._wake.wait(IO_POLL_S if self._io_inflight else IDLE_WAIT_S)
-                self._wake.clear()
+    def _fail_all(self, err: WorkerError) -> None:
         for task in list(self._tasks):
-            task.fail(ShuttingDown("prefill worker is shutting down"))
-
-    def _drain_inbox(self) -> None:
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            kind = item[0]
-            if kind == "submit":
-                task = item[1]
-                if self.live_task(task.request_id) is not None:
-                    task.fail(InvalidRequest(f"request id {task.request_id!r} is already being prefilled"))
-                    continue
-                self._tasks[task] = None
-                self._waiting.append(task)
-            elif kind in ("abort", "cancel"):
-                task = self.live_task(item[1]) if kind == "abort" else item[1]
-                # NOTE: the future may already hold the answer while the phase still says PUSHING
-                # (the pusher answers first); an abort then is a no-op, like for unknown ids.
-                if task is not None and not task.finished_phase and not task.future.done():
-                    task.fail(Aborted(f"request {task.request_id} aborted"))
-                    self._rec.request_failed(aborted=True)
-                    self._maybe_release(task)
-            elif kind == "call":
-                _, fn, fut = item
-                try:
-                    fut.set_result(fn())
-                except Exception as e:  # noqa: BLE001 - handed back to the caller
-                    fut.set_exception(e)
-            elif kind == "evicted":
-                self._persist.left_store(item[1])
-            elif kind == "pushed":
-                _, task, err = item
-                task.io_pending -= 1
-                if err is not None:
-                    if not task.finished_phase:
-                        task.fail(PeerFailed(f"KV transfer to decode worker failed: {err}"))
-                        self._rec.request_failed(aborted=False)
-                elif task.phase is Phase.PUSHING:
-                    task.phase = Phase.DONE
-                    self._rec.request_finished()
-                self._maybe_release(task)
-
-    def _poll_io(self) -> None:
-        if self._rt.store_io is None:
-            return
-        for done in self._rt.store_io.poll():
-            op, task = done.tag[0], done.tag[1]
-            self._io_inflight -= 1
-            if op == "load":
-                task.io_pending -= 1
-                self._on_loaded(task, done)
-            else:
-                self._persist.on_saved(done)
-                self._rec.count_store_written(done.pages_ok, kind="writeback")
-                if op == "evict":  # write-before-evict retained the pages: now they may go
-                    self._rt.allocator.release(done.tag[2])
-                    continue
-                task.io_pending -= 1
+            task.fail(err)
             self._maybe_release(task)
+        self._publish_load()
+
+    def _on_message(self, msg) -> None:
+        if isinstance(msg, Submit):
+            task = msg.task
+            if self.live_task(task.request_id) is not None:
+                task.fail(InvalidRequest(f"request id {task.request_id!r} is already being prefilled"))
+                return
+            self._tasks[task] = None
+            self._waiting.append(task)
+        elif isinstance(msg, (Abort, Cancel)):
+            task = self.live_task(msg.request_id) if isinstance(msg, Abort) else msg.task
+            # NOTE: the future may already hold the answer while the phase still says PUSHING
+            # (the pusher answers first); an abort then is a no-op, like for unknown ids.
+            if task is not None and not task.finished_phase and not task.future.done():
+                task.fail(Aborted(f"request {task.request_id} aborted"))
+                self._rec.request_failed(aborted=True)
+                self._maybe_release(task)
+        elif isinstance(msg, Evicted):
+            self._persist.left_store(list(msg.keys))
+        elif isinstance(msg, Pushed):
+            task = msg.task
+            task.io_pending -= 1
+            if msg.error is not None:
+                if not task.finished_phase:
+                    task.fail(PeerFailed(f"KV transfer to decode worker failed: {msg.error}"))
+                    self._rec.request_failed(aborted=False)
+            elif task.phase is Phase.PUSHING:
+                task.phase = Phase.DONE
+                self._rec.request_finished()
+            self._maybe_release(task)
+        else:
+            raise TypeError(f"prefill scheduler: unknown message {msg!r}")
+
+    def _on_completion(self, done) -> None:
+        op, task = done.tag[0], done.tag[1]
+        if op == "load":
+            task.io_pending -= 1
+            self._on_loaded(task, done)
+        else:
+            self._persist.on_saved(done)
+            self._rec.count_store_written(done.pages_ok, kind="writeback")
+            if op == "evict":  # write-before-evict retained the pages: now they may go
+                self._rt.allocator.release(done.tag[2])
+                return
+            task.io_pending -= 1
+        self._maybe_release(task)
 
     def _on_loaded(self, task: PrefillTask, done) -> None:
         if task.finished_phase:
@@ -214,6 +172,8 @@ class PrefillScheduler:
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
             # NOTE: a PUSHING task whose future is done was already answered by the pusher.
+            if not task.finished_phase and not task.future.done():
+                self._loop.wake_at(task.deadline)  # no later than its deadline, however idle
             if not task.finished_phase and not task.future.done() and now > task.deadline:
                 task.fail(DeadlineExceeded(
                     f"prefill of {task.request_id} missed its deadline ({task.job.timeout_s:.1f}s) "
@@ -243,7 +203,6 @@ class PrefillScheduler:
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
-                self._io_inflight += task.phase is Phase.LOADING
             self._waiting.popleft()
 
     def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
@@ -255,7 +214,7 @@ class PrefillScheduler:
             self._pressure_since = now
             self._persist.metrics.pressure_waits.inc()
         if patient:
-            self._io_inflight += bool(self._persist.write_before_evict(task.pages_short))
+            self._persist.write_before_evict(task.pages_short)
         elif self._persist.usable and now - self._last_cancel >= self._persist_wait_s:
             # NOTE: admission now allows loss until it succeeds. Only saves queued longer than the
             # bound are cancelled: a pool full of running requests is no reason to drop writes that
@@ -313,7 +272,6 @@ class PrefillScheduler:
         self._persist.metrics.holes.inc(len(task.holes))
         saved = self._persist.save_task_pages(task)
         task.io_pending += saved
-        self._io_inflight += saved
         task.phase = Phase.PUSHING
         task.io_pending += 1
         try:

@@ -22,6 +22,7 @@ from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.protocol import PrefillJob, PrefillResult
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
+from pdorch.worker.validate import check_prompt, require
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
@@ -57,22 +58,14 @@ class PrefillWorker:
     # --------------------------------------------------------------------------------- requests
     def validate(self, job: PrefillJob) -> None:
         rt, page_size = self.rt, self.cfg.model.page_size
-        if not job.request_id:
-            raise InvalidRequest("request_id is empty")
-        if not job.token_ids:
-            raise InvalidRequest(f"request {job.request_id}: token_ids is empty")
+        max_ctx = self.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
+        check_prompt(job.request_id, job.token_ids, rt.arch.vocab_size, max_ctx, "max context")
+        require(job.request_id, job.decode_segment, "decode_segment")
         if job.page_size != page_size:
             raise InvalidRequest(f"request {job.request_id}: page_size {job.page_size} != this worker's {page_size}")
         if job.model_fingerprint and job.model_fingerprint != rt.fingerprint:
             raise InvalidRequest(f"request {job.request_id}: model_fingerprint {job.model_fingerprint!r} != "
                                  f"this worker's {rt.fingerprint!r} (different model, dtype or layout)")
-        bad = [t for t in job.token_ids if not 0 <= t < rt.arch.vocab_size]
-        if bad:
-            raise InvalidRequest(f"request {job.request_id}: token id {bad[0]} outside [0, {rt.arch.vocab_size})")
-        max_ctx = self.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
-        if len(job.token_ids) > max_ctx:
-            raise InvalidRequest(f"request {job.request_id}: {len(job.token_ids)} prompt tokens > "
-                                 f"max context {max_ctx}")
         num_pages = -(-len(job.token_ids) // page_size)
         if len(job.dest_page_addrs) != num_pages:
             raise InvalidRequest(f"request {job.request_id}: {len(job.dest_page_addrs)} dest_page_addrs for "
@@ -80,8 +73,9 @@ class PrefillWorker:
         if num_pages > rt.allocator.num_total:
             raise InvalidRequest(f"request {job.request_id}: needs {num_pages} pages, the pool has "
                                  f"{rt.allocator.num_total}")
-        if not job.decode_segment:
-            raise InvalidRequest(f"request {job.request_id}: decode_segment is empty")
+        if job.page_hashes and len(job.page_hashes) != len(job.token_ids) // page_size:
+            raise InvalidRequest(f"request {job.request_id}: {len(job.page_hashes)} page_hashes for "
+                                 f"{len(job.token_ids) // page_size} full pages")
 
     def prefill(self, job: PrefillJob) -> PrefillResult:
         return self.wait(self.start(job))

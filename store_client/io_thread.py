@@ -4,6 +4,7 @@
     submit_load(tag, keys, addrs) --> [loads] --\\
     submit_save(tag, keys, addrs) --> [saves] ---+--> KVStore.load / .save (GIL released in Mooncake)
     poll() <-- [completions] <-------------------/
+    on_complete() ----> wakes the scheduler (no polling interval: it sleeps until work or a completion)
 
 Every submit produces exactly one IOCompletion, delivered by poll(), even when the op was
 dropped, cancelled or never ran, so the caller can always release the pages it retained.
@@ -37,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from store_client.store import DISABLED, OK, RPC_FAILED, TIMEOUT, KVStore, check_pairs
@@ -83,7 +84,10 @@ class _Job:
 
 
 class StoreIO:
-    def __init__(self, store: KVStore):
+    """`on_complete`, when set, is called after every completion is queued (on an I/O thread, or on
+    the submitting thread for ops that complete at once); it must only wake the caller, never block."""
+
+    def __init__(self, store: KVStore, on_complete: Callable[[], None] | None = None):
         cfg = store.cfg
         self.store = store
         self._chunk = cfg.save_chunk_pages
@@ -99,6 +103,7 @@ class StoreIO:
         self._done: deque[IOCompletion] = deque()
         self._done_cv = threading.Condition()
         self._closed = False
+        self.on_complete = on_complete
         self._threads = [threading.Thread(target=self._worker, args=(i == 0 and cfg.io_threads > 1,),
                                           name=f"store-io-{i}", daemon=True) for i in range(cfg.io_threads)]
         for t in self._threads:
@@ -320,6 +325,9 @@ class StoreIO:
         with self._done_cv:
             self._done.append(done)
             self._done_cv.notify_all()
+        wake = self.on_complete
+        if wake is not None:
+            wake()
 
     def _publish_depth(self) -> None:
         with self._cv:

@@ -41,6 +41,7 @@ class PrefillJob:
     timeout_s: float
     page_size: int
     model_fingerprint: str
+    page_hashes: tuple[str, ...] = ()  # the prompt's full pages, hashed once by D; () = P hashes them
 
 
 @dataclass(frozen=True)

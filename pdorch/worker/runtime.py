@@ -13,30 +13,51 @@ import logging
 import os
 import pathlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from pdorch.config import Config
 
+if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker starts
+    from engine.arch import ModelArch
+    from engine.kv_pool import KVPool
+    from engine.model_runner import ModelRunner
+    from engine.page_allocator import PageAllocator
+    from engine.sampler import Sampler
+    from store_client.chain_index import ChainIndex
+    from store_client.evictor import StoreEvictor
+    from store_client.io_thread import StoreIO
+    from store_client.store import KVStore
+    from store_client.transfer import KVTransfer
+
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class WorkerRuntime:
+    """What one worker process owns. NOTE: `allocator` is touched only by the scheduler thread
+    (pdorch/worker/loop.py); everything else here is safe to read from any thread."""
+
     cfg: Config
     model_dir: pathlib.Path
-    arch: Any
-    runner: Any
-    pool: Any
-    allocator: Any
-    sampler: Any
-    fingerprint: str
-    transfer: Any
-    segment: str
-    store: Any | None
-    store_io: Any | None
-    chain_index: Any | None = None  # ChainIndex; schedulers call chain_index.touch(keys, first_depth)
-    evictor: Any | None = None  # StoreEvictor thread, started here
+    arch: ModelArch
+    runner: ModelRunner
+    pool: KVPool
+    allocator: PageAllocator
+    sampler: Sampler
+    fingerprint: str  # model fingerprint, the prefix of every store key
+    transfer: KVTransfer | None  # None only in tests that push nothing
+    segment: str  # this process's transfer-engine segment name (D gives it to P)
+    store: KVStore | None = None  # None: store disabled, or not used by this role
+    store_io: StoreIO | None = None
+    chain_index: ChainIndex | None = None  # schedulers call chain_index.touch(keys, first_depth)
+    evictor: StoreEvictor | None = None  # StoreEvictor thread, started here
+
+    @property
+    def max_context(self) -> int:
+        """Tokens a request may reach: model.max_context_tokens, else the model's own limit."""
+        return self.cfg.model.max_context_tokens or self.arch.max_position_embeddings
 
     def close(self) -> None:
         if self.evictor is not None:  # first: it removes through the store closed below
@@ -44,10 +65,9 @@ class WorkerRuntime:
         if self.store_io is not None:
             self.store_io.close()
         for obj in (self.store, self.transfer):
-            close = getattr(obj, "close", None)
-            if close is not None:
+            if obj is not None:
                 try:
-                    close()
+                    obj.close()
                 except Exception:  # best effort at shutdown
                     log.exception("closing %s failed", type(obj).__name__)
 

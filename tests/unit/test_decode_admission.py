@@ -1,78 +1,98 @@
-"""Decode admission: watermark, bounded wait queue, deadline and cancellation while waiting."""
+"""Decode admission: watermark, bounded wait queue, deadline and cancellation while waiting.
 
+Driven through the real DecodeScheduler thread (it owns the allocator; handler threads post tickets).
+"""
+
+import concurrent.futures
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
-from decode_node.admission import Admission
+from decode_node.scheduler import DecodeScheduler
 from engine.page_allocator import PageAllocator
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.metrics import WorkerRecorder
 
 
 def never():
     return False
 
 
-def test_admits_under_watermark_and_waits_above_it():
-    alloc = PageAllocator(10)
-    adm = Admission(alloc, max_queued=4, watermark=0.8)
-    first = adm.admit("a", 6, time.monotonic() + 1, never)
+@pytest.fixture
+def make():
+    made = []
+
+    def _make(num_pages: int, max_queued: int, watermark: float) -> DecodeScheduler:
+        rt = SimpleNamespace(allocator=PageAllocator(num_pages), store_io=None, chain_index=None, max_context=64,
+                             cfg=SimpleNamespace(model=SimpleNamespace(page_size=4)))
+        sched = DecodeScheduler(rt, max_running=4, offload=False, recorder=WorkerRecorder("decode"),
+                                max_queued=max_queued, watermark=watermark)
+        sched.start()
+        made.append(sched)
+        return sched
+
+    yield _make
+    for sched in made:
+        sched.stop()
+
+
+def until(cond, what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_admits_under_watermark_and_waits_above_it(make):
+    sched = make(10, max_queued=4, watermark=0.8)
+    first = sched.admit("a", 6, time.monotonic() + 1, never)
     assert first == [0, 1, 2, 3, 4, 5]
-    assert adm.admit("b", 2, time.monotonic() + 1, never) == [6, 7]  # 8 <= 0.8 * 10
+    assert sched.admit("b", 2, time.monotonic() + 1, never) == [6, 7]  # 8 <= 0.8 * 10
     # 9 > 8: must wait until pages come back
-    got = {}
-    t = threading.Thread(target=lambda: got.update(ids=adm.admit("c", 1, time.monotonic() + 5, never)))
-    t.start()
-    time.sleep(0.3)
-    assert "ids" not in got and adm.waiting == 1
-    adm.release(first)
-    t.join(5)
-    assert got["ids"] == [8] and adm.waiting == 0
-    alloc.check_integrity()
+    with concurrent.futures.ThreadPoolExecutor(1) as handler:
+        c = handler.submit(sched.admit, "c", 1, time.monotonic() + 5, never)
+        until(lambda: sched.admission.waiting == 1, "c never queued")
+        assert not c.done()
+        sched.release(first)
+        assert c.result(5) == [8] and sched.admission.waiting == 0
+    sched.call(sched._rt.allocator.check_integrity)
 
 
-def test_idle_pool_admits_a_request_bigger_than_the_watermark():
-    adm = Admission(PageAllocator(10), max_queued=1, watermark=0.5)
-    assert len(adm.admit("big", 10, time.monotonic() + 1, never)) == 10
+def test_idle_pool_admits_a_request_bigger_than_the_watermark(make):
+    sched = make(10, max_queued=1, watermark=0.5)
+    assert len(sched.admit("big", 10, time.monotonic() + 1, never)) == 10
 
 
-def test_waiting_request_hits_its_deadline_with_a_clear_error():
-    alloc = PageAllocator(4)
-    adm = Admission(alloc, max_queued=4, watermark=1.0)
-    adm.admit("a", 4, time.monotonic() + 1, never)
+def test_waiting_request_hits_its_deadline_with_a_clear_error(make):
+    sched = make(4, max_queued=4, watermark=1.0)
+    sched.admit("a", 4, time.monotonic() + 1, never)
     t0 = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="waited .* for 1 KV pages"):
-        adm.admit("b", 1, time.monotonic() + 0.5, never)
+        sched.admit("b", 1, time.monotonic() + 0.5, never)
     # not before its deadline; the upper bound only rules out a hang (shared machines are slow)
     assert 0.45 <= time.monotonic() - t0 < 10.0
-    assert adm.waiting == 0
+    assert sched.admission.waiting == 0
 
 
-def test_cancelled_while_waiting_and_queue_bound():
-    alloc = PageAllocator(4)
-    adm = Admission(alloc, max_queued=1, watermark=1.0)
-    adm.admit("a", 4, time.monotonic() + 1, never)
+def test_cancelled_while_waiting_and_queue_bound(make):
+    sched = make(4, max_queued=1, watermark=1.0)
+    sched.admit("a", 4, time.monotonic() + 1, never)
     cancel = threading.Event()
-    errors = []
-
-    def wait_b():
-        try:
-            adm.admit("b", 1, time.monotonic() + 10, cancel.is_set)
-        except Aborted as e:
-            errors.append(e)
-
-    t = threading.Thread(target=wait_b)
-    t.start()
-    time.sleep(0.2)
-    with pytest.raises(Overloaded, match="max_queued_requests"):
-        adm.admit("c", 1, time.monotonic() + 10, never)
-    cancel.set()
-    t.join(5)
-    assert len(errors) == 1 and adm.waiting == 0
+    with concurrent.futures.ThreadPoolExecutor(1) as handler:
+        b = handler.submit(sched.admit, "b", 1, time.monotonic() + 10, cancel.is_set)
+        until(lambda: sched.admission.waiting == 1, "b never queued")
+        with pytest.raises(Overloaded, match="max_queued_requests"):
+            sched.admit("c", 1, time.monotonic() + 10, never)
+        cancel.set()
+        sched.wake()  # what Abort does after setting req.cancelled
+        with pytest.raises(Aborted):
+            b.result(5)
+    assert sched.admission.waiting == 0
 
 
-def test_request_larger_than_the_pool_is_rejected():
-    adm = Admission(PageAllocator(4), max_queued=1, watermark=1.0)
+def test_request_larger_than_the_pool_is_rejected(make):
+    sched = make(4, max_queued=1, watermark=1.0)
     with pytest.raises(InvalidRequest, match="decode.num_pages"):
-        adm.admit("x", 5, time.monotonic() + 1, never)
+        sched.admit("x", 5, time.monotonic() + 1, never)

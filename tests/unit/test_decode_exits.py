@@ -73,7 +73,7 @@ def test_an_unexpected_error_at_each_stage_gives_every_page_back(worker, stage, 
     while alloc.num_available() != total:
         assert time.monotonic() < deadline, f"{total - alloc.num_available()} pages leaked at stage {stage}"
         time.sleep(0.05)
-    worker.admission.locked(alloc.check_integrity)
+    worker.scheduler.call(alloc.check_integrity)
     assert worker.load().active_pages == 0 and req.done
 
 

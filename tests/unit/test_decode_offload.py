@@ -1,10 +1,21 @@
-"""Generated-KV offload keys continue the prompt's hash chain, so the next turn's prompt hits them."""
+"""Generated-KV offload keys continue the prompt's hash chain, so the next turn's prompt hits them.
+
+The chain test drives the real DecodeScheduler (tiny random-weights model): the keys it writes
+must be the store keys of the next turn's prompt pages.
+"""
 
 import pytest
 
 from decode_node.offload import extend_hash_chain, filled_page
 from prefill_node.task import reusable_pages
-from store_client.page_hash import page_hashes
+from store_client.page_hash import page_hashes, store_key
+from tests.unit.test_decode_scheduler import (
+    HeldStoreIO,
+    events_until_final,
+    load_tiny,
+    prefilled,
+    start_scheduler,
+)
 
 P = 4
 
@@ -13,24 +24,31 @@ def test_filled_page_positions():
     assert [filled_page(p, P) for p in range(9)] == [None, None, None, 0, None, None, None, 1, None]
 
 
-def test_chain_of_decoded_pages_equals_hashes_of_the_next_turn_prompt():
-    prompt = [5, 6, 7, 8, 9, 10]  # 1 full page + 2 tokens
-    generated = [11, 12, 13, 14, 15, 16, 2]  # ends with eos (never fed)
-    chain = page_hashes(prompt, P)
-    tokens = list(prompt)
-    for tok in generated:
-        tokens.append(tok)
-        pos = len(tokens) - 2  # the token fed in this step is the previous one
-        k = filled_page(pos, P)
-        if k is not None:
-            extend_hash_chain(chain, tokens, k, P)
-    # fed positions 0..11 -> pages 0, 1, 2 full (the eos at position 12 was never fed)
-    assert len(chain) == 3
-    turn2 = prompt + generated + [1, 20, 21, 22]
-    assert page_hashes(turn2, P)[:3] == chain
-    # a re-tokenized answer differing in one token breaks the chain from that page on
-    edited = prompt + [11, 99, 13, 14, 15, 16, 2] + [1, 20, 21, 22]
-    assert page_hashes(edited, P)[0] == chain[0] and page_hashes(edited, P)[1] != chain[1]
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tiny_model_dir):
+    return load_tiny(tmp_path_factory.mktemp("decode_offload"), tiny_model_dir)
+
+
+def test_offloaded_pages_are_the_next_turn_prompt_pages(model):
+    io = HeldStoreIO()
+    sched, _ = start_scheduler(model, 8, store_io=io)
+    try:
+        prompt = list(range(10, 30))  # 20 tokens: page 0 full, 4 tokens into page 1
+        req = prefilled(sched, model[3], "turn1", prompt, max_tokens=40)
+        sched.join(req)
+        assert events_until_final(req)[-1].finish_reason == "length"
+        io.release()
+    finally:
+        sched.stop()
+    generated = req.token_ids[len(prompt):]
+    # fed: positions 0..58 (the last generated token is never fed) -> pages 1 and 2 filled while
+    # decoding, one store write per step that filled a page
+    turn2 = prompt + generated + [1, 2, 3]
+    assert io.saves == [[store_key("fp", h)] for h in page_hashes(turn2, 16)[1:3]]
+    assert req.page_hashes == page_hashes(turn2, 16)[:3]
+    # an answer re-tokenized differently in one token breaks the chain from that page on
+    edited = prompt + [generated[0] + 1] + generated[1:] + [1, 2, 3]
+    assert page_hashes(edited, 16)[0] == req.page_hashes[0] and page_hashes(edited, 16)[1] != req.page_hashes[1]
 
 
 def test_extend_rejects_gaps_and_partial_pages():

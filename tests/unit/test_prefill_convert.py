@@ -16,7 +16,8 @@ def test_job_round_trip():
     job = PrefillJob(request_id="r1", token_ids=(1, 2, 3), decode_segment="127.0.0.1:1234",
                      params=SamplingParams(temperature=0.5, top_p=0.75, top_k=20, max_tokens=7, stop=("x",),
                                            stop_token_ids=(5,), ignore_eos=True, seed=42),
-                     dest_page_addrs=(4096, 8192), timeout_s=3.5, page_size=16, model_fingerprint="fp")
+                     dest_page_addrs=(4096, 8192), timeout_s=3.5, page_size=16, model_fingerprint="fp",
+                     page_hashes=("ab" * 32,))
     assert convert.job_from_proto(convert.job_to_proto(job)) == job
 
 

@@ -57,20 +57,27 @@ class FakeStoreIO:
         self.hold = threading.Event()  # hold every completion
         self.hold_saves = threading.Event()  # hold save completions only
         self.held = []
+        self.on_complete = None  # set by the scheduler loop: completions wake it, like StoreIO's
+
+    def _deliver(self, done, held):
+        if held:
+            self.held.append(done)
+            return
+        self.done.append(done)
+        if self.on_complete is not None:
+            self.on_complete()
 
     def submit_load(self, tag, keys, addrs):
         self.loads.append(list(keys))
         ok = tuple(k in self.present for k in keys)
         reason = "ok" if all(ok) else "absent"
-        (self.held if self.hold.is_set() else self.done).append(
-            IOCompletion(tag, "load", sum(ok), reason, len(keys), page_ok=ok))
+        self._deliver(IOCompletion(tag, "load", sum(ok), reason, len(keys), page_ok=ok), self.hold.is_set())
 
     def submit_save(self, tag, keys, addrs):
         self.saved.extend(keys)
         self.present.update(keys)
         held = self.hold.is_set() or self.hold_saves.is_set()
-        (self.held if held else self.done).append(
-            IOCompletion(tag, "save", len(keys), "ok", len(keys), page_ok=(True,) * len(keys)))
+        self._deliver(IOCompletion(tag, "save", len(keys), "ok", len(keys), page_ok=(True,) * len(keys)), held)
         return True
 
     def release(self):
@@ -78,6 +85,8 @@ class FakeStoreIO:
         self.hold_saves.clear()
         self.done.extend(self.held)
         self.held = []
+        if self.on_complete is not None:
+            self.on_complete()
 
     def poll(self):
         out, self.done = self.done, []
@@ -96,6 +105,8 @@ class FakeStoreIO:
                 n += d.num_pages
         self.done.extend(self.held)
         self.held = []
+        if self.on_complete is not None:
+            self.on_complete()
         return n
 
 
@@ -320,5 +331,22 @@ def test_pages_the_store_evictor_removed_stay_in_l1_and_are_not_written_again():
         assert submit(sched, tokens, "b").future.result(5).cached.device == 12
         settle(sched, rt)
         assert io.saved == []  # an L1 hit the store dropped on purpose is not backfilled
+    finally:
+        sched.stop()
+
+
+def test_the_page_hashes_d_sent_are_used_not_recomputed():
+    tokens = list(range(30, 43))  # 13 tokens: 3 full pages, all reusable
+    sent = ("aa" * 32, "bb" * 32, "cc" * 32)  # not the tokens' own hashes: only D's can name these keys
+    io = FakeStoreIO()
+    sched, rt, _ = make(store_io=io)
+    try:
+        job = PrefillJob("h", tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
+                         tuple(range(50_000, 50_400, 100)), 10.0, P, "fp", page_hashes=sent)
+        task = PrefillTask(job=job, deadline=time.monotonic() + 10)
+        sched.submit(task)
+        task.future.result(5)
+        assert io.loads == [[store_key("fp", h) for h in sent]]
+        settle(sched, rt)
     finally:
         sched.stop()
