@@ -58,7 +58,7 @@ def worker_addresses(cfg, num_prefill: int, num_decode: int) -> dict[str, tuple[
 def _channel(address: str, cfg) -> grpc.Channel:
     rpc = getattr(cfg, "grpc", None)  # NOTE: the worker token / TLS section, where the config has one
     if rpc is not None and (getattr(rpc, "token", "") or getattr(rpc, "tls", False)):
-        from pdorch.worker_rpc import client_channel
+        from pdorch.worker.rpc import client_channel
         return client_channel(address, rpc)
     return grpc.insecure_channel(address)
 

@@ -1,6 +1,6 @@
 """Where the router's workers come from: a static list, or an etcd prefix watch.
 
-etcd layout (written by pdorch/registration.py on each worker):
+etcd layout (written by pdorch/worker/registration.py on each worker):
     /{cluster}/workers/{role}/{worker_id} -> {"address": "host:port", "info": {...}}
 
 The etcd watcher lists the prefix once, then watches from the next revision, so no event is
@@ -19,7 +19,7 @@ import logging
 import etcd3.watch
 
 from pdorch.config import DiscoveryConfig
-from pdorch.registration import connect, workers_prefix
+from pdorch.worker.registration import connect, workers_prefix
 from router.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")

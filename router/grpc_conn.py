@@ -7,7 +7,7 @@
   ping in flight, the next one at least `keepalive_s` after its answer. grpc-core counts a ping
   that comes sooner than its `min_recv_ping_interval_without_data` as a strike and, past
   `max_ping_strikes`, answers GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and closes the connection;
-  the workers permit pings every 4 s (pdorch/worker_main.py), the router pings after 10 s. An idle
+  the workers permit pings every 4 s (pdorch/worker/main.py), the router pings after 10 s. An idle
   connection (no calls) never pings: grpc-core allows that only every 2 hours by default.
 - SETTINGS_MAX_CONCURRENT_STREAMS: a call waits for a free stream (FIFO, within its deadline)
   instead of being refused by the worker. Calls start only after the worker's first SETTINGS.
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import deque
 
 import grpc
 
-from router.grpc_call import RpcError, StreamCall
+from router.grpc_call import StreamCall
+from router.grpc_slots import StreamSlots
 from router.http2 import (
     ACK,
     CONTINUATION,
@@ -86,10 +86,8 @@ class Connection(asyncio.Protocol):
         self.pings_sent = 0
         self.peer_initial_window = _DEFAULT_WINDOW
         self.peer_max_frame = 16384
-        self.peer_max_streams = 1 << 31  # until the worker's SETTINGS say otherwise
         self.send_window = _DEFAULT_WINDOW
-        self._slot_waiters: deque[asyncio.Future] = deque()  # calls waiting for a free stream
-        self._handed = 0  # free streams handed to waiters that have not started their call yet
+        self.slots = StreamSlots(loop, address, lambda: len(self.streams))  # MAX_CONCURRENT_STREAMS
         self._recv_unacked = 0
         self._buf = b""
         self._header_block: tuple[int, int, bytearray] | None = None  # (stream, flags, fragments)
@@ -231,7 +229,7 @@ class Connection(asyncio.Protocol):
         for i in range(0, len(payload) - 5, 6):
             key, value = int.from_bytes(payload[i:i + 2], "big"), int.from_bytes(payload[i + 2:i + 6], "big")
             if key == 0x3:  # MAX_CONCURRENT_STREAMS
-                self.peer_max_streams = value
+                self.slots.limit = value
             elif key == 0x4:  # INITIAL_WINDOW_SIZE: applies to every open stream as a delta
                 delta, self.peer_initial_window = value - self.peer_initial_window, value
                 for call in self.streams.values():
@@ -243,7 +241,7 @@ class Connection(asyncio.Protocol):
             self.ready.set_result(None)
         for call in list(self.streams.values()):
             self._send_pending(call)
-        self._hand_on()
+        self.slots.hand_on()
 
     def _on_goaway(self, payload: bytes) -> None:
         last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
@@ -253,7 +251,7 @@ class Connection(asyncio.Protocol):
         for sid, call in list(self.streams.items()):
             if sid > last:  # never processed by the worker: safe to retry elsewhere
                 call._finish(grpc.StatusCode.UNAVAILABLE, f"{self.broken_reason}; the call was not processed")
-        self._release_waiters()
+        self.slots.release_all()
         if self.on_goaway is not None:
             self.on_goaway(self)
         if not self.streams and self.transport is not None:
@@ -265,50 +263,6 @@ class Connection(asyncio.Protocol):
         return text + (f": {debug.decode('utf-8', 'replace')}" if debug else "")
 
     # ------------------------------------------------------------------ calls
-    def stream_free(self) -> bool:
-        """The worker allows one more stream now and no call waits for one (the hot path)."""
-        return not self._slot_waiters and len(self.streams) + self._handed < self.peer_max_streams
-
-    async def acquire_stream(self, deadline: float) -> bool:
-        """Wait (FIFO) until the worker allows one more stream; False if the connection became
-        unusable meanwhile. The caller must `start()` at once (no await in between)."""
-        if self.stream_free():
-            return True
-        fut = self.loop.create_future()
-        self._slot_waiters.append(fut)
-        timer = self.loop.call_at(deadline, lambda: fut.done() or fut.set_result(None))
-        try:
-            got = await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled() and fut.result():
-                self._handed -= 1  # handed a stream but gone: pass it on
-                self._hand_on()
-            elif fut in self._slot_waiters:
-                self._slot_waiters.remove(fut)
-            raise
-        finally:
-            timer.cancel()
-        if got is None:
-            self._slot_waiters.remove(fut)
-            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no stream free on the connection to {self.address} "
-                           f"within the deadline (the worker allows {self.peer_max_streams} concurrent calls)")
-        if got:
-            self._handed -= 1
-        return got
-
-    def _hand_on(self) -> None:
-        while self._slot_waiters and len(self.streams) + self._handed < self.peer_max_streams:
-            fut = self._slot_waiters.popleft()
-            if not fut.done():
-                self._handed += 1
-                fut.set_result(True)
-
-    def _release_waiters(self) -> None:
-        while self._slot_waiters:
-            fut = self._slot_waiters.popleft()
-            if not fut.done():
-                fut.set_result(False)
-
     def start(self, header_block: bytes, message: bytes, deserialize, deadline: float) -> StreamCall:
         call = StreamCall(self, 0, deserialize)
         call._timer = self.loop.call_at(deadline, call._on_deadline)
@@ -337,8 +291,7 @@ class Connection(asyncio.Protocol):
         self.streams.pop(call.stream_id, None)
         call._refusals += 1
         self.loop.call_later(min(0.005 * 2 ** call._refusals, 0.5), self._resend, call)
-        if self._slot_waiters:
-            self._hand_on()
+        self.slots.hand_on()
 
     def _resend(self, call: StreamCall) -> None:
         if call._status is not None:
@@ -373,8 +326,8 @@ class Connection(asyncio.Protocol):
         self.streams.pop(call.stream_id, None)
         if not self.usable and not self.streams and self.transport is not None:
             self.transport.close()  # a GOAWAY'd / retired connection closes after its last call
-        elif self._slot_waiters:
-            self._hand_on()
+        else:
+            self.slots.hand_on()
 
     # ------------------------------------------------------------------ failure
     def _check_alive(self) -> None:
@@ -403,7 +356,7 @@ class Connection(asyncio.Protocol):
         for call in list(self.streams.values()):
             call._finish(grpc.StatusCode.UNAVAILABLE, reason)
         self.streams.clear()
-        self._release_waiters()
+        self.slots.release_all()
 
     def close(self) -> None:
         self._broken(f"channel to {self.address} closed")

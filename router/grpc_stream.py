@@ -35,7 +35,7 @@ __all__ = ["KEEPALIVE_S", "MAX_MESSAGE_BYTES", "Channel", "RpcError", "StreamCal
 
 log = logging.getLogger("pdorch.router")
 
-# NOTE: consistent with the workers' server policy (pdorch/worker_main.py GRPC_OPTIONS: pings
+# NOTE: consistent with the workers' server policy (pdorch/worker/main.py GRPC_OPTIONS: pings
 # permitted every 4 s): with calls open and nothing read for this long, ping; no answer in as long
 # -> the connection is broken.
 KEEPALIVE_S = 10.0
@@ -53,7 +53,7 @@ class Channel:
     def __init__(self, address: str, keepalive_s: float = KEEPALIVE_S, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  authorization: str = "", ssl_context: ssl.SSLContext | None = None, server_hostname: str = ""):
         """`authorization`: the value of the header every call carries (the workers' shared token, see
-        pdorch/worker_rpc.py); `ssl_context`: TLS with ALPN h2, the certificate checked for
+        pdorch/worker/rpc.py); `ssl_context`: TLS with ALPN h2, the certificate checked for
         `server_hostname` (default: the address's host)."""
         self.address = address
         self.keepalive_s = keepalive_s
@@ -80,7 +80,7 @@ class Channel:
             if conn is None or not conn.usable:
                 conn = await self._connect(loop, deadline)
             # NOTE: no await between a granted stream and start(): the stream count stays exact.
-            if (conn.stream_free() or await conn.acquire_stream(deadline)) and conn.usable:
+            if (conn.slots.free() or await conn.slots.acquire(deadline)) and conn.usable:
                 break
         prefix = self._header_prefix.get(path)
         if prefix is None:

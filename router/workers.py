@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pdorch.config import GrpcConfig
-from pdorch.worker_rpc import aio_channel, bearer, client_ssl_context
+from pdorch.worker.rpc import aio_channel, bearer, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
 from router.grpc_stream import Channel

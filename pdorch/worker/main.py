@@ -44,7 +44,7 @@ GRPC_OPTIONS = [
 
 
 def make_server(rpc: GrpcConfig, max_rpcs: int) -> grpc.Server:
-    """The worker's gRPC server (not started, no port yet: `worker_rpc.add_port`). With grpc.token
+    """The worker's gRPC server (not started, no port yet: `rpc.add_port`). With grpc.token
     every call must carry the token (UNAUTHENTICATED otherwise)."""
     return grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
                        interceptors=server_interceptors(rpc), options=GRPC_OPTIONS, maximum_concurrent_rpcs=max_rpcs)

@@ -118,7 +118,7 @@ def test_stopped_etcd_keeps_routing_to_known_workers_and_registrations_return(tm
 
 
 def _registered(endpoint: str, cluster: str) -> int:
-    from pdorch.registration import connect, workers_prefix
+    from pdorch.worker.registration import connect, workers_prefix
     try:
         client = connect([endpoint], timeout_s=2)
     except ConnectionError:

@@ -4,7 +4,7 @@ MAX_CONCURRENT_STREAMS, GOAWAY and message sizes. Each case ends in a served cal
 never a hang or a stream dropped without one.
 
 The peer is a real grpc.aio server (DecodeService.Generate with controllable timing) run with the
-workers' own server options (pdorch/worker_main.py). Keepalive is time-scaled: grpc-core's ping
+workers' own server options (pdorch/worker/main.py). Keepalive is time-scaled: grpc-core's ping
 enforcement compares intervals between pings with its minimum interval and counts strikes, so
 dividing the client's keepalive interval and the server's minimum interval by the same factor
 keeps the outcome and makes minutes into seconds.

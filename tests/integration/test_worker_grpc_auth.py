@@ -1,8 +1,8 @@
 """Worker gRPC security (issue 14): the optional shared token (`grpc.token`) and TLS (`grpc.tls*`).
 
-The server is the workers' own (pdorch/worker_main.make_server + worker_rpc.add_port: the options,
+The server is the workers' own (pdorch/worker/main.make_server + rpc.add_port: the options,
 the token check, TLS) serving a small DecodeService; the callers are the real ones: the router's
-WorkerPool (grpc.aio for Info, the lean client for Generate) and worker_rpc.client_channel (what a
+WorkerPool (grpc.aio for Info, the lean client for Generate) and pdorch/worker/rpc.client_channel (what a
 decode worker uses to call a prefill worker). Certificates come from the `openssl` CLI.
 """
 

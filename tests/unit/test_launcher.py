@@ -163,9 +163,10 @@ def test_stop_children_escalates_to_sigkill_and_reaches_grandchildren(tmp_path):
     for c in (stubborn, parent):
         c.start()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and "fake listening" not in stubborn.log_tail() + "|" + parent.log_tail():
+    # both listening: the stubborn one ignores SIGTERM and the parent has its grandchild by then
+    while not all("fake listening" in c.log_tail() for c in (stubborn, parent)):
+        assert time.monotonic() < deadline, "the fake children never listened"
         time.sleep(0.05)
-    time.sleep(0.3)
     t0 = time.monotonic()
     killed = stop_children([stubborn, parent], timeout_s=1.0)
     assert killed == ["stubborn"]

@@ -14,10 +14,10 @@ from engine.page_allocator import PageAllocator
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from pdorch.config_loader import load_config
-from pdorch.worker_errors import Aborted, DeadlineExceeded
-from pdorch.worker_metrics import WorkerRecorder
+from pdorch.worker.errors import Aborted, DeadlineExceeded
+from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.protocol import PrefillJob
 from prefill_node import worker as prefill_worker
-from prefill_node.job import PrefillJob
 from prefill_node.worker import PrefillWorker
 from tests.fixtures.threads import in_thread
 from tests.unit.test_prefill_scheduler import FakeRunner, make, settle, submit

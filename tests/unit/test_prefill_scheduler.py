@@ -288,7 +288,11 @@ def test_under_pressure_a_request_waits_for_writes_instead_of_dropping_pages():
     try:
         submit(sched, list(range(500, 513)), "a").future.result(5)  # 4 pages, 3 full: saved (held)
         late = submit(sched, list(range(600, 613)), "b")  # needs 4 pages: only 2 free, 3 pinned by a's save
-        time.sleep(0.3)
+        waits = sched._persist.metrics.pressure_waits
+        deadline = time.monotonic() + 5
+        while waits._value.get() == 0:  # the scheduler saw b and chose to wait for a's writes
+            assert time.monotonic() < deadline, "b was never held back for a's writes"
+            time.sleep(0.01)
         assert not late.future.done()
         io.release()  # a's pages reach the store: now they may be reclaimed without loss
         assert late.future.result(5).cached.device == 0
