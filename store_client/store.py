@@ -1,6 +1,7 @@
 """KVStore: the Mooncake store as the L3 KV tier, batched and zero-copy, never raising to the caller.
 
     match_prefix(keys) -> n          one batch_is_exist; leading present pages
+    present(keys) -> (bool, ...)     one batch_is_exist; per page (the decode worker's plan)
     load(keys, addrs)  -> LoadResult one batch_get_into straight into pool pages
     load_many([(keys, addrs), ...])  several requests' loads in one batch_get_into
     save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
@@ -116,25 +117,35 @@ class KVStore:
     # ------------------------------------------------------------------ operations
     def match_prefix(self, keys: Sequence[str]) -> int:
         """Number of leading keys present in the store (0 on any failure)."""
+        present = self.present(keys)
+        return present.index(False) if False in present else len(present)
+
+    def present(self, keys: Sequence[str]) -> tuple[bool, ...]:
+        """Per key: present in the store (False on any failure). One batch_is_exist.
+
+        NOTE: it grants a read lease on every key found (blocks their eviction for
+        default_kv_lease_ttl): ask only for pages that are about to be read."""
         if not keys:
-            return 0
+            return ()
         client = self._connector.client()
         if client is None:
             self._miss("match", len(keys), DISABLED)
-            return 0
+            return (False,) * len(keys)
         t0 = time.perf_counter()
         try:
             codes = client.batch_is_exist(list(keys))
         except Exception as e:  # noqa: BLE001 - a store fault must never reach the request
             codes = [_RPC_FAILED] * len(keys)
             log.warning("batch_is_exist raised: %s", e)
+        if len(codes) != len(keys):  # defensive, as in load_many
+            codes = list(codes) + [_RPC_FAILED] * (len(keys) - len(codes))
         elapsed = self._observe("match", t0, codes)
-        n = _leading(codes, lambda c: c == 1)
-        self.metrics.hits.labels("match").inc(n)
-        if n < len(keys):
-            code = codes[n] if n < len(codes) else _RPC_FAILED
-            self._miss("match", len(keys) - n, ABSENT if code == 0 else classify(code, elapsed, self._deadline))
-        return n
+        found = tuple(c == 1 for c in codes)
+        self.metrics.hits.labels("match").inc(sum(found))
+        misses = [ABSENT if c == 0 else classify(c, elapsed, self._deadline) for c in codes if c != 1]
+        for why, count in collections.Counter(misses).items():
+            self._miss("match", count, why)
+        return found
 
     def load(self, keys: Sequence[str], addrs: Sequence[int]) -> LoadResult:
         """Read pages into pool addresses; pages after the first failure count as misses."""
@@ -154,19 +165,26 @@ class KVStore:
         all_keys = [k for keys, _ in requests for k in keys]
         all_addrs = [a for _, addrs in requests for a in addrs]
         t0 = time.perf_counter()
-        try:
-            codes = client.batch_get_into(all_keys, all_addrs, [self.page_nbytes] * total)
-        except Exception as e:  # noqa: BLE001
-            codes = []
-            log.warning("batch_get_into raised: %s", e)
-        if len(codes) != total:  # defensive: a short answer is a failure of the missing entries
-            codes = list(codes) + [_RPC_FAILED] * (total - len(codes))
+        codes = [_RPC_FAILED] * total
+        for batch in _distinct_key_batches(all_keys):
+            got = self._get_into(client, [all_keys[i] for i in batch], [all_addrs[i] for i in batch])
+            for i, code in zip(batch, got):
+                codes[i] = code
         elapsed = self._observe("load", t0, codes)
         results, off = [], 0
         for keys, _ in requests:
             results.append(self._load_result(codes[off:off + len(keys)], elapsed))
             off += len(keys)
         return results
+
+    def _get_into(self, client, keys: list[str], addrs: list[int]) -> list[int]:
+        try:
+            codes = list(client.batch_get_into(keys, addrs, [self.page_nbytes] * len(keys)))
+        except Exception as e:  # noqa: BLE001
+            codes = []
+            log.warning("batch_get_into raised: %s", e)
+        # defensive: a short answer is a failure of the missing entries
+        return codes + [_RPC_FAILED] * (len(keys) - len(codes))
 
     def _load_result(self, codes: Sequence[int], elapsed: float) -> LoadResult:
         # NOTE: a positive size other than page_nbytes is a foreign object under our key: not usable.
@@ -272,6 +290,24 @@ def _leading(codes: Sequence[int], ok) -> int:
             break
         n += 1
     return n
+
+
+def _distinct_key_batches(keys: Sequence[str]) -> list[list[int]]:
+    """Indexes of `keys` split so that no batch names a key twice (usually one batch).
+
+    NOTE: Mooncake's batch_get_into given one key twice reports success for both entries but writes
+    only the last one's buffer (seen on mooncake-transfer-engine 0.3.13 over TCP): two requests
+    reading the same page in one coalesced load would leave one of them with stale bytes.
+    """
+    seen: dict[str, int] = {}
+    batches: list[list[int]] = []
+    for i, key in enumerate(keys):
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(batches):
+            batches.append([])
+        batches[n].append(i)
+    return batches
 
 
 def check_pairs(keys: Sequence[str], addrs: Sequence[int]) -> None:
