@@ -6,7 +6,9 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
     python -m bench.multiturn [--preset fits|l3|full|none] [--api sglang|openai] [--json]
     pdorch bench multiturn ...                  (the same)
     python -m bench.multiturn --compare         (a) store + offload, (b) store off, (c) offload
-                                                off, (d) single-process engine.LLM; same workload
+                                                off, (d) single-process engine.LLM, (e) as (a) but
+                                                store -> decode loading, conditional disaggregation
+                                                and store-aware routing off; same workload
 
 Starts its own cluster with `pdorch serve` (the preset's sizes, then --config / --set), or loads
 a running router with --url (counters then come from the config's metrics ports).
@@ -44,7 +46,10 @@ from pdorch.config_loader import ConfigError, add_config_args, default_config_pa
 from pdorch.launch_plan import torch_threads_per_worker
 
 VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=false"]),
-            "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", [])}
+            "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", []),
+            # store -> decode, conditional disaggregation and store-aware routing off (a has them on)
+            "e": ("beyond-anchors off", ["decode.load_prefix_from_store=false", "decode.max_local_prefill_tokens=0",
+                                         "router.store_aware_routing=false"])}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", type=int, default=1, help="prefill workers of the cluster")
     p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
     p.add_argument("--url", help="load a running router instead of starting a cluster")
-    p.add_argument("--compare", action="store_true", help="run variants a-d on the same workload")
+    p.add_argument("--compare", action="store_true", help="run variants a-e on the same workload")
+    p.add_argument("--variants", help="with --compare: only these, comma-separated (e.g. a,e)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s)")
     p.add_argument("--plot-dir", help="where the PNG goes (default: a new temp dir)")
     p.add_argument("--label", help="plot file name and title (default: PRESET_API[_compare])")
@@ -172,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
                  args.max_parallel)
     keys = list(VARIANTS) if args.compare else ["a"]
     if args.url and args.compare:
-        keys = ["a", "d"]  # NOTE: a running cluster cannot be reconfigured into b and c
+        keys = ["a", "d"]  # NOTE: a running cluster cannot be reconfigured into b, c and e
+    if args.variants:
+        if not args.compare:
+            p.error("--variants goes with --compare")
+        keys = [k for k in args.variants.split(",") if k]
+        unknown = [k for k in keys if k not in VARIANTS]
+        if unknown:
+            p.error(f"--variants: unknown {','.join(unknown)} (choose from {','.join(VARIANTS)})")
     variants = {k: run_variant(k, args, w, facts, say) for k in keys}
     label = args.label or f"{args.preset}_{args.api}" + ("_compare" if args.compare else "")
     from bench.multiturn_plots import plot_run
@@ -197,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             out["compare"] = {k: {"name": v["variant_name"], "worst_hit_over_ideal": v["worst_hit_over_ideal"],
                                   "ttft_last_over_round1": v["ttft_last_over_round1"],
                                   "rounds": [{f: r[f] for f in ("round", "hit_rate", "ideal_hit_rate",
-                                                                 "capacity_ideal_hit_rate", "ttft_mean_s")}
+                                                                 "capacity_ideal_hit_rate", "ttft_mean_s",
+                                                                 "p2d_bytes_per_request", "prefill_calls_avoided")}
                                              for r in v["rounds"]]} for k, v in variants.items()}
         print(json.dumps(rounded(out)))
     return 0

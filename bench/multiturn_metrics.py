@@ -10,7 +10,9 @@ that fails gives None, never an exception: a benchmark keeps running when a metr
                                   cancelled, closed): write-backs that never ran -> holes
     store_save_failed_pages       pdorch_store_save_failed_pages_total by reason
     store_load_miss_pages         pdorch_store_miss_pages_total{op="load"} by reason (absent, ...)
-    tiers                         pdorch_prefill_prompt_tokens_total by source (computed, device,
+    transfer_bytes                pdorch_prefill_transfer_bytes_total (P->D pushes)
+    prompt_plans                  pdorch_decode_prompt_plans_total by where (prefill, local: no prefill call)
+    tiers                         pdorch_decode_prompt_tokens_total by source (computed, device,
                                   host, store): the tier split when the API does not report it
 """
 
@@ -70,7 +72,11 @@ def counters(worker_samples: list, master_samples: list | None) -> dict:
         "store_save_dropped_pages": by_label(w, "pdorch_store_save_dropped_pages_total", "reason"),
         "store_save_failed_pages": by_label(w, "pdorch_store_save_failed_pages_total", "reason"),
         "store_load_miss_pages": by_label(w, "pdorch_store_miss_pages_total", "reason", op="load"),
-        "tiers": by_label(w, "pdorch_prefill_prompt_tokens_total", "source"),
+        # NOTE: the decode workers' counter: it sees every request, those served without a prefill
+        # worker too (conditional disaggregation); a prefill worker's sees only those it prefilled.
+        "tiers": by_label(w, "pdorch_decode_prompt_tokens_total", "source"),
+        "transfer_bytes": total(w, "pdorch_prefill_transfer_bytes_total"),
+        "prompt_plans": by_label(w, "pdorch_decode_prompt_plans_total", "where"),
     }
 
 

@@ -63,4 +63,11 @@ def compare_table(variants: dict[str, dict]) -> str:
         lines.append(f"{r['round']:>5}  {_f(r['ideal_hit_rate'], '.3f')}  "
                      + "  ".join(f"{_f(x and x['hit_rate'], '14.3f')}" for x in rows) + "  "
                      + "  ".join(f"{_f(x and x['ttft_mean_s'], '14.2f')}" for x in rows))
+    lines += ["", "round  " + "  ".join(f"{'P->D MB/req ' + n:>16}" for n in names) + "  "
+              + "  ".join(f"{'no-P calls ' + n:>14}" for n in names)]
+    for i, r in enumerate(first):
+        rows = [variants[n]["rounds"][i] if i < len(variants[n]["rounds"]) else None for n in names]
+        mb = [x and x.get("p2d_bytes_per_request") for x in rows]
+        lines.append(f"{r['round']:>5}  " + "  ".join(f"{_f(m and m / 1e6, '16.2f')}" for m in mb) + "  "
+                     + "  ".join(f"{_f(x and x.get('prefill_calls_avoided'), '14.0f')}" for x in rows))
     return "\n".join(lines)

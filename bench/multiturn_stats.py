@@ -158,6 +158,8 @@ def summarize_round(round_index: int, results: list[RequestResult], usable_pages
         "store_pages_evicted": counters.get("store_pages_evicted"),
         "store_save_dropped_pages": counters.get("store_save_dropped_pages", {}),
         "store_load_miss_pages": counters.get("store_load_miss_pages", {}),
+        "p2d_bytes_per_request": ratio(counters.get("transfer_bytes"), len(ok)),
+        "prefill_calls_avoided": (counters.get("prompt_plans") or {}).get("local"),
         "rss_mb": dict(rss_mb or {}),
     }
 

@@ -1,14 +1,21 @@
 """Time to first token of the disaggregated path, by where the prompt's prefix KV comes from.
 
-Starts a real cluster on loopback (mooncake_master, one prefill and one decode worker process,
+Starts a real cluster on loopback (mooncake_master, one prefill and three decode worker processes,
 transfer engine over TCP) and, for a prompt of --prompt-tokens tokens, measures TTFT (Generate
 sent -> first streamed token) with the prefix
-  (a) recomputed   first sight of the prompt: every token is prefilled on P
-  (b) from store   same prompt after flushing P's L1: full pages are read from the Mooncake store
-  (c) from L1      same prompt again: the pages are in P's own pool
-plus the P->D KV push (bytes, seconds, GB/s) from the prefill worker's transfer metrics.
+  (a) recomputed     first sight of the prompt: every token is prefilled on P
+  (b) from store     same prompt after flushing P's L1: P reads the full pages from the Mooncake
+                     store and pushes every page to D
+  (c) from L1        same prompt again: the pages are in P's own pool
+  (d) store -> D     P's L1 flushed, a decode worker with decode.load_prefix_from_store: D reads the
+                     prefix pages itself while P computes the last page; P pushes only that page
+  (e) D alone        the same with decode.max_local_prefill_tokens: D reads the prefix and computes
+                     the last page itself; no prefill call at all (conditional disaggregation)
+plus the P->D push of a whole prompt (bytes, seconds, GB/s, from P's metrics in (a)-(c)) against
+the raw transfer engine between two other processes in the same run (one contiguous write of as
+many bytes, median of 5): transfer_over_raw_ratio.
 Each of --runs rounds uses a fresh prompt of the same length; the table shows medians.
-Headline: store_over_recompute_ratio = (b) / (a) (target <= 0.10).
+Headlines: store_over_recompute_ratio = (b) / (a), store_decode_over_recompute_ratio = (d) / (a).
 
     python bench/ttft.py [--prompt-tokens 2000] [--runs 3] [--torch-threads 2] [--json]
 
@@ -35,7 +42,11 @@ if str(ROOT) not in sys.path:
 from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
 from engine.tokenizer import Tokenizer
 from proto.pdorch.v1 import worker_pb2 as pb
+from tests.fixtures.store import Peer
 from tests.fixtures.workers import start_cluster
+
+CASES = ("recompute", "store", "l1", "store_decode", "decode_alone")
+FULL_PUSH_CASES = ("recompute", "store", "l1")  # every prompt page pushed P->D
 
 
 def prompt_ids(tok: Tokenizer, n: int, salt: int) -> list[int]:
@@ -52,13 +63,13 @@ def prompt_ids(tok: Tokenizer, n: int, salt: int) -> list[int]:
     return tok.encode(text)[:n]
 
 
-def ttft(cluster, ids: list[int]) -> tuple[float, pb.CachedTokens]:
+def ttft(cluster, ids: list[int], decode) -> tuple[float, pb.CachedTokens]:
     req = pb.GenerateRequest(request_id=uuid.uuid4().hex, token_ids=ids,
                              sampling=pb.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
                              prefill_address=cluster.prefill.address, timeout_s=600)
     t0 = time.perf_counter()
     first, cached = None, None
-    for chunk in cluster.decode_stub().Generate(req, timeout=620):
+    for chunk in cluster.decode_stub(decode).Generate(req, timeout=620):
         if first is None and chunk.token_ids:
             first, cached = time.perf_counter() - t0, chunk.cached
     return first, cached
@@ -77,55 +88,98 @@ def transfer_totals(cluster) -> tuple[float, float, int]:
             int(values["pdorch_prefill_transfer_bytes_total"]))
 
 
+def raw_transfer_gbps(tmp: str, nbytes: int, reps: int = 5) -> float:
+    """The transfer engine alone: one contiguous write of `nbytes` from this process into another
+    (a plain receiver process: the same TCP path a P->D push takes, without the workers)."""
+    import numpy as np
+
+    from store_client.transfer import KVTransfer
+
+    target = Peer("transfer-target", {"nbytes": nbytes}, tmp)
+    src = np.ones(nbytes, dtype=np.uint8)
+    sender = KVTransfer("127.0.0.1", "tcp", "")
+    try:
+        sender.start()
+        sender.register(src.ctypes.data, src.nbytes)
+        seg, base = target.ready["segment"], target.ready["ptr"]
+        sender.write(seg, [src.ctypes.data], [base], nbytes)  # the first write pays the handshake
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            sender.write(seg, [src.ctypes.data], [base], nbytes)
+            times.append(time.perf_counter() - t0)
+        return nbytes / statistics.median(times) / 1e9
+    finally:
+        sender.close()
+        target.stop()
+
+
 def run(args) -> dict:
     model_dir = prepare_model(args.model, DEFAULT_CACHE_DIR, progress=lambda m: None)
     tok = Tokenizer.from_dir(model_dir)
     page = args.page_size
     pages_needed = args.prompt_tokens // page + 8
+    plain = {"offload_generated_kv": False, "load_prefix_from_store": False, "max_local_prefill_tokens": 0}
     with tempfile.TemporaryDirectory(prefix="pdorch_ttft_") as tmp:
         cluster = start_cluster(Path(tmp), model_dir, with_store=True,
                                 model={"torch_threads": args.torch_threads, "page_size": page},
-                                # NOTE: only P mounts a store segment here (D does not offload), so it
-                                # must hold every run's prompt pages or later runs' write-backs fail.
+                                # NOTE: P's segment must hold every run's prompt pages or later runs'
+                                # write-backs fail (the decode workers mount one too).
                                 store={"global_segment_size_mb": max(512, 2 * args.runs * pages_needed)},
                                 prefill={"num_pages": 2 * pages_needed, "chunk_tokens": 512},
-                                decode={"num_pages": 2 * pages_needed, "prefill_timeout_s": 600.0,
-                                        "offload_generated_kv": False})
+                                decode={"num_pages": 2 * pages_needed, "prefill_timeout_s": 600.0, **plain})
         try:
-            rows = {"recompute": [], "store": [], "l1": []}
+            decoders = {case: cluster.decode for case in FULL_PUSH_CASES}
+            decoders["store_decode"] = cluster.spawn_worker("decode", **{**plain, "load_prefix_from_store": True})
+            decoders["decode_alone"] = cluster.spawn_worker("decode", **{**plain, "load_prefix_from_store": True,
+                                                                          "max_local_prefill_tokens": 256})
+            cluster.wait_ready(decoders["store_decode"], decoders["decode_alone"])
+            rows = {case: [] for case in CASES}
+            pushes = {case: [0.0, 0.0, 0] for case in CASES}  # seconds, pushes, bytes
             cached_seen = {}
-            t_sum0, t_cnt0, bytes0 = transfer_totals(cluster)
-            warm = prompt_ids(tok, 64, salt=10_000)
-            ttft(cluster, warm)  # first transfer pays the engine handshake; keep it out of the numbers
-            t_sum0, t_cnt0, bytes0 = transfer_totals(cluster)
+            for wp in set(decoders.values()):  # each D's first transfer pays the engine handshake
+                ttft(cluster, prompt_ids(tok, 64, salt=10_000 + wp.port), wp)
             for r in range(args.runs):
                 ids = prompt_ids(tok, args.prompt_tokens, salt=r)
-                for tier in ("recompute", "store", "l1"):
-                    if tier == "store":
+                for case in CASES:
+                    if case in ("store", "store_decode", "decode_alone"):
                         cluster.wait_idle("prefill", timeout_s=120)  # write-back of (a) done
                         cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=60)
-                    seconds, cached = ttft(cluster, ids)
-                    rows[tier].append(seconds)
-                    cached_seen[tier] = {"device": cached.device, "store": cached.store}
+                    before = transfer_totals(cluster)
+                    seconds, cached = ttft(cluster, ids, decoders[case])
+                    after = transfer_totals(cluster)
+                    for i in range(3):
+                        pushes[case][i] += after[i] - before[i]
+                    rows[case].append(seconds)
+                    cached_seen[case] = {"device": cached.device, "store": cached.store}
                     if not args.json:
-                        print(f"run {r} {tier:9s} ttft {seconds:7.3f}s cached device={cached.device} "
+                        print(f"run {r} {case:12s} ttft {seconds:7.3f}s cached device={cached.device} "
                               f"store={cached.store}", flush=True)
-            t_sum, t_cnt, nbytes = transfer_totals(cluster)
+            raw_gbps = raw_transfer_gbps(tmp, int(pushes["recompute"][2] // max(pushes["recompute"][1], 1)))
         finally:
             cluster.stop()
-    transfer_s = (t_sum - t_sum0) / max(t_cnt - t_cnt0, 1)
-    transfer_bytes = (nbytes - bytes0) / max(t_cnt - t_cnt0, 1)
+    full = [sum(pushes[c][i] for c in FULL_PUSH_CASES) for i in range(3)]
+    transfer_s, transfer_bytes = full[0] / max(full[1], 1), full[2] / max(full[1], 1)
+    transfer_gbps = transfer_bytes / transfer_s / 1e9 if transfer_s > 0 else 0.0
+    sd = pushes["store_decode"]
     med = {k: statistics.median(v) for k, v in rows.items()}
     return {
         "model": args.model, "prompt_tokens": args.prompt_tokens, "page_size": page, "runs": args.runs,
         "torch_threads": args.torch_threads,
         "ttft_recompute_s": round(med["recompute"], 4), "ttft_store_s": round(med["store"], 4),
-        "ttft_l1_s": round(med["l1"], 4),
+        "ttft_l1_s": round(med["l1"], 4), "ttft_store_decode_s": round(med["store_decode"], 4),
+        "ttft_decode_alone_s": round(med["decode_alone"], 4),
         "store_over_recompute_ratio": round(med["store"] / med["recompute"], 4),
         "l1_over_recompute_ratio": round(med["l1"] / med["recompute"], 4),
+        "store_decode_over_recompute_ratio": round(med["store_decode"] / med["recompute"], 4),
+        "decode_alone_over_recompute_ratio": round(med["decode_alone"] / med["recompute"], 4),
         "cached_tokens_store_run": cached_seen["store"]["store"], "cached_tokens_l1_run": cached_seen["l1"]["device"],
+        "cached_tokens_decode_alone_run": cached_seen["decode_alone"]["store"],
         "transfer_bytes_per_request": int(transfer_bytes), "transfer_s": round(transfer_s, 4),
-        "transfer_gbps": round(transfer_bytes / transfer_s / 1e9, 3) if transfer_s > 0 else 0.0,
+        "transfer_gbps": round(transfer_gbps, 3), "raw_transfer_gbps": round(raw_gbps, 3),
+        "transfer_over_raw_ratio": round(transfer_gbps / raw_gbps, 3) if raw_gbps > 0 else 0.0,
+        "transfer_bytes_store_decode": int(sd[2] / max(sd[1], 1)),
+        "prefill_calls_decode_alone": int(pushes["decode_alone"][1]),
     }
 
 
@@ -146,8 +200,13 @@ def main(argv: list[str] | None = None) -> int:
           f"(cached from store: {res['cached_tokens_store_run']} tokens)")
     print(f"  (c) from L1         {res['ttft_l1_s']:8.3f} s   ratio c/a {res['l1_over_recompute_ratio']:.3f} "
           f"(cached in L1: {res['cached_tokens_l1_run']} tokens)")
+    print(f"  (d) store -> D      {res['ttft_store_decode_s']:8.3f} s   ratio d/a "
+          f"{res['store_decode_over_recompute_ratio']:.3f} (P->D push {res['transfer_bytes_store_decode'] / 1e6:.2f} MB)")
+    print(f"  (e) D alone         {res['ttft_decode_alone_s']:8.3f} s   ratio e/a "
+          f"{res['decode_alone_over_recompute_ratio']:.3f} (prefill calls: {res['prefill_calls_decode_alone']})")
     print(f"  P->D push           {res['transfer_bytes_per_request'] / 1e6:8.1f} MB in {res['transfer_s']:.4f} s "
-          f"= {res['transfer_gbps']:.2f} GB/s")
+          f"= {res['transfer_gbps']:.2f} GB/s; raw transfer engine {res['raw_transfer_gbps']:.2f} GB/s, "
+          f"ratio {res['transfer_over_raw_ratio']:.3f}")
     if args.json:
         print(json.dumps(res))
     return 0

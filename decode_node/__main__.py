@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 
+def uses_store(dc) -> bool:
+    """D reads the store for prompt prefixes (its own load, local prefill) and writes generated pages."""
+    return dc.offload_generated_kv or dc.load_prefix_from_store or dc.max_local_prefill_tokens > 0
+
+
 def build(cfg, worker_id: str):
     from decode_node.servicer import add_to_server
     from decode_node.worker import DecodeWorker
     from pdorch.worker.metrics import WorkerRecorder
     from pdorch.worker.runtime import build_runtime
 
-    # The store is needed only to offload generated pages.
     recorder = WorkerRecorder("decode")
-    rt = build_runtime(cfg, cfg.decode.num_pages, use_store=cfg.decode.offload_generated_kv, registry=recorder.registry)
+    rt = build_runtime(cfg, cfg.decode.num_pages, use_store=uses_store(cfg.decode), registry=recorder.registry)
     return DecodeWorker(rt, cfg, worker_id, recorder), add_to_server
 
 

@@ -1,7 +1,7 @@
 """DecodeRequest: the decode worker's request object and the events it streams.
 
-It owns the token ids (prompt + generated), its pages, the hash chain of its full pages and the
-per-request stop checker. Handler threads create it and read `events`; after the prefill it
+It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
+left of its prompt to compute here (`todo`) and the per-request stop checker. Handler threads create it and read `events`; after the prefill it
 belongs to the scheduler thread until it finishes.
 """
 
@@ -52,6 +52,12 @@ class DecodeRequest:
     cancelled: bool = False
     done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
     io_pending: int = 0  # offload saves still reading page_ids
+    # Prompt KV D computes itself before decoding (decode_node/prompt_kv.py): token ranges [start,
+    # end) in order, the full pages among them (written to the store), and whether the first token
+    # is still to sample (local prefill) or came from P (D only fills pages it failed to read).
+    todo: list[list[int]] = field(default_factory=list)
+    computed_pages: list[int] = field(default_factory=list)
+    first_pending: bool = False
     events: queue.Queue = field(default_factory=queue.Queue)
 
     @property

@@ -32,6 +32,8 @@ from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, WorkerError
 from pdorch.worker.loop import SchedulerLoop
+from pdorch.worker.prompt_pages import consume, take_ranges
+from store_client.io_thread import LOAD
 from store_client.page_hash import store_key
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,10 @@ ADMIT_GRACE_S = 1.0  # a handler waits this long past its deadline for the sched
 
 class DecodeScheduler:
     def __init__(self, rt, max_running: int, offload: bool, recorder, max_queued: int = 64,
-                 watermark: float = 1.0):
+                 watermark: float = 1.0, local_prefill_tokens: int = 256):
         self._rt = rt
+        # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
+        self._local_budget = max(local_prefill_tokens, rt.cfg.model.page_size)
         self._max_running = max_running
         self._offload = offload and rt.store_io is not None
         self._rec = recorder
@@ -57,6 +61,9 @@ class DecodeScheduler:
                                       "(each submits ONE store write for all of them)", registry=recorder.registry)
         self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
                                       registry=recorder.registry)
+        self._local_tokens = Counter("pdorch_decode_local_prefill_tokens", "Prompt tokens this decode worker "
+                                     "computed itself (conditional disaggregation, pages it could not read)",
+                                     registry=recorder.registry)
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
                                    self._on_completion)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
@@ -133,6 +140,13 @@ class DecodeScheduler:
             raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
     def _on_completion(self, done) -> None:
+        if done.op == LOAD:  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
+            load = done.tag[1]
+            if load.future.set_running_or_notify_cancel():
+                load.future.set_result(done)
+            else:  # abandoned at its deadline: nothing writes into its pages any more
+                self._rt.allocator.release(list(load.page_ids))
+            return
         owners, keys, depths = done.tag
         for req in owners:  # the distinct requests of one step's offload
             req.io_pending -= 1
@@ -186,9 +200,17 @@ class DecodeScheduler:
             req.page_ids = []
 
     def _step(self) -> bool:
-        page_size = self._page_size
-        batch, chunks = [], []
+        page_size, budget = self._page_size, self._local_budget
+        rows: list[tuple[DecodeRequest, int]] = []  # per chunk: its request and the position it ends at
+        chunks = []
         for req in list(self._running):
+            if req.todo:  # prompt KV computed here first (chunked within the step's budget)
+                for start, end in take_ranges(req.todo, budget):
+                    rows.append((req, end))
+                    chunks.append(Chunk(page_ids=req.page_ids[:-(-end // page_size)], start_pos=start,
+                                        token_ids=req.token_ids[start:end]))
+                    budget -= end - start
+                continue
             pos = len(req.token_ids) - 1  # the newest token is fed now; its K/V lands at `pos`
             if pos // page_size >= len(req.page_ids):
                 try:
@@ -198,25 +220,52 @@ class DecodeScheduler:
                         f"KV pool exhausted while decoding {req.request_id} (raise decode.num_pages or lower "
                         f"decode.kv_watermark)")))
                     continue
-            batch.append(req)
+            rows.append((req, -1))
             chunks.append(Chunk(page_ids=req.page_ids[:pos // page_size + 1], start_pos=pos,
                                 token_ids=[req.token_ids[-1]]))
-        if not batch:
+        if not chunks:
             return False
         with torch.inference_mode():
             logits = self._rt.runner.forward(chunks)
-        tokens = self._rt.sampler.sample(logits, [r.job.params for r in batch], [r.generator for r in batch])
-        self._rec.generated(len(batch))
-        for req, token in zip(batch, tokens):
-            self._after_feed(req, len(req.token_ids) - 1)
-            req.token_ids.append(int(token))
-            event = check_stop(req, int(token), self._max_context)
-            if event.final:
-                self._finish(req, event)
-            elif event.token_ids or event.text:
-                req.emit(event)
+        sample = []  # rows whose next token is drawn now: decode steps and finished local prefills
+        for row, (req, end) in enumerate(rows):
+            if end < 0:
+                sample.append(row)
+                continue
+            consume(req.todo, end)
+            self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
+            if not req.todo:
+                self._prompt_computed(req)
+                if req.first_pending:
+                    sample.append(row)
+        if sample:
+            batch = [rows[row][0] for row in sample]
+            tokens = self._rt.sampler.sample(logits[sample], [r.job.params for r in batch],
+                                             [r.generator for r in batch])
+            self._rec.generated(len(batch))
+            for req, token in zip(batch, tokens):
+                if req.first_pending:
+                    req.first_pending = False  # the prompt's last position was fed, not a new token
+                else:
+                    self._after_feed(req, len(req.token_ids) - 1)
+                req.token_ids.append(int(token))
+                event = check_stop(req, int(token), self._max_context)
+                if event.final:
+                    self._finish(req, event)
+                elif event.token_ids or event.text:
+                    req.emit(event)
         self._offload_filled()
         return True
+
+    def _prompt_computed(self, req: DecodeRequest) -> None:
+        """Every prompt page is in place: the full pages computed here go to the store (the next turn,
+        or another worker, reads them), like a prefill worker's write-back, with or without
+        decode.offload_generated_kv (they count as offload writes)."""
+        if req.first_pending:
+            self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
+        for k in req.computed_pages:
+            self._queue_write(req, k)
+        req.computed_pages = []
 
     def _offload_filled(self) -> None:
         """One store write for every page that filled in this step (bounded queue, deadline: StoreIO)."""
@@ -236,9 +285,14 @@ class DecodeScheduler:
         k = filled_page(pos, self._page_size)
         if k is None:
             return
-        h = extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
-        if self._offload and self._rt.store.enabled:
-            key = store_key(self._rt.fingerprint, h)
+        extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
+        if self._offload:
+            self._queue_write(req, k)
+
+    def _queue_write(self, req: DecodeRequest, k: int) -> None:
+        """Page k of req (its hash known) joins this step's one store write."""
+        if self._rt.store_io is not None and self._rt.store.enabled:
+            key = store_key(self._rt.fingerprint, req.page_hashes[k])
             if not any(r is req for r, _, _, _ in self._filled):
                 # NOTE: taken now, not at submission: a request finishing in this very step must
                 # keep its pages until the step's write has read them.

@@ -24,6 +24,7 @@ import torch
 
 from decode_node.fence import PageFence
 from decode_node.prefill_client import PrefillClient
+from decode_node.prompt_kv import PrefixLoad, PromptKV
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
@@ -52,8 +53,9 @@ class DecodeWorker:
         self.tokenizer = Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
-                                         dc.max_queued_requests, dc.kv_watermark)
+                                         dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens)
         self.prefill_client = PrefillClient(cfg.grpc)
+        self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)
@@ -65,6 +67,7 @@ class DecodeWorker:
 
     def close(self) -> None:
         self.scheduler.stop()
+        self.prompt_kv.close()
         self.fence.stop()
         self.prefill_client.close()
         self.rt.close()
@@ -105,18 +108,28 @@ class DecodeWorker:
         # the prompt fills its last page exactly).
         req.page_ids = self.scheduler.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
                                             cancelled)
+        load = None
         try:
             # The prompt is hashed once, here: P reuses the hashes, and D continues the chain when
             # it offloads generated pages (decode_node/offload.py).
             req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
-            res = self._prefill(req, cancelled)
-            first = self._first_token(req, res)
-            if not first.final:
+            plan = self.prompt_kv.plan(req)
+            load = self.prompt_kv.start_load(req, plan.load)
+            if plan.local:  # conditional disaggregation: no prefill worker at all
+                self.prompt_kv.compute_here(req, plan.load, self.prompt_kv.finish_load(req, load), first_pending=True)
+                first = None
+            else:
+                res = self._prefill(req, cancelled, load)
+                self.prompt_kv.compute_here(req, plan.load, self.prompt_kv.finish_load(req, load), first_pending=False)
+                first = self._first_token(req, res)
+            if first is None or not first.final:
                 # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
                 # the scheduler already owns the request and reaps it (cancelled) with its pages.
                 self.scheduler.join(req)
         except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
-            # NOTE: pages P may still write into were moved to the fence by _prefill already.
+            # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
+            # D's own store read still writes into are freed by the scheduler when it completes.
+            self.prompt_kv.settle_load(req, load)
             pages, req.page_ids = req.page_ids, []
             self.scheduler.release(pages)
             self.recorder.request_failed(aborted=req.cancelled)
@@ -124,14 +137,15 @@ class DecodeWorker:
             if isinstance(e, WorkerError):
                 log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
-        if first.final:
-            self.scheduler.release(req.page_ids)
-            req.page_ids = []
-            self.recorder.request_finished()
-            req.done = True
+        if first is not None:
+            if first.final:
+                self.scheduler.release(req.page_ids)
+                req.page_ids = []
+                self.recorder.request_finished()
+                req.done = True
+                yield first
+                return
             yield first
-            return
-        yield first
         while True:
             try:
                 event = req.events.get(timeout=EVENT_WAIT_S)
@@ -145,9 +159,10 @@ class DecodeWorker:
             if event.final:
                 return
 
-    def _prefill(self, req: DecodeRequest, cancelled):
-        """Prefill on P into the prompt's pages. When it fails and P did not say its write is over,
-        the pages go to the fence (taken out of req.page_ids) instead of back to the pool."""
+    def _prefill(self, req: DecodeRequest, cancelled, load: PrefixLoad | None):
+        """Prefill on P into the prompt's pages (but those D reads itself). When it fails and P did
+        not say its write is over, the pages go to the fence (taken out of req.page_ids) instead of
+        back to the pool."""
         page_size, n = self.cfg.model.page_size, req.prompt_len
         timeout_s = req.deadline - time.monotonic()
         if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
@@ -156,10 +171,11 @@ class DecodeWorker:
                          decode_segment=self.rt.segment,
                          dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
                          timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
-                         page_hashes=tuple(req.page_hashes))
+                         page_hashes=tuple(req.page_hashes), decode_loaded_pages=load.pages if load else ())
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:
+            self.prompt_kv.settle_load(req, load)  # NOTE: before the fence: no freed page may still be written
             if not getattr(e, "writes_over", False):
                 pages, req.page_ids = req.page_ids, []
                 self.fence.hold(req.job.prefill_address, req.request_id, pages)

@@ -2,7 +2,7 @@
 
 Every page is in exactly one state:
 
-    free       ref 0, no hash    -> in `_free` (FIFO)
+    free       ref 0, no hash    -> in `_free` (ascending page ids: allocate() hands out runs)
     evictable  ref 0, has hash   -> in `_evictable_persisted`, `_evictable_dropped` or `_evictable`
                                     (LRU first), still matchable by its hash
     used       ref > 0           -> held by sequences (may or may not have a hash)
@@ -15,11 +15,16 @@ unpersisted ones; the others least recently released first. So a page leaves L1 
 left, and every such loss is counted by its reason (`evicted_unpersisted`): "no self-made holes"
 (DESIGN.md section 4a).
 `check_integrity()` asserts the partition and that the hash maps agree.
+
+Free pages go out as contiguous runs where the pool has them (first fit, else the lowest ids): one
+page-first run is one block of memory, so a P->D push or a store read of it is one transfer
+(store_client/transfer.py merges pages contiguous on both sides).
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+import bisect
+from collections import Counter, OrderedDict
 
 UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
 LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
@@ -35,7 +40,7 @@ class PageAllocator:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_total = num_pages
         self._ref = [0] * num_pages
-        self._free: deque[int] = deque(range(num_pages))
+        self._free: list[int] = list(range(num_pages))  # ascending
         self._evictable: OrderedDict[int, str] = OrderedDict()  # unpersisted: page -> hash, LRU first
         self._evictable_persisted: OrderedDict[int, str] = OrderedDict()  # in the store too
         self._evictable_dropped: OrderedDict[int, str] = OrderedDict()  # removed by the store's eviction
@@ -98,25 +103,24 @@ class PageAllocator:
             raise ValueError(f"cannot allocate {n} pages")
         if n > self.num_available():
             raise OutOfPages(f"need {n} KV pages, only {self.num_available()} of {self.num_total} available")
-        out = []
-        for _ in range(n):
-            if self._free:
-                page = self._free.popleft()
+        out = self._take_free(min(n, len(self._free)))
+        for page in out:
+            self._ref[page] = 1
+        for _ in range(n - len(out)):
+            if self._evictable_persisted:
+                page, h = self._evictable_persisted.popitem(last=False)
+                self._persisted.discard(page)
             else:
-                if self._evictable_persisted:
-                    page, h = self._evictable_persisted.popitem(last=False)
-                    self._persisted.discard(page)
+                # NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come
+                # back round-robin, and LRU would evict exactly the pages asked for next, while
+                # keeping the oldest ones gives the same conversations a hit every round.
+                if self._evictable_dropped:
+                    page, h = self._evictable_dropped.popitem(last=True)
                 else:
-                    # NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come
-                    # back round-robin, and LRU would evict exactly the pages asked for next, while
-                    # keeping the oldest ones gives the same conversations a hit every round.
-                    if self._evictable_dropped:
-                        page, h = self._evictable_dropped.popitem(last=True)
-                    else:
-                        page, h = self._evictable.popitem(last=False)
-                    self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
-                del self._hash_to_page[h], self._page_to_hash[page]
-                self.num_evicted += 1
+                    page, h = self._evictable.popitem(last=False)
+                self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
+            del self._hash_to_page[h], self._page_to_hash[page]
+            self.num_evicted += 1
             self._ref[page] = 1
             out.append(page)
         return out
@@ -144,7 +148,7 @@ class PageAllocator:
             if self._ref[page] == 0:
                 h = self._page_to_hash.get(page)
                 if h is None:
-                    self._free.append(page)
+                    bisect.insort(self._free, page)
                 else:
                     self._lru_for(page)[page] = h
 
@@ -225,6 +229,7 @@ class PageAllocator:
         for lru in (self._evictable_persisted, self._evictable_dropped, self._evictable):
             self._free.extend(lru)
             lru.clear()
+        self._free.sort()
         self._hash_to_page.clear()
         self._page_to_hash.clear()
         self._persisted.clear()
@@ -253,6 +258,26 @@ class PageAllocator:
                    for p, h in d.items()), "evictable hash mismatch"
 
     # -- helpers ------------------------------------------------------------------------------
+    def _take_free(self, n: int) -> list[int]:
+        """n free pages: the first contiguous run that holds them all, else the n lowest ids.
+
+            free  [2, 3, 7, 8, 9, 12]   n=3 -> [7, 8, 9]    n=4 -> [2, 3, 7, 8]
+        """
+        free = self._free
+        if n == 0:
+            return []
+        start = 0
+        for i in range(1, len(free) + 1):
+            if i == len(free) or free[i] != free[i - 1] + 1:  # a run free[start:i] ends here
+                if i - start >= n:
+                    break
+                start = i
+        else:  # no run is long enough
+            start = 0
+        out = free[start:start + n]
+        del free[start:start + n]
+        return out
+
     def _lru_for(self, page: int) -> OrderedDict:
         """The evictable LRU a cached page belongs in, by its persistence state."""
         if page in self._persisted:

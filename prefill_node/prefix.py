@@ -11,15 +11,16 @@ the uncached tail; each range attends to every page before it, whichever tier th
 
 Why gaps don't end the match: a page's key is the chained hash of ALL token ids up to its end,
 so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
-Only full pages are cached, never the page holding the last prompt token (task.reusable_pages).
+Only full pages are cached, never the page holding the last prompt token (pdorch/worker/prompt_pages.py).
 
 Functions run on the scheduler thread only (they touch the allocator).
 """
 
 from __future__ import annotations
 
+from pdorch.worker.prompt_pages import reusable_pages
 from prefill_node.persistence import needs_write
-from prefill_node.task import Phase, PrefillTask, reusable_pages
+from prefill_node.task import Phase, PrefillTask
 from store_client.page_hash import page_hashes, store_key
 
 

@@ -1,6 +1,6 @@
 """KVPusher: writes a finished prompt's pages into the decode worker's pages, off the scheduler thread.
 
-One `KVTransfer.write` per request (it merges contiguous runs into one batch call and releases
+One `KVTransfer.write` per request, of the pages D did not read from the store itself (it merges contiguous runs into one batch call and releases
 the GIL), on a small thread pool so a slow or dead decode worker never stalls the scheduler.
 A dead peer fails in well under a second (the transfer engine reports it), and the task's pages
 are released by the scheduler once the callback reports back.
@@ -21,11 +21,12 @@ class KVPusher:
         self._page_nbytes = page_nbytes
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-push")
 
-    def push(self, task, local_addrs: list[int], on_done) -> None:
-        """Start the transfer; `on_done(task, err | None, nbytes, seconds)` runs on a pusher thread."""
-        self._pool.submit(self._push, task, local_addrs, on_done)
+    def push(self, task, local_addrs: list[int], remote_addrs: list[int], on_done) -> None:
+        """Start the transfer of local_addrs[i] -> D's remote_addrs[i]; `on_done(task, err | None,
+        nbytes, seconds)` runs on a pusher thread."""
+        self._pool.submit(self._push, task, local_addrs, remote_addrs, on_done)
 
-    def _push(self, task, local_addrs: list[int], on_done) -> None:
+    def _push(self, task, local_addrs: list[int], remote_addrs: list[int], on_done) -> None:
         nbytes = len(local_addrs) * self._page_nbytes
         t0 = time.perf_counter()
         err: Exception | None = None
@@ -35,8 +36,7 @@ class KVPusher:
             if not task.begin_push():  # aborted or timed out while waiting for a pusher thread
                 raise RuntimeError("request already answered; transfer skipped")
             try:
-                self._transfer.write(task.job.decode_segment, local_addrs, list(task.job.dest_page_addrs),
-                                     self._page_nbytes)
+                self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
             finally:
                 task.end_push()  # before on_done: a success answer implies the write is over
         except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task

@@ -24,11 +24,13 @@ import logging
 import time
 
 import torch
+from prometheus_client import Counter
 
 from engine.model_runner import Chunk
 from engine.sampler import make_generator
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.loop import SchedulerLoop
+from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.protocol import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
@@ -59,6 +61,9 @@ class PrefillScheduler:
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
                                    rt.store_io, self._on_completion)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
+        self._push_pages = Counter("pdorch_prefill_push_pages", "Prompt pages of finished prefills: pushed to D, "
+                                   "or decode_loaded (D read them from the store itself)", ["kind"],
+                                   registry=recorder.registry)
 
     # ---------------------------------------------------------------- called from other threads
     def start(self) -> None:
@@ -233,10 +238,7 @@ class PrefillScheduler:
         for task in computing:
             # NOTE: several ranges of one task may share a forward: the runner writes every chunk's
             # K/V of a layer before any chunk attends, so a later range sees an earlier one.
-            for start, end in task.todo:
-                if budget <= 0:
-                    break
-                end = min(end, start + budget)
+            for start, end in take_ranges(task.todo, budget):
                 batch.append((task, start, end))
                 budget -= end - start
         page_size = batch[0][0].job.page_size
@@ -249,9 +251,7 @@ class PrefillScheduler:
         total = sum(end - start for _, start, end in batch)
         finished = []
         for row, (task, start, end) in enumerate(batch):
-            task.todo[0][0] = end  # ranges are taken in order, so this chunk is the first range's head
-            if task.todo[0][0] == task.todo[0][1]:
-                task.todo.pop(0)
+            consume(task.todo, end)
             task.compute_s += elapsed * (end - start) / total
             if not task.todo:
                 finished.append((row, task))
@@ -274,8 +274,14 @@ class PrefillScheduler:
         task.io_pending += saved
         task.phase = Phase.PUSHING
         task.io_pending += 1
+        # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).
+        held = set(task.job.decode_loaded_pages)
+        send = [i for i in range(len(task.page_ids)) if i not in held]
+        self._push_pages.labels("pushed").inc(len(send))
+        self._push_pages.labels("decode_loaded").inc(len(held))
         try:
-            self._pusher.push(task, self._rt.pool.page_addrs(task.page_ids), self._on_pushed)
+            self._pusher.push(task, self._rt.pool.page_addrs([task.page_ids[i] for i in send]),
+                              [task.job.dest_page_addrs[i] for i in send], self._on_pushed)
         except BaseException:  # never started (pusher closed): no completion will give the pages back
             task.io_pending -= 1
             raise

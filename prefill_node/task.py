@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
 from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
 
 
@@ -32,16 +33,6 @@ class Phase(enum.Enum):
     PUSHING = "pushing"
     DONE = "done"
     FAILED = "failed"
-
-
-def reusable_pages(prompt_len: int, page_size: int) -> int:
-    """How many leading pages may come from a cache: full pages only, and never the one holding
-    the last prompt token, because its logits must be computed to sample the first token.
-
-        prompt_len=40, page_size=16:  |page0 full|page1 full|page2 8/16|  -> 2 (page2 is partial)
-        prompt_len=32, page_size=16:  |page0 full|page1 full|           -> 1 (page1 has the last token)
-    """
-    return (prompt_len - 1) // page_size
 
 
 @dataclass(eq=False)
@@ -97,16 +88,8 @@ class PrefillTask:
         return self.prompt_len - reused * self.job.page_size
 
     def plan_compute(self, holes: list[int]) -> None:
-        """Set `todo` from the hole pages (sorted) and the tail; consecutive ranges are merged."""
-        P = self.job.page_size
-        tail_start = reusable_pages(self.prompt_len, P) * P
-        ranges = [[i * P, (i + 1) * P] for i in holes] + [[tail_start, self.prompt_len]]
-        self.todo = []
-        for r in ranges:
-            if self.todo and self.todo[-1][1] == r[0]:
-                self.todo[-1][1] = r[1]
-            else:
-                self.todo.append(r)
+        """Set `todo` from the hole pages (sorted) and the tail."""
+        self.todo = compute_ranges(holes, self.prompt_len, self.job.page_size)
         self.holes = list(holes)
         self.phase = Phase.COMPUTING
 

@@ -19,6 +19,7 @@ import time
 from pdorch.config import Config
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.protocol import PrefillJob, PrefillResult
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
@@ -76,6 +77,10 @@ class PrefillWorker:
         if job.page_hashes and len(job.page_hashes) != len(job.token_ids) // page_size:
             raise InvalidRequest(f"request {job.request_id}: {len(job.page_hashes)} page_hashes for "
                                  f"{len(job.token_ids) // page_size} full pages")
+        loaded, n_reuse = job.decode_loaded_pages, reusable_pages(len(job.token_ids), page_size)
+        if list(loaded) != sorted(set(loaded)) or (loaded and not 0 <= loaded[0] <= loaded[-1] < n_reuse):
+            raise InvalidRequest(f"request {job.request_id}: decode_loaded_pages must be ascending distinct indexes "
+                                 f"of reusable pages (< {n_reuse})")
 
     def prefill(self, job: PrefillJob) -> PrefillResult:
         return self.wait(self.start(job))

@@ -42,6 +42,7 @@ class PrefillJob:
     page_size: int
     model_fingerprint: str
     page_hashes: tuple[str, ...] = ()  # the prompt's full pages, hashed once by D; () = P hashes them
+    decode_loaded_pages: tuple[int, ...] = ()  # pages D reads from the store itself: P does not push them
 
 
 @dataclass(frozen=True)

@@ -14,34 +14,20 @@ import random
 import signal
 import threading
 import time
-import urllib.request
 
 import pytest
 from mooncake.store import MooncakeDistributedStore
 
-from prefill_node.task import reusable_pages
+from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.workers import start_cluster
+from tests.fixtures.workers import worker_metric as metric
 from tests.integration.test_disagg_smollm2 import long_document
 
 P = 16
 
 
-def metric(wp, name: str, **labels) -> float:
-    """One sample of a worker's /metrics (0 when absent)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{wp.metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        base, _, rest = head.partition("{")
-        if base == name and (not want or all(f'{k}="{v}"' in rest for k, v in labels.items())):
-            total += float(value)
-    return total
 
 
 class StoreReader:
@@ -74,7 +60,8 @@ def keys_of(fingerprint: str, token_ids) -> list[str]:
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("reuse_smol"), smollm2_dir, with_store=True,
-                      decode={"offload_generated_kv": False})
+                      # P's hole handling: D reads the stored pages itself but always calls P
+                      decode={"offload_generated_kv": False, "max_local_prefill_tokens": 0})
     reader = StoreReader(c.master)
     yield c, reader
     reader.close()
@@ -116,7 +103,9 @@ def tiny(tmp_path_factory, tiny_model_dir):
     c = start_cluster(tmp_path_factory.mktemp("reuse_tiny"), tiny_model_dir, with_store=True,
                       prefill={"num_pages": 24, "persist_wait_s": 10.0},
                       store={"io_threads": 1, "eviction": "master"},
-                      decode={"offload_generated_kv": True, "max_running_requests": 16})
+                      # P's pool pressure: every turn goes through P, which pushes every page
+                      decode={"offload_generated_kv": True, "max_running_requests": 16,
+                              "load_prefix_from_store": False, "max_local_prefill_tokens": 0})
     reader = StoreReader(c.master)
     yield c, reader
     reader.close()

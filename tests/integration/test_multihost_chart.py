@@ -37,7 +37,10 @@ START_ORDER = ("etcd", "master", "prefill", "decode", "router")
 def _values(model_dir: Path, tmp: Path) -> dict:
     return {"config": {"model": {"source": str(model_dir), "cache_dir": str(tmp / "models"), "torch_threads": 1},
                        "store": {"global_segment_size_mb": 64},
-                       "prefill": {"num_pages": 128}, "decode": {"num_pages": 128, "max_running_requests": 4},
+                       # every turn through a prefill worker (no conditional disaggregation): the
+                       # second turn's prefill worker must read the first one's pages across hosts
+                       "prefill": {"num_pages": 128},
+                       "decode": {"num_pages": 128, "max_running_requests": 4, "max_local_prefill_tokens": 0},
                        # round robin: the second turn goes to the other prefill worker, so its prefix
                        # can only come from the store (across hosts), not from an L1
                        "router": {"policy": "round_robin"}},

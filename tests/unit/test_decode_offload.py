@@ -7,7 +7,7 @@ must be the store keys of the next turn's prompt pages.
 import pytest
 
 from decode_node.offload import extend_hash_chain, filled_page
-from prefill_node.task import reusable_pages
+from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import page_hashes, store_key
 from tests.unit.test_decode_scheduler import (
     HeldStoreIO,

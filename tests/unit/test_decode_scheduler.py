@@ -64,7 +64,7 @@ def load_tiny(tmp, tiny_model_dir):
     return cfg, arch, net, Tokenizer.from_dir(tiny_model_dir)
 
 
-def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4):
+def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, local_prefill_tokens: int = 256):
     """A started DecodeScheduler over a fresh pool of `num_pages` (offload on when store_io is given)."""
     cfg, arch, net, _ = model
     pool = KVPool(arch, num_pages, P, torch.float32, "cpu")
@@ -73,7 +73,7 @@ def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4):
                        transfer=None, segment="", store=SimpleNamespace(enabled=store_io is not None),
                        store_io=store_io)
     sched = DecodeScheduler(rt, max_running, offload=store_io is not None, recorder=WorkerRecorder("decode"),
-                            max_queued=4, watermark=1.0)
+                            max_queued=4, watermark=1.0, local_prefill_tokens=local_prefill_tokens)
     sched.start()
     return sched, rt
 

@@ -53,6 +53,11 @@ pdorch_store_miss_pages_total{op="load",reason="absent"} 7.0
 pdorch_store_miss_pages_total{op="match",reason="absent"} 100.0
 pdorch_prefill_prompt_tokens_total{source="computed"} 300.0
 pdorch_prefill_prompt_tokens_total{source="store"} 64.0
+pdorch_decode_prompt_tokens_total{source="computed"} 316.0
+pdorch_decode_prompt_tokens_total{source="store"} 80.0
+pdorch_prefill_transfer_bytes_total 4096.0
+pdorch_decode_prompt_plans_total{where="prefill",reason="long_tail"} 3.0
+pdorch_decode_prompt_plans_total{where="local",reason="short_tail"} 2.0
 """
 
 
@@ -64,7 +69,9 @@ def test_counters_sum_workers_and_read_the_master():
     assert c["store_pages_read"] == 24 and c["store_pages_written"] == 60 and c["store_pages_evicted"] == 4
     assert c["store_save_dropped_pages"] == {"cancelled": 10.0}
     assert c["store_load_miss_pages"] == {"absent": 14.0}          # op="match" misses are not loads
-    assert c["tiers"] == {"computed": 600.0, "store": 128.0}
+    # the decode workers' split: it includes requests no prefill worker saw (316 - 300 computed here)
+    assert c["tiers"] == {"computed": 632.0, "store": 160.0}
+    assert c["transfer_bytes"] == 8192 and c["prompt_plans"] == {"prefill": 6.0, "local": 4.0}
     assert counters([worker], None)["store_pages_evicted"] is None
 
 

@@ -22,12 +22,25 @@ def test_allocate_hands_out_free_pages_in_order(alloc):
     assert alloc.num_available() == 1  # a failed allocation takes nothing
 
 
-def test_release_uncached_returns_to_free_list_tail_first(alloc):
+def test_released_uncached_pages_are_free_in_page_order(alloc):
     pages = alloc.allocate(3)
     alloc.release(pages)
     assert [alloc.ref_count(p) for p in pages] == [0, 0, 0]
-    assert alloc.eviction_order() == [3, 4, 5, 2, 1, 0]
-    assert alloc.allocate(4) == [3, 4, 5, 2]
+    assert alloc.eviction_order() == [0, 1, 2, 3, 4, 5]
+    assert alloc.allocate(4) == [0, 1, 2, 3]
+
+
+def test_free_pages_go_out_as_one_contiguous_run_where_there_is_one(alloc):
+    a, b, c = alloc.allocate(2), alloc.allocate(1), alloc.allocate(3)  # [0, 1] [2] [3, 4, 5]
+    alloc.release(a)
+    alloc.release(c)  # free: 0 1 . 3 4 5
+    assert alloc.allocate(3) == [3, 4, 5]  # the first run long enough, not the lowest ids
+    assert alloc.allocate(1) == [0]  # a run of one: the lowest
+    alloc.release(b)  # free: 1 2
+    assert alloc.allocate(2) == [1, 2]
+    alloc.release([0, 1, 2, 4])  # free: 0 1 2 . 4 (3 and 5 held)
+    assert alloc.allocate(4) == [0, 1, 2, 4]  # no run of 4: the lowest ids
+    alloc.check_integrity()
 
 
 def test_retain_and_release_count_references(alloc):
@@ -36,7 +49,7 @@ def test_retain_and_release_count_references(alloc):
     assert alloc.ref_count(0) == 2
     alloc.release(pages)
     assert (alloc.ref_count(0), alloc.ref_count(1)) == (1, 0)
-    assert alloc.eviction_order() == [2, 3, 4, 5, 1]
+    assert alloc.eviction_order() == [1, 2, 3, 4, 5]
     alloc.release([0])
     with pytest.raises(ValueError, match="already 0"):
         alloc.release([0])
@@ -85,7 +98,7 @@ def test_cache_existing_hash_keeps_its_page(alloc):
     assert alloc.cache("h", dup) == first
     assert alloc.page_hash(dup) is None
     alloc.release([dup])
-    assert alloc.eviction_order()[-1] == dup  # uncached: straight back to the free list
+    assert alloc.eviction_order()[0] == dup  # uncached: straight back to the free list (lowest id free)
     with pytest.raises(ValueError, match="already cached"):
         alloc.cache("other", first)
     with pytest.raises(ValueError, match="nobody holds"):
@@ -100,9 +113,9 @@ def test_flush_frees_evictable_and_uncaches_used(alloc):
     alloc.release(pages[:2])
     assert alloc.flush() == 3
     assert alloc.num_cached() == 0 and alloc.match_prefix(["a"]) == []
-    assert alloc.eviction_order() == [3, 4, 5, 1, 0]
+    assert alloc.eviction_order() == [0, 1, 3, 4, 5]
     alloc.release([pages[2]])
-    assert alloc.eviction_order() == [3, 4, 5, 1, 0, 2]
+    assert alloc.eviction_order() == [0, 1, 2, 3, 4, 5]
 
 
 def test_check_integrity_detects_corruption():

@@ -1,0 +1,104 @@
+"""The decode scheduler computing prompt KV itself (decode_node/prompt_kv.py): a whole local
+prefill with its first token, chunked by the per-step budget, and a page D could not read filled in
+after P answered. Tiny random-weights model: it repeats one token, so besides the engine's greedy
+output the KV itself is compared with one plain forward over the whole prompt."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from decode_node.prompt_kv import computed_full_pages
+from decode_node.request import DecodeRequest, GenerateJob
+from decode_node.stopping import check_stop, make_stopper
+from engine.llm import LLM
+from engine.model_runner import Chunk
+from engine.sampling_params import SamplingParams
+from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
+from store_client.page_hash import page_hashes, store_key
+from tests.unit.test_decode_scheduler import HeldStoreIO, events_until_final, load_tiny, start_scheduler
+
+P = 16
+MAX_TOKENS = 8
+PROMPT = list(range(40, 104))  # 64 tokens: pages 0..3 full, page 3 holds the last token
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tiny_model_dir):
+    return load_tiny(tmp_path_factory.mktemp("decode_local"), tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    llm = LLM(tiny_model_dir, num_pages=64, page_size=P)
+    return llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))[0]
+
+
+def prompt_kv_reference(sched, rt, pages: list[int]) -> torch.Tensor:
+    """The prompt's KV from one plain forward into `pages` (on the scheduler thread)."""
+    def forward():
+        with torch.inference_mode():
+            rt.runner.forward([Chunk(page_ids=pages, start_pos=0, token_ids=PROMPT)])
+        return rt.pool.tensor[pages].clone()
+
+    return sched.call(forward)
+
+
+def new_request(sched, tokenizer, rid: str) -> DecodeRequest:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    job = GenerateJob(request_id=rid, token_ids=tuple(PROMPT), params=params, prefill_address="-", timeout_s=30)
+    req = DecodeRequest(job=job, deadline=time.monotonic() + 30, own_deadline=True,
+                        stopper=make_stopper(tokenizer, params, PROMPT), token_ids=list(PROMPT))
+    req.page_ids = sched.admit(rid, (len(PROMPT) + P) // P, req.deadline, lambda: False)
+    req.page_hashes = page_hashes(PROMPT, P)
+    return req
+
+
+@pytest.mark.parametrize("budget", [256, 16])
+def test_a_local_prefill_samples_the_first_token_and_writes_its_full_pages(model, reference, budget):
+    io = HeldStoreIO()
+    sched, rt = start_scheduler(model, 8, store_io=io, local_prefill_tokens=budget)
+    try:
+        req = new_request(sched, model[3], f"local-{budget}")
+        holes = list(range(reusable_pages(len(PROMPT), P)))  # nothing read from the store: all computed here
+        req.todo = compute_ranges(holes, len(PROMPT), P)
+        req.computed_pages = computed_full_pages(holes, len(PROMPT), P)
+        req.first_pending = True
+        req_pages = req.page_ids[:len(PROMPT) // P]
+        sched.join(req)
+        events = events_until_final(req)
+        assert events[-1].finish_reason == "length" and events[-1].error is None
+        assert req.token_ids[len(PROMPT):] == reference
+        assert [t for e in events for t in e.token_ids] == reference  # the first token streamed too
+        # the 4 prompt pages computed here went to the store in one write, before any decoded page
+        assert io.saves[0] == [store_key("fp", h) for h in page_hashes(PROMPT, P)]
+        io.release()
+        computed = sched.call(lambda: rt.pool.tensor[req_pages].clone())
+        spare = [p for p in range(8) if p not in req_pages][:len(req_pages)]
+        torch.testing.assert_close(computed, prompt_kv_reference(sched, rt, spare))
+    finally:
+        sched.stop()
+
+
+def test_a_page_d_could_not_read_is_computed_before_decoding(model, reference):
+    sched, rt = start_scheduler(model, 8)
+    try:
+        req = new_request(sched, model[3], "hole")
+        prompt_pages = req.page_ids[:len(PROMPT) // P]
+
+        # what P and D's own read left: every page in place but page 1 (its read failed)
+        want = prompt_kv_reference(sched, rt, prompt_pages)
+        sched.call(lambda: rt.pool.tensor[prompt_pages[1]].zero_())
+        req.token_ids.append(reference[0])  # P's first token, accounted as D does (_first_token)
+        assert not check_stop(req, reference[0], 10_000).final
+        req.todo, req.computed_pages = [[P, 2 * P]], [1]
+        sched.join(req)
+        events = events_until_final(req)
+        assert req.token_ids[len(PROMPT):] == reference
+        assert events[-1].finish_reason == "length"
+        torch.testing.assert_close(sched.call(lambda: rt.pool.tensor[prompt_pages].clone()), want)
+        sched.call(rt.allocator.check_integrity)
+    finally:
+        sched.stop()
