@@ -51,7 +51,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     touch = getattr(rt, "chain_index", None)
     if touch is not None:  # the store evictor keeps recently used chains, heads longest
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
-        touch.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]])
+        touch.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
     if missing and rt.store_io is not None and rt.store.enabled:
         keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
         rt.store_io.submit_load(("load", task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))

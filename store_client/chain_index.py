@@ -14,8 +14,8 @@ ranks with a head untouched for 20 minutes, so under churning traffic (conversat
 begin) the shallow pages of conversations that will never come back would outrank the live
 conversations' tails for that long, and the store would fill with them (the hit rate decayed from
 0.63 to 0.18 over a 30-minute soak). So the index learns how long a live conversation takes to come
-back: each lookup from the head (touch with first_depth 0) of a chain it knows is one sample, the
-time since its deepest page was last used. A page unused for more than STALE_AFTER_GAPS x the 90th
+back: each lookup from the head (touch with lookup=True) of a chain it knows is one sample, the
+time since its deepest known page was last used. A page unused for more than STALE_AFTER_GAPS x the 90th
 percentile of the recent samples is stale: stale pages are victims before any other, oldest first.
 Before MIN_GAP_SAMPLES lookups (or with no multi-turn traffic) nothing is stale.
 
@@ -50,8 +50,9 @@ from collections.abc import Callable, Iterable, Sequence
 _COMPACT_SLACK = 1024
 # Stale pages: unused for longer than this many times the p90 reuse gap of the last GAP_SAMPLES lookups.
 # NOTE: the p90 (not the median) so that a burst of quick re-reads of a shared prefix does not make
-# every live conversation look stale; 1.5 x leaves room for a slow turn (Poisson arrivals).
-STALE_AFTER_GAPS = 1.5
+# every live conversation look stale; 2 x leaves room for a slow turn (Poisson arrivals) and for rounds
+# that grow longer as conversations do (the multi-turn benchmark's rounds grow ~1.4x a round).
+STALE_AFTER_GAPS = 2.0
 GAP_SAMPLES = 64
 MIN_GAP_SAMPLES = 8
 
@@ -76,14 +77,22 @@ class ChainIndex:
     def __len__(self) -> int:
         return len(self._pages)
 
-    def touch(self, keys: Sequence[str], first_depth: int = 0) -> None:
-        """`keys` are consecutive pages of one chain, the first at depth `first_depth`: used now."""
+    def touch(self, keys: Sequence[str], first_depth: int = 0, lookup: bool = False) -> None:
+        """`keys` are consecutive pages of one chain, the first at depth `first_depth`: used now.
+
+        `lookup`: a request looking its prompt up from the head (keys = its reusable pages). Its
+        deepest page the index already knows was last used when the conversation was last here: the
+        time since is one reuse-gap sample. NOTE: only lookups are samples. A write-back of page 0
+        right after its own request's lookup is no conversation coming back; counted, such
+        seconds-long gaps made every conversation look stale between rounds, and eviction LRU."""
         if first_depth < 0:
             raise ValueError(f"first_depth must be >= 0, got {first_depth}")
         with self._lock:
             now = self._clock()
-            if first_depth == 0 and keys and keys[-1] in self._last_use:
-                self._gaps.append(now - self._last_use[keys[-1]])  # a conversation came back
+            if lookup and first_depth == 0:
+                known = next((k for k in reversed(keys) if k in self._last_use), None)
+                if known is not None:
+                    self._gaps.append(now - self._last_use[known])  # a conversation came back
             for i, key in enumerate(keys):
                 depth = first_depth + i
                 old = self._pages.get(key)

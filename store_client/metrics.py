@@ -68,7 +68,7 @@ class StoreMetrics:
                                            "conversations that stopped coming back (stale; chain_index.py)",
                                            registry=reg)
         self.stale_after_seconds = Gauge(p + "stale_after_seconds", "A store page unused this long is stale and "
-                                         "leaves first (1.5 x the p90 time a conversation takes to come back; 0: "
+                                         "leaves first (2 x the p90 time a conversation takes to come back; 0: "
                                          "not learnt yet)", registry=reg)
         self.fill_ratio = Gauge(p + "fill_ratio", "The master's allocated / capacity bytes, as last read",
                                 registry=reg)

@@ -154,9 +154,9 @@ def test_touch_and_forget_during_compact_are_not_lost(monkeypatch):
 def _learn_gap(idx: ChainIndex, clock: FakeClock, gap: float, samples: int = 8) -> None:
     """Conversations 'g0'.. come back every `gap` seconds: `samples` lookups from the head."""
     for i in range(samples):
-        idx.touch([f"g{i}h"])
+        idx.touch([f"g{i}h"], lookup=True)
         clock.t += gap
-        idx.touch([f"g{i}h"])  # a lookup from the head of a known chain: one sample, `gap`
+        idx.touch([f"g{i}h"], lookup=True)  # a lookup from the head of a known chain: one sample, `gap`
 
 
 def test_nothing_is_stale_before_enough_conversations_came_back():
@@ -170,21 +170,37 @@ def test_nothing_is_stale_before_enough_conversations_came_back():
     assert idx.stale_after() is None
 
 
+def test_a_write_back_of_a_head_is_no_conversation_coming_back():
+    # A request looks its prompt up (new pages included), then writes back its pages, page 0 too,
+    # seconds later: not a reuse gap. Counted, every conversation looked stale between rounds.
+    clock = FakeClock(0.0)
+    idx = ChainIndex(100, depth_weight_s=60.0, clock=clock)
+    for i in range(20):
+        idx.touch(chain(f"c{i}", 4), lookup=True)  # first sight: nothing known, no sample
+        clock.t += 2.0
+        idx.touch([f"c{i}0"], first_depth=0)  # its write-back
+    assert idx.stale_after() is None
+    clock.t += 100.0
+    for i in range(8):  # the conversations come back with one more page each: samples of ~100 s
+        idx.touch(chain(f"c{i}", 5), lookup=True)
+    assert idx.stale_after() == pytest.approx(2.0 * (100.0 + 2.0 * (20 - 1)), rel=0.1)
+
+
 def test_pages_of_ended_conversations_leave_before_live_tails():
     clock = FakeClock(0.0)
     idx = ChainIndex(100, depth_weight_s=60.0, clock=clock)
     idx.touch(chain("dead", 3))  # an ended conversation: never looked up again
     clock.t = 20.0
     _learn_gap(idx, clock, 10.0)  # live conversations come back every 10 s
-    assert idx.stale_after() == pytest.approx(15.0)
+    assert idx.stale_after() == pytest.approx(20.0)
     idx.touch(chain("live", 8))  # deep pages of a live chain, touched now
     # By depth weight alone the live tail (priority now - 420 s) would go before dead0 (priority 0).
     victims = idx.victims(len(idx))
     assert victims[:3] == ["dead0", "dead1", "dead2"]  # stale, oldest first (ties: as touched)
-    # then the other stale pages (the sample chains unused for > 15 s), then the live tail
-    assert victims[3:9] == [f"g{i}h" for i in range(6)] and victims[9] == "live7"
+    # then the other stale pages (the sample chains unused for > 20 s), then the live tail
+    assert victims[3:8] == [f"g{i}h" for i in range(5)] and victims[8] == "live7"
     assert idx.is_stale("dead0") and not idx.is_stale("live7")
-    idx.touch(["dead0"])  # a conversation that does come back is fresh again
+    idx.touch(["dead0"], lookup=True)  # a conversation that does come back is fresh again
     assert not idx.is_stale("dead0") and "dead0" not in idx.victims(3)
 
 

@@ -29,7 +29,7 @@ class ModelStore:
         while hit < len(keys) and keys[hit] in self.keys:
             hit += 1
         if hit:
-            self.index.touch(keys[:hit])
+            self.index.touch(keys[:hit], lookup=True)
         for depth in range(hit, len(keys)):
             if len(self.keys) + 1 > 0.89 * self.capacity:
                 for victim in self.index.victims(len(self.keys) + 1 - math.floor(0.88 * self.capacity)):
