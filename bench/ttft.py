@@ -16,6 +16,8 @@ the raw transfer engine between two other processes in the same run (one contigu
 many bytes, median of 5): transfer_over_raw_ratio.
 Each of --runs rounds uses a fresh prompt of the same length; the table shows medians.
 Headlines: store_over_recompute_ratio = (b) / (a), store_decode_over_recompute_ratio = (d) / (a).
+Control: last_page_forward_s, the one forward every cached case still runs (the page holding the
+last prompt token on top of the cached rest), in this process once the cluster is gone.
 
     python bench/ttft.py [--prompt-tokens 2000] [--runs 3] [--torch-threads 2] [--json]
 
@@ -114,6 +116,31 @@ def raw_transfer_gbps(tmp: str, nbytes: int, reps: int = 5) -> float:
         target.stop()
 
 
+def last_page_forward_s(model_dir, ids: list[int], page: int, threads: int, reps: int = 5) -> float:
+    """The control for (d) and (e): one forward over the prompt's last (partial) page on top of the
+    cached rest, which every cached run must still compute (its logits give the first token), in
+    this process with the workers' torch threads; median of `reps`."""
+    import torch
+
+    from engine.kv_pool import KVPool
+    from engine.loader import load_model
+    from engine.model_runner import Chunk, ModelRunner
+
+    torch.set_num_threads(threads)
+    arch, model = load_model(model_dir)
+    pages = list(range(-(-len(ids) // page)))
+    runner = ModelRunner(model, arch, KVPool(arch, len(pages), page, torch.float32, "cpu"))
+    start = (len(ids) - 1) // page * page
+    times = []
+    with torch.inference_mode():
+        runner.forward([Chunk(pages, 0, ids)])  # the cached prefix, in place
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            runner.forward([Chunk(pages, start, ids[start:])])
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def run(args) -> dict:
     model_dir = prepare_model(args.model, DEFAULT_CACHE_DIR, progress=lambda m: None)
     tok = Tokenizer.from_dir(model_dir)
@@ -137,7 +164,7 @@ def run(args) -> dict:
             rows = {case: [] for case in CASES}
             pushes = {case: [0.0, 0.0, 0] for case in CASES}  # seconds, pushes, bytes
             cached_seen = {}
-            for wp in set(decoders.values()):  # each D's first transfer pays the engine handshake
+            for wp in {id(w): w for w in decoders.values()}.values():  # each D's first transfer: handshake
                 ttft(cluster, prompt_ids(tok, 64, salt=10_000 + wp.port), wp)
             for r in range(args.runs):
                 ids = prompt_ids(tok, args.prompt_tokens, salt=r)
@@ -158,6 +185,7 @@ def run(args) -> dict:
             raw_gbps = raw_transfer_gbps(tmp, int(pushes["recompute"][2] // max(pushes["recompute"][1], 1)))
         finally:
             cluster.stop()
+    forward_s = last_page_forward_s(model_dir, ids, page, args.torch_threads)
     full = [sum(pushes[c][i] for c in FULL_PUSH_CASES) for i in range(3)]
     transfer_s, transfer_bytes = full[0] / max(full[1], 1), full[2] / max(full[1], 1)
     transfer_gbps = transfer_bytes / transfer_s / 1e9 if transfer_s > 0 else 0.0
@@ -180,6 +208,8 @@ def run(args) -> dict:
         "transfer_over_raw_ratio": round(transfer_gbps / raw_gbps, 3) if raw_gbps > 0 else 0.0,
         "transfer_bytes_store_decode": int(sd[2] / max(sd[1], 1)),
         "prefill_calls_decode_alone": int(pushes["decode_alone"][1]),
+        "last_page_forward_s": round(forward_s, 4),
+        "last_page_forward_over_recompute_ratio": round(forward_s / med["recompute"], 4),
     }
 
 
@@ -204,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{res['store_decode_over_recompute_ratio']:.3f} (P->D push {res['transfer_bytes_store_decode'] / 1e6:.2f} MB)")
     print(f"  (e) D alone         {res['ttft_decode_alone_s']:8.3f} s   ratio e/a "
           f"{res['decode_alone_over_recompute_ratio']:.3f} (prefill calls: {res['prefill_calls_decode_alone']})")
+    print(f"  control: the last page's forward alone {res['last_page_forward_s']:.3f} s = "
+          f"{res['last_page_forward_over_recompute_ratio']:.3f} of (a): the floor of (b)-(e)")
     print(f"  P->D push           {res['transfer_bytes_per_request'] / 1e6:8.1f} MB in {res['transfer_s']:.4f} s "
           f"= {res['transfer_gbps']:.2f} GB/s; raw transfer engine {res['raw_transfer_gbps']:.2f} GB/s, "
           f"ratio {res['transfer_over_raw_ratio']:.3f}")

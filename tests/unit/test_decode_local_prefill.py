@@ -5,20 +5,24 @@ output the KV itself is compared with one plain forward over the whole prompt.""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
 from decode_node.prompt_kv import computed_full_pages
-from decode_node.request import DecodeRequest, GenerateJob
-from decode_node.stopping import check_stop, make_stopper
+from decode_node.request import DecodeRequest
+from decode_node.stopping import check_stop
 from engine.llm import LLM
 from engine.model_runner import Chunk
 from engine.sampling_params import SamplingParams
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
 from store_client.page_hash import page_hashes, store_key
-from tests.unit.test_decode_scheduler import HeldStoreIO, events_until_final, load_tiny, start_scheduler
+from tests.unit.test_decode_scheduler import (
+    HeldStoreIO,
+    admitted,
+    events_until_final,
+    load_tiny,
+    start_scheduler,
+)
 
 P = 16
 MAX_TOKENS = 8
@@ -47,13 +51,7 @@ def prompt_kv_reference(sched, rt, pages: list[int]) -> torch.Tensor:
 
 
 def new_request(sched, tokenizer, rid: str) -> DecodeRequest:
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    job = GenerateJob(request_id=rid, token_ids=tuple(PROMPT), params=params, prefill_address="-", timeout_s=30)
-    req = DecodeRequest(job=job, deadline=time.monotonic() + 30, own_deadline=True,
-                        stopper=make_stopper(tokenizer, params, PROMPT), token_ids=list(PROMPT))
-    req.page_ids = sched.admit(rid, (len(PROMPT) + P) // P, req.deadline, lambda: False)
-    req.page_hashes = page_hashes(PROMPT, P)
-    return req
+    return admitted(sched, tokenizer, rid, PROMPT, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("budget", [256, 16])

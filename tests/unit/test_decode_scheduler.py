@@ -97,14 +97,21 @@ def make(model):
         sched.stop()
 
 
-def prefilled(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int) -> DecodeRequest:
-    """What DecodeWorker hands the batch after P's answer: pages admitted, first token accounted."""
+def admitted(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int) -> DecodeRequest:
+    """A greedy request with its pages admitted and its prompt hashed, as DecodeWorker has it
+    before the prompt KV is in place."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     job = GenerateJob(request_id=rid, token_ids=tuple(prompt), params=params, prefill_address="-", timeout_s=30)
     req = DecodeRequest(job=job, deadline=time.monotonic() + 30, own_deadline=True,
                         stopper=make_stopper(tokenizer, params, prompt), token_ids=list(prompt))
     req.page_ids = sched.admit(rid, (len(prompt) + P) // P, req.deadline, lambda: False)
     req.page_hashes = page_hashes(prompt, P)
+    return req
+
+
+def prefilled(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int) -> DecodeRequest:
+    """What DecodeWorker hands the batch after P's answer: pages admitted, first token accounted."""
+    req = admitted(sched, tokenizer, rid, prompt, max_tokens)
     req.token_ids.append(FIRST_TOKEN)
     assert not check_stop(req, FIRST_TOKEN, 10_000).final
     return req
