@@ -34,8 +34,9 @@ from store_client.page_hash import store_key
 LOAD_GRACE_S = 2.0  # D waits this long past its bound for its own store read before abandoning it
 LOCAL = "local"
 PREFILL = "prefill"
-# why: store_off (no store), store_slow (the existence check did not answer in time), no_prefix (no reusable page in the store), local_off (threshold 0),
-# long_tail (more left than the threshold), short_tail (local)
+# Why: store_off (no store), store_slow (the existence check did not answer in time), no_prefix
+# (no reusable page in the store), local_off (threshold 0), long_tail (more left than the
+# threshold), short_tail (local).
 REASONS = {LOCAL: ("short_tail",), PREFILL: ("store_off", "store_slow", "no_prefix", "local_off", "long_tail")}
 PROBE_TIMEOUT_S = 0.25  # a batch_is_exist takes ~1 ms; past this the store is stalled: go without it
 PROBE_THREADS = 4
@@ -163,7 +164,7 @@ class PromptKV:
         return load
 
     def finish_load(self, req: DecodeRequest, load: PrefixLoad | None) -> tuple[bool, ...]:
-        """Wait for D's own store read: per page, whether it landed (bounded by the deadline)."""
+        """Wait for D's own store read: per page, whether it landed (see settle_load for the bound)."""
         if load is None:
             return ()
         ok = self.settle_load(req, load)
@@ -176,8 +177,8 @@ class PromptKV:
 
     def settle_load(self, req: DecodeRequest, load: PrefixLoad | None) -> tuple[bool, ...] | None:
         """The read's page_ok, or None when it was abandoned (past the deadline or store.op_timeout_s,
-        whichever comes first, plus a grace): its pages then leave
-        req.page_ids and the scheduler frees them once Mooncake has stopped writing into them."""
+        whichever comes first, plus a grace): its pages then leave req.page_ids and the scheduler
+        frees them once Mooncake has stopped writing into them."""
         if load is None:
             return ()
         if load.future.cancelled():  # abandoned before (its pages already left req.page_ids)
