@@ -56,7 +56,9 @@ class DecodeScheduler:
         self._waiting: collections.deque[DecodeRequest] = collections.deque()
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
-        self._filled: list[tuple[DecodeRequest, str, int, int]] = []  # this step's (request, key, page id, depth)
+        # This step's store writes: (request, key, page id, depth, kind): "offload" for generated
+        # pages, "writeback" for the prompt pages this worker computed itself.
+        self._filled: list[tuple[DecodeRequest, str, int, int, str]] = []
         self._offload_steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
                                       "(each submits ONE store write for all of them)", registry=recorder.registry)
         self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
@@ -147,10 +149,13 @@ class DecodeScheduler:
             else:  # abandoned at its deadline: nothing writes into its pages any more
                 self._rt.allocator.release(list(load.page_ids))
             return
-        owners, keys, depths = done.tag
+        owners, keys, depths, kinds = done.tag
         for req in owners:  # the distinct requests of one step's offload
             req.io_pending -= 1
-        self._rec.count_store_written(done.pages_ok, kind="offload")
+        for kind in ("offload", "writeback"):
+            written = sum(1 for k, ok in zip(kinds, done.page_ok) if ok and k == kind)
+            if written:
+                self._rec.count_store_written(written, kind=kind)
         index = getattr(self._rt, "chain_index", None)
         if index is not None:  # in the store now: the evictor ranks them by depth in their chain
             for key, depth, ok in zip(keys, depths, done.page_ok):
@@ -260,11 +265,11 @@ class DecodeScheduler:
     def _prompt_computed(self, req: DecodeRequest) -> None:
         """Every prompt page is in place: the full pages computed here go to the store (the next turn,
         or another worker, reads them), like a prefill worker's write-back, with or without
-        decode.offload_generated_kv (they count as offload writes)."""
+        decode.offload_generated_kv (they count as writeback writes, as P's do)."""
         if req.first_pending:
             self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
         for k in req.computed_pages:
-            self._queue_write(req, k)
+            self._queue_write(req, k, kind="writeback")
         req.computed_pages = []
 
     def _offload_filled(self) -> None:
@@ -272,13 +277,15 @@ class DecodeScheduler:
         filled, self._filled = self._filled, []
         if not filled:
             return
-        owners = tuple(dict.fromkeys(req for req, _, _, _ in filled))  # io_pending taken in _after_feed
-        self._offload_steps.inc()
-        self._offload_pages.inc(len(filled))
-        keys = [key for _, key, _, _ in filled]
-        self._rt.store_io.submit_save((owners, keys, [depth for _, _, _, depth in filled]), keys,
-                                      self._rt.pool.page_addrs([page for _, _, page, _ in filled]),
-                                      owners=[req for req, _, _, _ in filled])
+        owners = tuple(dict.fromkeys(req for req, *_ in filled))  # io_pending taken in _queue_write
+        generated = sum(1 for *_, kind in filled if kind == "offload")
+        if generated:
+            self._offload_steps.inc()
+            self._offload_pages.inc(generated)
+        keys = [key for _, key, *_ in filled]
+        tag = (owners, keys, [depth for *_, depth, _ in filled], [kind for *_, kind in filled])
+        self._rt.store_io.submit_save(tag, keys, self._rt.pool.page_addrs([page for _, _, page, *_ in filled]),
+                                      owners=[req for req, *_ in filled])
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
@@ -287,14 +294,14 @@ class DecodeScheduler:
             return
         extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
         if self._offload:
-            self._queue_write(req, k)
+            self._queue_write(req, k, kind="offload")
 
-    def _queue_write(self, req: DecodeRequest, k: int) -> None:
+    def _queue_write(self, req: DecodeRequest, k: int, kind: str) -> None:
         """Page k of req (its hash known) joins this step's one store write."""
         if self._rt.store_io is not None and self._rt.store.enabled:
             key = store_key(self._rt.fingerprint, req.page_hashes[k])
-            if not any(r is req for r, _, _, _ in self._filled):
+            if not any(r is req for r, *_ in self._filled):
                 # NOTE: taken now, not at submission: a request finishing in this very step must
                 # keep its pages until the step's write has read them.
                 req.io_pending += 1
-            self._filled.append((req, key, req.page_ids[k], k))
+            self._filled.append((req, key, req.page_ids[k], k, kind))

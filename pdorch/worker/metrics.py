@@ -38,7 +38,7 @@ class WorkerRecorder:
                                       "cache tier they were reused from", ["source"], registry=r)
         self._generated = Counter(f"{ns}_generated_tokens", "Tokens generated", registry=r)
         self._store_written = Counter(f"{ns}_store_pages_written", "Pages written to the store "
-                                      "(writeback = prompt pages, offload = generated pages)", ["kind"], registry=r)
+                                      "(writeback = prompt pages computed here, offload = generated pages)", ["kind"], registry=r)
         self._store_loaded = Counter(f"{ns}_store_pages_loaded", "Pages read from the store", registry=r)
         self._transfer_bytes = Counter(f"{ns}_transfer_bytes", "Bytes pushed P->D", registry=r)
         self._transfer_s = Histogram(f"{ns}_transfer_seconds", "P->D push latency per request", registry=r,

@@ -16,6 +16,7 @@ from engine.model_runner import Chunk
 from engine.sampling_params import SamplingParams
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
 from store_client.page_hash import page_hashes, store_key
+from tests.fixtures.router import wait_until
 from tests.unit.test_decode_scheduler import (
     HeldStoreIO,
     admitted,
@@ -50,6 +51,11 @@ def prompt_kv_reference(sched, rt, pages: list[int]) -> torch.Tensor:
     return sched.call(forward)
 
 
+def written(sched, kind: str) -> float:
+    sample = sched._rec.registry.get_sample_value("pdorch_decode_store_pages_written_total", {"kind": kind})
+    return sample or 0.0
+
+
 def new_request(sched, tokenizer, rid: str) -> DecodeRequest:
     return admitted(sched, tokenizer, rid, PROMPT, MAX_TOKENS)
 
@@ -73,6 +79,9 @@ def test_a_local_prefill_samples_the_first_token_and_writes_its_full_pages(model
         # the 4 prompt pages computed here went to the store in one write, before any decoded page
         assert io.saves[0] == [store_key("fp", h) for h in page_hashes(PROMPT, P)]
         io.release()
+        # counted as prompt write-back (as a prefill worker's), not as generated-KV offload
+        wait_until(lambda: written(sched, "writeback") == 4, 10, "the 4 prompt pages counted as writeback")
+        assert written(sched, "offload") == 0  # no generated page filled: 8 tokens after 64
         computed = sched.call(lambda: rt.pool.tensor[req_pages].clone())
         spare = [p for p in range(8) if p not in req_pages][:len(req_pages)]
         torch.testing.assert_close(computed, prompt_kv_reference(sched, rt, spare))
