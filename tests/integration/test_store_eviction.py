@@ -103,6 +103,11 @@ class Run:
     def metric(self, name: str, **labels) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
 
+    def failed_writes(self) -> float:
+        """Pages whose write the store refused, any reason."""
+        return sum(sample.value for family in self.registry.collect() for sample in family.samples
+                   if sample.name == "pdorch_store_save_failed_pages_total")
+
 
 @pytest.fixture
 def runs(tmp_path):
@@ -121,7 +126,7 @@ def runs(tmp_path):
         run.close()
 
 
-def test_chain_eviction_keeps_heads_where_the_masters_eviction_collapses(runs):
+def test_chain_eviction_keeps_every_head_and_refuses_no_write_back(runs):
     chain = runs("chain")
     chain_hits = chain.workload()
     time.sleep(LEASE_MS / 1000)  # the last lookups' leases expire before the final presence check
@@ -149,7 +154,10 @@ def test_chain_eviction_keeps_heads_where_the_masters_eviction_collapses(runs):
     assert min(kept) >= 0.5 * fair, kept  # every conversation still has its head pages
     assert sum(kept) <= chain.cfg.evict_high_watermark * CAPACITY_PAGES
 
-    # (c) over the last rounds a prefix reader finds strictly more with chain eviction.
+    # (c) over the last rounds a prefix reader finds at least as much with chain eviction, and always
+    # about what the store holds at pdorch's low watermark. NOTE: not "strictly more": the master
+    # evicts on its own clock and refuses the writes that come before it has made room, which
+    # keeps older (head) pages by chance: 192 hits a round in most runs here, 216 (= ours) on CI once.
     chain_last = sum(sum(h) for h in chain_hits[-LAST_ROUNDS:])
     master_last = sum(sum(h) for h in master_hits[-LAST_ROUNDS:])
     ideal_last = sum(r * GROW * CHAINS for r in range(ROUNDS - LAST_ROUNDS, ROUNDS))
@@ -158,8 +166,13 @@ def test_chain_eviction_keeps_heads_where_the_masters_eviction_collapses(runs):
           f"\nlast {LAST_ROUNDS} rounds: chain {chain_last}, master {master_last}, ideal {ideal_last}; "
           f"pages kept per chain at the end {kept}; pdorch removed {evicted:.0f}, "
           f"the master evicted {master.master_evicted_keys():.0f}")
-    assert chain_last > master_last
+    assert chain_last >= master_last
+    floor = 0.9 * chain.cfg.evict_low_watermark * CAPACITY_PAGES
+    assert all(sum(h) >= floor for h in chain_hits[-LAST_ROUNDS:]), (floor, chain_hits)
     assert min(min(h) for h in chain_hits[-LAST_ROUNDS:]) > 0  # no conversation collapsed to 0 hits
+    # (d) room was made before every write: no write-back was refused (the master's run refuses some)
+    print(f"write-backs refused: chain {chain.failed_writes()}, master {master.failed_writes()}")
+    assert chain.failed_writes() == 0
 
 
 def test_remove_many_codes_against_a_real_master(runs):
