@@ -1,7 +1,9 @@
-"""ModelArch: the architecture facts of a Llama-family model, read from an HF `config.json`.
+"""ModelArch: the architecture facts of a model, read from an HF `config.json`.
 
-Torch-free (the router imports it). Accepts both config styles: the classic `rope_theta` +
-`rope_scaling` keys and the newer `rope_parameters` dict.
+What differs per family (biases, q/k norms, sliding window, ...) comes from the table in
+engine/families.py; this file reads the shapes and RoPE. Torch-free (the router imports it).
+Accepts both config styles: the classic `rope_theta` + `rope_scaling` keys and the newer
+`rope_parameters` dict, and both `torch_dtype` and the newer `dtype` for the checkpoint's dtype.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+from engine.families import UnsupportedConfig, family_of
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -35,6 +38,12 @@ class ModelArch:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    family: str = "llama"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    checkpoint_dtype: str | None = None  # config.json's torch_dtype / dtype ("bfloat16", ...), if it says
 
     @property
     def kv_values_per_token(self) -> int:
@@ -43,12 +52,10 @@ class ModelArch:
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelArch:
-        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        if archs[0] not in SUPPORTED_ARCHITECTURES:
-            raise ModelDirError(f"config.json architectures={archs!r}: only {SUPPORTED_ARCHITECTURES} are supported")
-        if cfg.get("sliding_window") or cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ModelDirError("config.json asks for sliding-window attention or biases, which this engine "
-                                "does not implement")
+        try:
+            fam = family_of(cfg)
+        except UnsupportedConfig as e:
+            raise ModelDirError(f"config.json {e}") from None
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -64,9 +71,15 @@ class ModelArch:
                 rope_scaling=_rope_scaling(cfg),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", fam.tie_default)),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+                family=fam.name,
+                qkv_bias=fam.feature(fam.qkv_bias, cfg),
+                o_bias=fam.feature(fam.o_bias, cfg),
+                mlp_bias=fam.feature(fam.mlp_bias, cfg),
+                qk_norm=fam.qk_norm,
+                checkpoint_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             )
         except KeyError as e:
             raise ModelDirError(f"config.json lacks required key {e.args[0]!r}") from None

@@ -1,4 +1,11 @@
-"""load_model: a prepared HF directory -> (ModelArch, LlamaModel) with safetensors only."""
+"""load_model: a prepared HF directory -> (ModelArch, DecoderModel), weights streamed to the device.
+
+The model is allocated once on the target device and dtype; every checkpoint tensor is then
+copied, file by file and tensor by tensor, into its place (engine/safetensors_stream.py): the
+separate q/k/v and gate/up tensors into their rows of the fused weights, on the device. Sharded
+checkpoints are read through `model.safetensors.index.json`. A missing or unexpected tensor is an
+error naming it (a weight silently left uninitialised would serve garbage).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +13,22 @@ import json
 import pathlib
 
 import torch
-from safetensors import safe_open
 
 from engine.arch import ModelArch, ModelDirError
-from engine.model import LlamaModel
+from engine.model import DecoderModel
+from engine.safetensors_stream import CheckpointError, SafetensorsFile
+
+# Checkpoint tensors no layer reads: HF's cached RoPE table, and lm_head when the embeddings are tied.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _weight_files(model_dir: pathlib.Path) -> list[pathlib.Path]:
+def weight_files(model_dir: pathlib.Path) -> list[pathlib.Path]:
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (model_dir / n).is_file()]
+        if missing:
+            raise ModelDirError(f"{model_dir}: shards named in model.safetensors.index.json are missing: {missing}")
         return [model_dir / n for n in names]
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -23,44 +36,54 @@ def _weight_files(model_dir: pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
-def load_model(model_dir, device="cpu", dtype: torch.dtype = torch.float32) -> tuple[ModelArch, LlamaModel]:
+def destinations(model: DecoderModel, arch: ModelArch) -> dict[str, torch.Tensor]:
+    """Checkpoint tensor name -> the view of a model parameter it is copied into."""
+    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    f = arch.intermediate_size
+    out = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.norm}
+    if not arch.tie_word_embeddings:
+        out["lm_head.weight"] = model.lm_head
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = layer.input_norm
+        out[p + "post_attention_layernorm.weight"] = layer.post_norm
+        for kind, fused in (("weight", layer.qkv), ("bias", layer.qkv_bias)):
+            if fused is not None:
+                out.update({p + f"self_attn.{n}_proj.{kind}": fused[a:b]
+                            for n, (a, b) in zip("qkv", ((0, q), (q, q + kv), (q + kv, q + 2 * kv)))})
+        for kind, fused in (("weight", layer.gate_up), ("bias", layer.gate_up_bias)):
+            if fused is not None:
+                out[p + f"mlp.gate_proj.{kind}"], out[p + f"mlp.up_proj.{kind}"] = fused[:f], fused[f:]
+        named = {"self_attn.o_proj.weight": layer.o, "self_attn.o_proj.bias": layer.o_bias,
+                 "mlp.down_proj.weight": layer.down, "mlp.down_proj.bias": layer.down_bias,
+                 "self_attn.q_norm.weight": layer.q_norm, "self_attn.k_norm.weight": layer.k_norm}
+        out.update({p + n: t for n, t in named.items() if t is not None})
+    return out
+
+
+def load_model(model_dir, device="cpu", dtype: torch.dtype = torch.float32) -> tuple[ModelArch, DecoderModel]:
     model_dir = pathlib.Path(model_dir)
     arch = ModelArch.from_model_dir(model_dir)
-    device = torch.device(device)
-    tensors: dict[str, torch.Tensor] = {}
-    for path in _weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                tensors[name] = f.get_tensor(name)
-    model = LlamaModel(arch, dtype=dtype, device=device)
-
-    def take(name: str) -> torch.Tensor:
+    model = DecoderModel(arch, dtype=dtype, device=device)
+    todo = destinations(model, arch)
+    for path in weight_files(model_dir):
         try:
-            return tensors.pop(name)
-        except KeyError:
-            raise ModelDirError(f"{model_dir}: weight {name!r} missing") from None
-
-    def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
-        if param.shape != value.shape:
-            raise ModelDirError(f"{model_dir}: weight shape {tuple(value.shape)} != expected {tuple(param.shape)}")
-        param.copy_(value)
-
-    with torch.no_grad():
-        put(model.embed, take("model.embed_tokens.weight"))
-        put(model.norm, take("model.norm.weight"))
-        if not arch.tie_word_embeddings:
-            put(model.lm_head, take("lm_head.weight"))
-        tensors.pop("lm_head.weight", None)  # a tied checkpoint may still carry a copy
-        for i, layer in enumerate(model.layers):
-            p = f"model.layers.{i}."
-            put(layer.input_norm, take(p + "input_layernorm.weight"))
-            put(layer.post_norm, take(p + "post_attention_layernorm.weight"))
-            put(layer.qkv, torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-            put(layer.o, take(p + "self_attn.o_proj.weight"))
-            put(layer.gate_up, torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
-            put(layer.down, take(p + "mlp.down_proj.weight"))
-    leftover = [n for n in tensors if "rotary_emb" not in n]
-    if leftover:
-        raise ModelDirError(f"{model_dir}: unexpected weights (biases or another architecture?): {leftover[:5]}")
+            with SafetensorsFile(path) as f:
+                for name in f.entries:
+                    dst = todo.pop(name, None)
+                    if dst is not None:
+                        f.copy_into(name, dst)
+                    elif not _ignored(name, arch):
+                        raise ModelDirError(f"{path}: unexpected weight {name!r} (not part of a {arch.family} model "
+                                            f"with this config.json: another architecture, or a bias it does not "
+                                            "declare?)")
+        except CheckpointError as e:
+            raise ModelDirError(str(e)) from None
+    if todo:
+        raise ModelDirError(f"{model_dir}: weights missing from the checkpoint: {sorted(todo)[:5]}")
     model.eval()
     return arch, model
+
+
+def _ignored(name: str, arch: ModelArch) -> bool:
+    return name.endswith(_IGNORED_SUFFIXES) or (name == "lm_head.weight" and arch.tie_word_embeddings)

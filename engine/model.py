@@ -1,11 +1,14 @@
-"""A Llama-family decoder in plain torch: RMSNorm, RoPE, GQA, SwiGLU, tied embeddings.
+"""DecoderModel: the decoder-only transformer of every family in engine/families.py, in plain torch:
+RMSNorm, RoPE, GQA, a SwiGLU MLP, tied or untied embeddings, optional q/k/v, o and MLP biases and
+per-head q/k RMSNorm (Qwen3). The family's facts arrive in ModelArch; no if-chains on names here.
 
 The model owns weights and per-token math only. Attention over the KV cache is a callback
 (`attend(layer, q, k, v) -> out`) supplied by the ModelRunner, which owns the paged pool; so
 this file knows nothing about pages.
 
 Shapes: T = tokens in the flattened batch, Hq / Hkv = query / KV heads, D = head_dim.
-q/k/v and gate/up are fused into one matmul each (fewer, larger GEMMs: less Python per token).
+q/k/v and gate/up are fused into one matmul each (fewer, larger GEMMs: less Python per token);
+the loader assembles the fused weights (and biases) from the checkpoint's separate tensors.
 """
 
 from __future__ import annotations
@@ -23,10 +26,15 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as HF's LlamaRMSNorm (fp32 statistics, weight applied in the input dtype).
+    # Same op order as HF's LlamaRMSNorm / Qwen3RMSNorm (fp32 statistics, weight applied in the input dtype).
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def _param(*shape, **kw) -> nn.Parameter:
+    # NOTE: empty, not zeros: the loader writes every element, and untouched pages of a CPU tensor cost no RSS.
+    return nn.Parameter(torch.empty(*shape, **kw), requires_grad=False)
 
 
 class DecoderLayer(nn.Module):
@@ -35,29 +43,34 @@ class DecoderLayer(nn.Module):
         q, kv, h, f = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.hidden_size, \
             arch.intermediate_size
         kw = {"dtype": dtype, "device": device}
-        self.input_norm = nn.Parameter(torch.ones(h, **kw), requires_grad=False)
-        self.post_norm = nn.Parameter(torch.ones(h, **kw), requires_grad=False)
-        self.qkv = nn.Parameter(torch.empty(q + 2 * kv, h, **kw), requires_grad=False)
-        self.o = nn.Parameter(torch.empty(h, q, **kw), requires_grad=False)
-        self.gate_up = nn.Parameter(torch.empty(2 * f, h, **kw), requires_grad=False)
-        self.down = nn.Parameter(torch.empty(h, f, **kw), requires_grad=False)
+        self.input_norm = _param(h, **kw)
+        self.post_norm = _param(h, **kw)
+        self.qkv = _param(q + 2 * kv, h, **kw)
+        self.o = _param(h, q, **kw)
+        self.gate_up = _param(2 * f, h, **kw)
+        self.down = _param(h, f, **kw)
+        self.qkv_bias = _param(q + 2 * kv, **kw) if arch.qkv_bias else None
+        self.o_bias = _param(h, **kw) if arch.o_bias else None
+        self.gate_up_bias = _param(2 * f, **kw) if arch.mlp_bias else None
+        self.down_bias = _param(h, **kw) if arch.mlp_bias else None
+        self.q_norm = _param(arch.head_dim, **kw) if arch.qk_norm else None
+        self.k_norm = _param(arch.head_dim, **kw) if arch.qk_norm else None
         self.sizes = (q, kv, kv)
         self.ffn = f
 
 
-class LlamaModel(nn.Module):
+class DecoderModel(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype = torch.float32, device="cpu"):
         super().__init__()
         self.arch = arch
         self.dtype = dtype
         self.device = torch.device(device)
         kw = {"dtype": dtype, "device": self.device}
-        self.embed = nn.Parameter(torch.empty(arch.vocab_size, arch.hidden_size, **kw), requires_grad=False)
+        self.embed = _param(arch.vocab_size, arch.hidden_size, **kw)
         self.layers = nn.ModuleList(DecoderLayer(arch, dtype, self.device) for _ in range(arch.num_layers))
-        self.norm = nn.Parameter(torch.ones(arch.hidden_size, **kw), requires_grad=False)
+        self.norm = _param(arch.hidden_size, **kw)
         # NOTE: tied embeddings share one tensor (no copy); loader sets lm_head otherwise.
-        self.lm_head = self.embed if arch.tie_word_embeddings else nn.Parameter(
-            torch.empty(arch.vocab_size, arch.hidden_size, **kw), requires_grad=False)
+        self.lm_head = self.embed if arch.tie_word_embeddings else _param(arch.vocab_size, arch.hidden_size, **kw)
         self.rope = RotaryTable(arch, self.device)
 
     @torch.inference_mode()
@@ -70,13 +83,14 @@ class LlamaModel(nn.Module):
         x = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, eps)
-            q, k, v = torch.split(h @ layer.qkv.t(), layer.sizes, dim=-1)
-            q = apply_rotary(q.view(-1, hq, d), cos, sin)
-            k = apply_rotary(k.view(-1, hkv, d), cos, sin)
-            attn = attend(i, q, k, v.view(-1, hkv, d))          # [T, Hq * D]
-            x = x + attn @ layer.o.t()
+            q, k, v = torch.split(F.linear(h, layer.qkv, layer.qkv_bias), layer.sizes, dim=-1)
+            q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
+            if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's D, before RoPE
+                q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+            attn = attend(i, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.view(-1, hkv, d))
+            x = x + F.linear(attn, layer.o, layer.o_bias)                       # attn: [T, Hq * D]
             h = rms_norm(x, layer.post_norm, eps)
-            gate, up = torch.split(h @ layer.gate_up.t(), layer.ffn, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.down.t()
+            gate, up = torch.split(F.linear(h, layer.gate_up, layer.gate_up_bias), layer.ffn, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
         x = rms_norm(x[logit_rows], self.norm, eps)
-        return (x @ self.lm_head.t()).float()
+        return F.linear(x, self.lm_head).float()

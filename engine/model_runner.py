@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from engine.arch import ModelArch
 from engine.kv_pool import KVPool
-from engine.model import LlamaModel
+from engine.model import DecoderModel
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class _Decode:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, arch: ModelArch, pool: KVPool):
+    def __init__(self, model: DecoderModel, arch: ModelArch, pool: KVPool):
         if pool.arch.kv_values_per_token != arch.kv_values_per_token:
             raise ValueError("KV pool was built for another architecture")
         self.model, self.arch, self.pool = model, arch, pool
