@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import math
 
+from engine.dtypes import DTYPE_BYTES, resolve_dtypes
 from pdorch.config import Config
 
 PRESETS = ("fits", "l3", "full", "none")
@@ -32,7 +33,6 @@ _SGLANG_SEED = {"clients": 8, "rounds": 6, "first_tokens": 256, "turn_tokens": 2
 PRESET_WORKLOADS = {"fits": _SGLANG_SEED, "l3": _SGLANG_SEED, "none": _SGLANG_SEED,
                     "full": {"clients": 16, "rounds": 6, "first_tokens": 128, "turn_tokens": 128, "output_tokens": 32}}
 MIB = 1 << 20
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _OPENAI_SYSTEM_TOKENS = 24   # SmolLM2's default system prompt with its markers
 _OPENAI_TURN_TOKENS = 5      # "<|im_start|>role\n" ... "<|im_end|>\n" around each message
 
@@ -71,8 +71,10 @@ def final_working_set_pages(w: Workload, page_size: int) -> int:
     return w.clients * math.ceil(w.context_tokens(w.rounds - 1) / page_size)
 
 
-def page_bytes(cfg: Config, kv_values_per_token: int) -> int:
-    return kv_values_per_token * cfg.model.page_size * _DTYPE_BYTES[cfg.model.kv_dtype]
+def page_bytes(cfg: Config, kv_values_per_token: int, checkpoint_dtype: str | None = None) -> int:
+    m = cfg.model
+    kv = resolve_dtypes(m.dtype, m.kv_dtype, m.device, checkpoint_dtype).kv
+    return kv_values_per_token * m.page_size * DTYPE_BYTES[kv]
 
 
 def default_high_watermark(cfg: Config | None = None) -> float:

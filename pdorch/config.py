@@ -33,9 +33,11 @@ class ModelConfig:
                      required=True)
     cache_dir: str = _key("~/.cache/pdorch/models", "Where `pdorch model prepare` writes converted models")
     device: str = _key("cpu", "torch device of the workers: cpu, cuda, cuda:N", format="device")
-    dtype: str = _key("float32", "Compute dtype", choices=["float32", "bfloat16", "float16"])
-    kv_dtype: str = _key("float32", "KV cache dtype (store and transfer bytes scale with it)",
-                         choices=["float32", "bfloat16", "float16"])
+    dtype: str = _key("auto", "Compute dtype; auto = the checkpoint's torch_dtype on a GPU (bfloat16 if it does "
+                      "not say), float32 on CPU", choices=["auto", "float32", "bfloat16", "float16"])
+    kv_dtype: str = _key("auto", "KV cache dtype (store and transfer bytes scale with it); auto = the same as dtype. "
+                         "Every prefill and decode worker of a cluster must agree on it (checked at registration)",
+                         choices=["auto", "float32", "bfloat16", "float16"])
     page_size: int = _key(16, "Tokens per KV page (one page = one store object = one transfer unit)",
                           min=1, max=1024)
     max_context_tokens: int = _key(0, "Longest prompt + output in tokens; 0 = the model's own limit", min=0)

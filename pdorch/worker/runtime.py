@@ -21,6 +21,7 @@ from pdorch.config import Config
 
 if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker starts
     from engine.arch import ModelArch
+    from engine.dtypes import ModelDtypes
     from engine.kv_pool import KVPool
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
@@ -47,6 +48,7 @@ class WorkerRuntime:
     allocator: PageAllocator
     sampler: Sampler
     fingerprint: str  # model fingerprint, the prefix of every store key
+    dtypes: ModelDtypes  # the resolved model.dtype / model.kv_dtype
     transfer: KVTransfer | None  # None only in tests that push nothing
     segment: str  # this process's transfer-engine segment name (D gives it to P)
     store: KVStore | None = None  # None: store disabled, or not used by this role
@@ -99,6 +101,8 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     decode worker's offloaded pages included once the next turn arrives; a decode worker sees only
     the pages it generated, so ranking those alone would remove mid-chain pages before deep ones).
     """
+    from engine.arch import ModelArch
+    from engine.dtypes import resolve_dtypes
     from engine.kv_pool import KVPool
     from engine.loader import load_model
     from engine.model_runner import ModelRunner
@@ -110,9 +114,10 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
 
     m = cfg.model
     model_dir = prepare_model(m.source, os.path.expanduser(m.cache_dir), progress=log.info)
-    arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, m.dtype))
-    pool = KVPool(arch, num_pages, m.page_size, getattr(torch, m.kv_dtype), m.device)
-    fingerprint = model_fingerprint(weights_digest(model_dir), m.kv_dtype, m.page_size, KV_LAYOUT_VERSION, m.tp_rank)
+    dtypes = resolve_dtypes(m.dtype, m.kv_dtype, m.device, ModelArch.from_model_dir(model_dir).checkpoint_dtype)
+    arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, dtypes.compute))
+    pool = KVPool(arch, num_pages, m.page_size, getattr(torch, dtypes.kv), m.device)
+    fingerprint = model_fingerprint(weights_digest(model_dir), dtypes.kv, m.page_size, KV_LAYOUT_VERSION, m.tp_rank)
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
     transfer.register(pool.base_ptr, pool.nbytes)
@@ -135,9 +140,10 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
             chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
             evictor = StoreEvictor(store, chain_index, cfg.store, master_metrics_url(cfg.store)).start()
             store.before_write = evictor.make_room  # bursts of writes make room first
-    log.info("runtime ready: %s, %d pages of %d bytes, segment %s, fingerprint %s, store %s",
-             model_dir, num_pages, pool.page_nbytes, segment, fingerprint, "on" if store else "off")
+    log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s), %d pages of %d bytes, segment %s, fingerprint %s, "
+             "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,
+             fingerprint, "on" if store else "off")
     return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,
-                         allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint,
+                         allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
                          chain_index=chain_index, evictor=evictor)

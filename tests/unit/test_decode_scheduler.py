@@ -15,6 +15,7 @@ import torch
 from decode_node.request import DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
+from engine.dtypes import ModelDtypes
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
@@ -70,7 +71,7 @@ def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, 
     pool = KVPool(arch, num_pages, P, torch.float32, "cpu")
     rt = WorkerRuntime(cfg=cfg, model_dir=cfg.model.source, arch=arch, runner=ModelRunner(net, arch, pool),
                        pool=pool, allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint="fp",
-                       transfer=None, segment="", store=SimpleNamespace(enabled=store_io is not None),
+                       dtypes=ModelDtypes("float32", "float32"), transfer=None, segment="", store=SimpleNamespace(enabled=store_io is not None),
                        store_io=store_io)
     sched = DecodeScheduler(rt, max_running, offload=store_io is not None, recorder=WorkerRecorder("decode"),
                             max_queued=4, watermark=1.0, local_prefill_tokens=local_prefill_tokens)
