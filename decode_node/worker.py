@@ -28,7 +28,6 @@ from decode_node.prompt_kv import PrefixLoad, PromptKV
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
-from engine.sampler import make_generator
 from engine.tokenizer import Tokenizer
 from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, WorkerError
@@ -81,7 +80,7 @@ class DecodeWorker:
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
         req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
-                            token_ids=list(job.token_ids), generator=make_generator(job.params))
+                            token_ids=list(job.token_ids), generator=self.rt.sampler.make_generator(job.params))
         with self._lock:
             if job.request_id in self._requests:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
@@ -187,7 +186,11 @@ class DecodeWorker:
         req.cached = res.cached
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
-            req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
+            try:
+                req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
+            except RuntimeError as e:  # P samples on another kind of device: its state does not fit ours
+                log.warning("request %s: prefill's sampler state does not fit this worker's %s generator (%s); "
+                            "continuing from the seed", req.request_id, req.generator.device, e)
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)

@@ -144,6 +144,6 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
              "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,
              fingerprint, "on" if store else "off")
     return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,
-                         allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint, dtypes=dtypes,
+                         allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
                          chain_index=chain_index, evictor=evictor)
