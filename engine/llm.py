@@ -34,14 +34,15 @@ class LLM:
     def __init__(self, model_dir, num_pages: int = 512, page_size: int = 16, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_prefix_cache: bool = True,
-                 prefill_chunk_tokens: int | None = None, torch_threads: int | None = None):
+                 prefill_chunk_tokens: int | None = None, torch_threads: int | None = None,
+                 attention: str = "auto"):
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.arch, self.model = load_model(model_dir, device=device, dtype=dtype)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         self.pool = KVPool(self.arch, num_pages, page_size, kv_dtype or dtype, device)
         self.allocator = PageAllocator(num_pages)
-        self.runner = ModelRunner(self.model, self.arch, self.pool)
+        self.runner = ModelRunner(self.model, self.arch, self.pool, attention)
         self.sampler = Sampler(self.model.device)
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs

@@ -36,6 +36,14 @@ class ModelRunner:
         self.attention = make_backend(attention, pool, arch)
         self.graphs = None  # engine.cuda_graphs.DecodeGraphs, when enabled (CUDA only)
 
+    def capture_decode_graphs(self, max_batch: int, max_context: int) -> None:
+        """CUDA only: capture decode steps of up to max_batch rows (engine/cuda_graphs.py)."""
+        from engine.cuda_graphs import DecodeGraphs
+
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {self.device}")
+        self.graphs = DecodeGraphs(self, max_batch, max_context)
+
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Logits [len(chunks), vocab] (fp32) at each chunk's last token.
 
