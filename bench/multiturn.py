@@ -111,7 +111,7 @@ def model_facts(url: str | None, cfg):
     else:
         from engine.prepare import prepare_model
         model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: None)
-        page, name = cfg.model.page_size, cfg.model.name
+        page, name = cfg.model.page_size, cfg.model.served_name
     arch = ModelArch.from_model_dir(model_dir)
     return Tokenizer.from_dir(model_dir), model_dir, arch.kv_values_per_token, page, name
 
