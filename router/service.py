@@ -80,7 +80,7 @@ class RouterService:
         if model is None:  # no `model` field: the served model
             return
         if model not in self.aliases and os.path.basename(os.path.normpath(model)) not in self.aliases:
-            raise APIError(400, f"model {model!r} is not served here; this router serves {self.model_name!r}",
+            raise APIError(404, f"model {model!r} is not served here; this router serves {self.model_name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
     def context_limit(self) -> int:
