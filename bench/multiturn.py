@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import multiturn_report as report
+from bench.hf_checkpoints import FAMILIES, build_checkpoint
 from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
 from bench.multiturn_presets import (
     PRESET_WORKLOADS,
@@ -83,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--label", help="plot file name and title (default: PRESET_API[_compare])")
     p.add_argument("--log-dir", help="component logs of the started clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--test-model", choices=FAMILIES, help="serve a random-weights checkpoint of this family "
+                   "(bench/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
     add_config_args(p)
     return p
 
@@ -100,6 +103,16 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "") if head else "unknown"
 
 
+def test_model_dir(family: str) -> Path:
+    """The random `family` checkpoint of bench/hf_checkpoints.py, built once (seed 0, tiny shape)."""
+    out = Path(os.path.expanduser("~/.cache/pdorch/test-models")) / family
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(f".{family}.tmp-{os.getpid()}")
+        build_checkpoint(family, tmp)
+        os.replace(tmp, out)
+    return out
+
+
 def model_facts(url: str | None, cfg):
     """(tokenizer, model dir, kv values per token, page size, model name) of the served model."""
     from engine.arch import ModelArch
@@ -111,7 +124,7 @@ def model_facts(url: str | None, cfg):
     else:
         from engine.prepare import prepare_model
         model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: None)
-        page, name = cfg.model.page_size, cfg.model.name
+        page, name = cfg.model.page_size, cfg.model.served_name
     arch = ModelArch.from_model_dir(model_dir)
     return Tokenizer.from_dir(model_dir), model_dir, arch.kv_values_per_token, page, name
 
@@ -168,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
     if args.config is None and not args.url:
         args.config = str(default_config_path())
+    if args.test_model:  # before the user's own --set, which win
+        args.config_overrides = [f"model.source={test_model_dir(args.test_model)}", "model.name=",
+                                 *args.config_overrides]
     try:
         cfg = effective_config(args.config, args.config_overrides)
     except ConfigError as e:

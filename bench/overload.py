@@ -126,7 +126,7 @@ def load_summary(results: list[dict]) -> dict:
 async def run(url: str, cfg, args, adm: int, vocab: int) -> tuple[list[dict], list[dict]]:
     deadline_s = cfg.router.request_timeout_s
     n_over = args.factor * adm
-    backend = HttpBackend(url, "sglang", cfg.model.name, args.output_tokens, deadline_s + CLIENT_SLACK_S,
+    backend = HttpBackend(url, "sglang", cfg.model.served_name, args.output_tokens, deadline_s + CLIENT_SLACK_S,
                           n_over, cfg.router.api_key)
     base, over = [], []
     try:

@@ -100,8 +100,10 @@ class PromptKV:
     """The decode worker's side of the plan: the existence check, its own store read, and what is
     left for its scheduler to compute (handler threads; the allocator stays the scheduler's)."""
 
-    def __init__(self, rt, cfg, reg):
+    def __init__(self, rt, cfg, reg, count_loaded=lambda n: None):
+        """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded)."""
         self.rt, self.cfg = rt, cfg
+        self._count_loaded = count_loaded
         # NOTE: the existence check runs on its own threads so a stalled store (a frozen master
         # never answers) costs a request PROBE_TIMEOUT_S, not its deadline; once that many checks
         # are unanswered, requests skip it at once (and nothing more queues behind the stuck ones).
@@ -173,6 +175,7 @@ class PromptKV:
                              f"{self.cfg.store.op_timeout_s:g} s (store.op_timeout_s; the store is stalled)")
         self._loaded_pages.labels("loaded").inc(sum(ok))
         self._loaded_pages.labels("failed").inc(len(ok) - sum(ok))
+        self._count_loaded(sum(ok))
         return ok
 
     def settle_load(self, req: DecodeRequest, load: PrefixLoad | None) -> tuple[bool, ...] | None:

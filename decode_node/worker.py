@@ -54,7 +54,7 @@ class DecodeWorker:
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens)
         self.prefill_client = PrefillClient(cfg.grpc)
-        self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry)
+        self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)

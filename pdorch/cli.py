@@ -1,6 +1,6 @@
 """The `pdorch` command.
 
-    pdorch serve [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
+    pdorch serve [--model PATH] [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
     pdorch master [--config FILE] [--set ...] [--listen HOST] [--print]
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = _command(sub, "serve", help="run a local cluster: mooncake_master, workers and the router",
                      description="Run mooncake_master, N prefill and M decode workers and the router "
                      "as child processes until Ctrl-C. Without --config: the embedded configs/local.yaml.")
+    serve.add_argument("--model", metavar="PATH", help="serve this Hugging Face model directory (or .gguf file): "
+                       "model.source=PATH, served under its directory's name (both overridable with --set)")
     serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args.bench_command, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if getattr(args, "model", None):  # before the user's own --set, which win; the children get them too
+        args.config_overrides = [f"model.source={os.path.abspath(args.model)}", "model.name=",
+                                 *args.config_overrides]
     try:
         cfg = config_from_args(args, default_path=default_config_path())
     except ConfigError as e:

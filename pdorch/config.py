@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 # The `store:` section is store_client's own config (store_client depends on nothing in pdorch).
 from store_client.config import StoreConfig
 
+SMOLLM2_SERVED_NAME = "SmolLM2-135M-Instruct"
+
 
 def _key(default, help: str, **rules):
     """A config key with its documentation and validation rules."""
@@ -27,10 +29,11 @@ def _key(default, help: str, **rules):
 class ModelConfig:
     """The model every worker serves, where it is prepared, and the KV page geometry."""
 
-    source: str = _key("smollm2", "Model to serve: `smollm2` (the packaged SmolLM2-135M-Instruct) or a "
-                       "Hugging Face Llama-family directory; prepared once into cache_dir", required=True)
-    name: str = _key("SmolLM2-135M-Instruct", "Model name served by the API (`model` field)",
-                     required=True)
+    source: str = _key("smollm2", "Model to serve: `smollm2` (the packaged SmolLM2-135M-Instruct), a Hugging Face "
+                       "directory of a supported family (Llama 1-3.x, Mistral, Qwen2/2.5, Qwen3; docs/models.md) "
+                       "or a .gguf file; prepared once into cache_dir", required=True)
+    name: str = _key("", "Model name served by the API (`model` field); empty = from source: "
+                     "SmolLM2-135M-Instruct for smollm2, else the directory's (or file's) name")
     cache_dir: str = _key("~/.cache/pdorch/models", "Where `pdorch model prepare` writes converted models")
     device: str = _key("cpu", "torch device of the workers: cpu, cuda, cuda:N", format="device")
     dtype: str = _key("auto", "Compute dtype; auto = the checkpoint's torch_dtype on a GPU (bfloat16 if it does "
@@ -53,6 +56,16 @@ class ModelConfig:
                                           "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
                                           "one visible GPU each (shared round-robin when there are fewer)",
                                           format="device")
+
+    @property
+    def served_name(self) -> str:
+        """The name clients send as `model`: `name`, else derived from `source`."""
+        if self.name:
+            return self.name
+        if self.source == "smollm2":
+            return SMOLLM2_SERVED_NAME
+        stem = self.source.rstrip("/").rsplit("/", 1)[-1]
+        return stem.removesuffix(".gguf")
 
 
 @dataclass(frozen=True)

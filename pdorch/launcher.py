@@ -283,7 +283,7 @@ class LocalCluster:
                   f"{self.opts.num_decode} decode, {store}, {plan.torch_threads} torch thread(s) per worker; "
                   f"devices: {devices}; "
                   f"started in {elapsed_s:.1f} s)\n\nTry it:\n"
-                  f"{curl_example(plan.router_url, cfg.model.name, bool(cfg.router.api_key))}\n\n"
+                  f"{curl_example(plan.router_url, cfg.model.served_name, bool(cfg.router.api_key))}\n\n"
                   f"Workers and cache hit rates: pdorch status --url {plan.router_url}\n"
                   f"Logs: {self.log_dir}\nPress Ctrl-C to stop.")
 

@@ -68,8 +68,8 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def server_info() -> dict:
-        return {"model": cfg.model.name, "model_path": str(svc.model_dir or cfg.model.source),
-                "served_model_name": cfg.model.name, "page_size": cfg.model.page_size,
+        return {"model": cfg.model.served_name, "model_path": str(svc.model_dir or cfg.model.source),
+                "served_model_name": cfg.model.served_name, "page_size": cfg.model.page_size,
                 "max_context_tokens": svc.context_limit(), "policy": cfg.router.policy,
                 "disaggregation_mode": "prefill_decode", "workers": counts(), "version": "pdorch-1"}
 
@@ -83,7 +83,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
     @app.get("/get_model_info")
     async def get_model_info(request: Request):
         auth.check_client(request.headers.get("authorization"))
-        return json_response({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.name,
+        return json_response({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.served_name,
                       "is_generation": True})
 
     @app.get("/workers")

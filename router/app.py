@@ -22,6 +22,7 @@ from router.discovery import make_discovery
 from router.errors import APIError
 from router.fastpath import FastPath
 from router.generation import GenerationHandlers, json_response
+from router.kv_layout import KVLayout
 from router.metrics import RouterMetrics
 from router.openapi import document_bodies
 from router.policies import make_policy
@@ -58,7 +59,8 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     metrics = RouterMetrics()
     rc = cfg.router
     pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s,
-                      cfg.grpc)  # the workers' shared gRPC token and TLS
+                      cfg.grpc,  # the workers' shared gRPC token and TLS
+                      KVLayout.from_config(cfg.model, model_dir))
     store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
     policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
@@ -128,7 +130,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     async def models(request: Request):
         auth.check_client(request.headers.get("authorization"))
         return json_response({"object": "list", "data": [{
-            "id": cfg.model.name, "object": "model", "created": 0, "owned_by": "pdorch",
+            "id": cfg.model.served_name, "object": "model", "created": 0, "owned_by": "pdorch",
             "root": cfg.model.source, "max_model_len": svc.context_limit()}]})
 
     admin.add_routes(app, cfg, svc, auth, pool, metrics)

@@ -92,7 +92,7 @@ class GenerationHandlers:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
-        model = self.cfg.model.name
+        model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
         if not req.stream:
             final = formats.chat_final if chat else formats.completion_final

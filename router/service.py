@@ -61,8 +61,8 @@ class RouterService:
         failover = failover_enabled(cfg.router.mid_stream_failover, cfg.store.enabled, cfg.decode.offload_generated_kv)
         self.dispatcher = Dispatcher(pool, policy, metrics, failover=failover, tokenizer=tokenizer,
                                      page_size=cfg.model.page_size)
-        self.model_name = cfg.model.name
-        self.aliases = model_aliases(cfg.model.name, cfg.model.source, model_dir)
+        self.model_name = cfg.model.served_name
+        self.aliases = model_aliases(cfg.model.served_name, cfg.model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
         self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
@@ -80,7 +80,7 @@ class RouterService:
         if model is None:  # no `model` field: the served model
             return
         if model not in self.aliases and os.path.basename(os.path.normpath(model)) not in self.aliases:
-            raise APIError(400, f"model {model!r} is not served here; this router serves {self.model_name!r}",
+            raise APIError(404, f"model {model!r} is not served here; this router serves {self.model_name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
     def context_limit(self) -> int:

@@ -22,6 +22,7 @@ from pdorch.worker.rpc import aio_channel, bearer, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
 from router.grpc_stream import Channel
+from router.kv_layout import KVLayout
 
 log = logging.getLogger("pdorch.router")
 
@@ -74,7 +75,8 @@ class Worker:
                 "model": info.model, "page_size": info.page_size, "total_pages": info.total_pages,
                 "free_pages": info.free_pages, "queued_requests": info.queued_requests,
                 "running_requests": info.running_requests, "store_enabled": info.store_enabled,
-                "max_context_tokens": info.max_context_tokens},
+                "max_context_tokens": info.max_context_tokens, "kv_dtype": info.kv_dtype, "dtype": info.dtype,
+                "model_family": info.model_family},
         }
 
 
@@ -82,8 +84,10 @@ class WorkerPool:
     """All known workers; mutated only on the event loop thread."""
 
     def __init__(self, failure_threshold: int, cooldown_s: float, health_interval_s: float,
-                 rpc: GrpcConfig | None = None):
-        """`rpc`: the workers' shared token and TLS (config section `grpc`); every channel uses them."""
+                 rpc: GrpcConfig | None = None, layout: KVLayout | None = None):
+        """`rpc`: the workers' shared token and TLS (config section `grpc`); every channel uses them.
+        `layout`: the page size and KV dtype every worker must have (None: not checked)."""
+        self.layout = layout
         self.failure_threshold = failure_threshold
         self.cooldown_s = cooldown_s
         self.health_interval_s = health_interval_s
@@ -150,6 +154,12 @@ class WorkerPool:
         timeout = max(1.0, min(2.0, self.health_interval_s))
         try:
             w.info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
+            refusal = self.layout.refusal(w.info) if self.layout is not None else None
+            if refusal is not None:
+                if w.last_error != f"refused: {refusal}":
+                    log.error("worker refused: %s %s: %s", w.role, w.address, refusal)
+                w.healthy, w.checked, w.last_error = False, True, f"refused: {refusal}"
+                return False
             if not w.healthy:
                 log.info("worker healthy: %s %s", w.role, w.address)
             w.healthy = True

@@ -100,7 +100,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
 
         info = worker.info()
         registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {
-            "address": advertised, "model": cfg.model.name, "model_fingerprint": info.model_fingerprint,
+            "address": advertised, "model": cfg.model.served_name, "model_fingerprint": info.model_fingerprint,
             "page_size": info.page_size, "transfer_segment": info.transfer_segment,
             "metrics_port": section.metrics_port})
         registration.start()

@@ -42,7 +42,7 @@ def client(router):
 
 @pytest.fixture(scope="module")
 def model_name(cluster):
-    return cluster.cfg.model.name
+    return cluster.cfg.model.served_name
 
 
 def prompt(n: int, seed: int) -> list[int]:

@@ -39,4 +39,4 @@ def test_readme_quickstart_matches_the_embedded_config():
     url = f"http://{cfg.router.host}:{cfg.router.port}"
     assert f"curl -s {url}/v1/chat/completions" in readme
     assert f'base_url="{url}/v1"' in readme
-    assert readme.count(f'"model": "{cfg.model.name}"') + readme.count(f'model="{cfg.model.name}"') == 2
+    assert readme.count(f'"model": "{cfg.model.served_name}"') + readme.count(f'model="{cfg.model.served_name}"') == 2

@@ -80,8 +80,8 @@ CASES = [
     ("completion token ids past the vocab", "/v1/completions", {"prompt": [[1, VOCAB + 7]]}, 400, "prompt",
      f"got {VOCAB + 7}"),
     ("empty completion prompt", "/v1/completions", {"prompt": ""}, 400, "prompt", "the prompt is empty"),
-    ("unknown model", CHAT, _chat(model="gpt-4o"), 400, "model", "'gpt-4o' is not served here"),
-    ("model that looks like a path", CHAT, _chat(model="../../etc/passwd"), 400, "model", "is not served here"),
+    ("unknown model", CHAT, _chat(model="gpt-4o"), 404, "model", "'gpt-4o' is not served here"),
+    ("model that looks like a path", CHAT, _chat(model="../../etc/passwd"), 404, "model", "is not served here"),
 ]
 
 

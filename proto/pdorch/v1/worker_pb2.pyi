@@ -107,7 +107,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens")
+    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "kv_dtype", "dtype", "model_family")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,9 @@ class WorkerInfo(_message.Message):
     TRANSFER_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     STORE_ENABLED_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FAMILY_FIELD_NUMBER: _ClassVar[int]
     role: str
     worker_id: str
     model: str
@@ -132,7 +135,10 @@ class WorkerInfo(_message.Message):
     transfer_segment: str
     store_enabled: bool
     max_context_tokens: int
-    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+    kv_dtype: str
+    dtype: str
+    model_family: str
+    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., dtype: _Optional[str] = ..., model_family: _Optional[str] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
