@@ -2,7 +2,10 @@
 
     torch   the reference: pages copied out (padded for decode), SDPA with a mask; any device
     paged   K/V read in place through page tables (Triton on CUDA, compiled torch on CPU)
-    auto    paged
+    auto    paged on CUDA; torch on CPU
+            NOTE: on CPU the paged decode is compiled (inductor) at the first batch of >= 2 rows: seconds
+            of stall inside a worker's scheduler loop for a gain that shows only at large batches
+            (docs/workers.md, "Attention backends"), so CPU workers keep the reference unless asked
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ BACKENDS = ("auto", "torch", "paged")
 def resolve_backend(name: str, device) -> str:
     if name not in BACKENDS:
         raise ValueError(f"attention backend {name!r}: one of {', '.join(BACKENDS)}")
-    return "paged" if name == "auto" else name
+    if name == "auto":
+        return "paged" if getattr(device, "type", str(device)).startswith("cuda") else "torch"
+    return name
 
 
 def make_backend(name: str, pool, arch):

@@ -54,7 +54,9 @@ def test_paged_backend_equals_reference(tiny, kv_dtype):
 
 
 def test_backend_names():
-    assert resolve_backend("auto", torch.device("cpu")) == "paged"
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_backend("auto", torch.device("cuda", 1)) == "paged"
+    assert resolve_backend("paged", torch.device("cpu")) == "paged"
     with pytest.raises(ValueError, match="one of auto, torch, paged"):
         resolve_backend("flash", torch.device("cpu"))
 
