@@ -26,6 +26,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _block(q, KV, row, tmask, allowed, d, dmask, m_i, l_i, acc, scale, D: tl.constexpr, V_OFF: tl.constexpr,
+           IEEE: tl.constexpr):
+    """One block of keys into the online softmax: rows of K/V loaded in place, (m, l, acc) updated."""
+    kv_mask = tmask[:, None] & dmask[None, :]
+    k = tl.load(KV + row[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(allowed, qk * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(KV + (row + V_OFF)[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+# NOTE: offsets and lengths change every call: not specialised (one compile, not one per divisibility class)
+@triton.jit(do_not_specialize=["layer_off"])
 def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, stride_qh, stride_tb,
                          scale, NUM_SPLITS: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
@@ -52,23 +77,7 @@ def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, strid
         tmask = t < length
         page = tl.load(Table + b * stride_tb + t // P, mask=tmask, other=0).to(tl.int64)
         row = page * PAGE_ROWS + layer_off + h * P + t % P
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(KV + row[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        qk = tl.where(tmask[None, :], qk * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(KV + (row + V_OFF)[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _block(q, KV, row, tmask, tmask[None, :], d, dmask, m_i, l_i, acc, scale, D, V_OFF, IEEE)
     has = last > first
     out = tl.where(has, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(has, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
@@ -78,7 +87,7 @@ def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, strid
     tl.store(LSE + (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + s, lse, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer_off", "start", "end", "n"])
 def _extend_kernel(Q, KV, Table, O, layer_off, start, end, n, stride_qt, stride_qh, stride_ot, stride_oh,
                    scale, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, P: tl.constexpr, PAGE_ROWS: tl.constexpr, V_OFF: tl.constexpr,
@@ -102,25 +111,8 @@ def _extend_kernel(Q, KV, Table, O, layer_off, start, end, n, stride_qt, stride_
         tmask = t < hi
         page = tl.load(Table + t // P, mask=tmask, other=0).to(tl.int64)
         row = page * PAGE_ROWS + layer_off + h * P + t % P
-        kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(KV + row[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
         allowed = tmask[None, :] & (t[None, :] <= qpos[:, None])
-        qk = tl.where(allowed, qk * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past n see no key at all
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(KV + (row + V_OFF)[:, None] * D + d[None, :], mask=kv_mask, other=0.0).to(Q.dtype.element_ty)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _block(q, KV, row, tmask, allowed, d, dmask, m_i, l_i, acc, scale, D, V_OFF, IEEE)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + m[:, None] * stride_ot + hq * stride_oh + d[None, :], out.to(O.dtype.element_ty),
              mask=mmask[:, None] & dmask[None, :])
