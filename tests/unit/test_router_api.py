@@ -172,3 +172,13 @@ def test_openapi_documents_request_bodies(pd_router):
     assert "messages" in body["properties"] and "$ref" not in json.dumps(body)
     assert "input_ids" in spec["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"][
         "schema"]["properties"]
+
+
+def test_min_p_reaches_the_decode_worker(pd_router):
+    r, _, d = pd_router
+    httpx.post(r.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1,
+                                                                                      "min_p": 0.25}}, timeout=20)
+    assert d.behavior.calls[-1].sampling.min_p == 0.25
+    httpx.post(r.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 1, "min_p": 0.5}, timeout=20)
+    assert d.behavior.calls[-1].sampling.min_p == 0.5
