@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ROLE = "decode"
 EVENT_WAIT_S = 0.1
+GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)"}
 
 
 class DecodeWorker:
@@ -186,11 +187,14 @@ class DecodeWorker:
         req.cached = res.cached
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
-            try:
-                req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
-            except RuntimeError as e:  # P samples on another kind of device: its state does not fit ours
-                log.warning("request %s: prefill's sampler state does not fit this worker's %s generator (%s); "
-                            "continuing from the seed", req.request_id, req.generator.device, e)
+            state = torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8)
+            if state.numel() != req.generator.get_state().numel() and state.numel() in GENERATOR_STATE_BYTES:
+                # P samples on another kind of device (a CPU prefill worker, a GPU decode worker)
+                log.warning("request %s: prefill's sampler state is a %s generator's; this worker's is on %s: "
+                            "continuing from the seed", req.request_id, GENERATOR_STATE_BYTES[state.numel()],
+                            req.generator.device)
+            else:
+                req.generator.set_state(state)
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)
