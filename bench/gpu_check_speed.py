@@ -12,6 +12,7 @@ The engine's weights are HF's, copied in by the loader's own name map (engine/lo
 
 from __future__ import annotations
 
+import gc
 import inspect
 import statistics
 import time
@@ -215,7 +216,9 @@ def run_speed(device: str, smoke: bool) -> dict:
     res["decode"] = decode(runner, clock, arch, batches, contexts, copy_bps, reps)
     res["profile"] = profile_top10(runner, batches[min(2, len(batches) - 1)], contexts[-1])
     res["profile_at"] = [batches[min(2, len(batches) - 1)], contexts[-1]]
+    runner.graphs = None  # NOTE: the graphs hold the runner (a cycle): break it, or the pool outlives `del`
     del runner, pool
+    gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(dev)
