@@ -35,6 +35,12 @@ def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
+def graph_memory_bytes(max_batch: int, vocab_size: int) -> int:
+    """What the captured graphs keep allocated beyond one forward's peak: every bucket's logits
+    (fp32, plus the model-dtype matmul output they come from). Pool sizing reserves it."""
+    return sum(batch_buckets(max_batch)) * vocab_size * (4 + 2) if max_batch > 0 else 0
+
+
 def staging_size(bucket: int, width: int) -> int:
     return 4 * bucket + bucket * width
 

@@ -108,6 +108,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     the pages it generated, so ranking those alone would remove mid-chain pages before deep ones).
     """
     from engine.arch import ModelArch
+    from engine.cuda_graphs import graph_memory_bytes
     from engine.dtypes import resolve_dtypes
     from engine.kv_pool import KVPool
     from engine.loader import load_model
@@ -128,7 +129,9 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     kv_dtype, on_gpu = getattr(torch, dtypes.kv), m.device.startswith("cuda")
     size = size_pool(num_pages, arch.kv_values_per_token * m.page_size * kv_dtype.itemsize, m.page_size, m.device,
                      m.gpu_memory_utilization, lambda: profile_activation_bytes(
-                         model, arch, m.page_size, kv_dtype, max_forward_tokens(cfg), m.attention_backend))
+                         model, arch, m.page_size, kv_dtype, max_forward_tokens(cfg), m.attention_backend)
+                     + graph_memory_bytes(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
+                                          arch.vocab_size))
     log.info(size.describe())
     num_pages = size.num_pages
     pool = KVPool(arch, num_pages, m.page_size, kv_dtype, m.device, scratch_page=on_gpu)  # scratch: CUDA graphs

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.cuda_graphs import batch_buckets, bucket_for, stage_decode, staging_size
+from engine.cuda_graphs import batch_buckets, bucket_for, graph_memory_bytes, stage_decode, staging_size
 from engine.model_runner import Chunk
 
 
@@ -33,3 +33,8 @@ def test_a_row_longer_than_the_graph_is_refused():
     host = torch.zeros(staging_size(2, 2), dtype=torch.int32)
     with pytest.raises(ValueError, match="does not fit a graph of 2 pages per row"):
         stage_decode(host, [Chunk([1, 2, 3], 8, [5])], 2, 2, 4, 0)
+
+
+def test_graph_memory_reserve_counts_every_buckets_logits():
+    assert graph_memory_bytes(8, 1000) == (1 + 2 + 4 + 8) * 1000 * 6
+    assert graph_memory_bytes(0, 1000) == 0
