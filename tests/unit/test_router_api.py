@@ -67,6 +67,20 @@ def test_chat_streaming_with_include_usage(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(client):
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): running totals on each chunk.
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=4, stream=True, extra_body={"stream_options": {
+                                                "include_usage": True, "continuous_usage_stats": True}})
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[-1] == 4 and counts[0] >= 1
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
 def test_completions_text_and_token_prompts(client, pd_router, router_tokenizer):
     _, _, d = pd_router
     out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=2)
