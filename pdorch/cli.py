@@ -28,7 +28,8 @@ from pdorch.config_loader import (
 )
 from pdorch.master_cmd import add_master_args, run_master, split_passthrough
 
-_SECRETS = (("router", "api_key"), ("router", "admin_key"))
+_SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous_api_key"), ("grpc", "token"),
+            ("grpc", "previous_token"))
 # `pdorch bench NAME` -> (module of bench/, one-line help)
 BENCHMARKS = {
     "multiturn": ("bench.multiturn", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
