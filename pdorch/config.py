@@ -98,9 +98,6 @@ class RouterConfig:
 
     host: str = _key("127.0.0.1", "HTTP listen host")
     port: int = _key(8390, "HTTP listen port", min=1, max=65535)
-    metrics_port: int = _key(0, "Prometheus /metrics on a port of its own too (scrapers reach it where the API "
-                             "port is closed to them; the chart uses 9390); 0 = only on the HTTP port, where it is "
-                             "always served", min=0, max=65535)
     policy: str = _key("cache_aware", "Prefill selection policy",
                        choices=["cache_aware", "least_load", "round_robin"])
     cache_index_pages: int = _key(65536, "Page hashes remembered per prefill worker (cache_aware LRU)", min=1)
@@ -130,6 +127,9 @@ class RouterConfig:
     circuit_breaker_cooldown_s: float = _key(10.0, "Seconds before an open circuit is retried", min=0.1)
     max_body_mb: int = _key(8, "Largest HTTP request body in MiB (a 128k-token prompt as token ids is ~1 MiB); "
                             "a larger one is answered 413", min=1, max=1024)
+    metrics_port: int = _key(0, "Prometheus /metrics on a port of its own too (scrapers reach it where the API "
+                             "port is closed to them; the chart uses 9390); 0 = only on the HTTP port, where it is "
+                             "always served", min=0, max=65535)
 
 
 @dataclass(frozen=True)
