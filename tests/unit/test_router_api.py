@@ -176,7 +176,7 @@ def test_info_health_metrics_workers_and_flush(pd_router):
     assert "pdorch_router_ttft_seconds_bucket" in text and "pdorch_router_e2e_seconds_count" in text
     assert f'pdorch_router_worker_requests_total{{role="decode",worker="{d.address}"}}' in text
     assert 'pdorch_router_cached_tokens_total{tier="device"}' in text
-    assert "pdorch_router_queue_depth 0.0" in text
+    assert "pdorch_router_requests_in_flight 0.0" in text
 
 
 def test_openapi_documents_request_bodies(pd_router):
