@@ -142,7 +142,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                                                         "/generate": gen.generate},
                             metrics=metrics, known_routes=_ROUTES, max_body_bytes=rc.max_body_mb << 20)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: Request):
         auth.check_client(request.headers.get("authorization"))
         return json_response({"object": "list", "data": [{

@@ -186,3 +186,12 @@ def test_openapi_documents_request_bodies(pd_router):
     assert "messages" in body["properties"] and "$ref" not in json.dumps(body)
     assert "input_ids" in spec["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"][
         "schema"]["properties"]
+
+
+def test_head_is_answered_where_get_is(pd_router):
+    r, _, _ = pd_router
+    for path in ("/metrics", "/v1/models", "/health"):
+        resp = httpx.head(r.url + path, timeout=20)
+        assert resp.status_code == 200, (path, resp.status_code)
+        assert resp.content == b""
+    assert httpx.head(r.url + "/v1/chat/completions", timeout=20).status_code == 405
