@@ -8,11 +8,13 @@ PIP := $(VENV)/bin/pip
 
 setup: system-deps venv  ## install everything on a fresh Debian machine (idempotent)
 
+# prometheus: only for its promtool (tests/unit/test_chart_alerts.py checks and unit-tests the chart's
+# alerts with it); the server it also installs is disabled like etcd's.
 system-deps:
-	@if ! dpkg -s libibverbs1 librdmacm1 etcd-server >/dev/null 2>&1; then \
-	  echo "[setup] apt-get install libibverbs1 librdmacm1 etcd-server"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1 etcd-server >/dev/null; \
-	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
+	@if ! dpkg -s libibverbs1 librdmacm1 etcd-server prometheus >/dev/null 2>&1; then \
+	  echo "[setup] apt-get install libibverbs1 librdmacm1 etcd-server prometheus"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 librdmacm1 etcd-server prometheus >/dev/null; \
+	  systemctl disable --now etcd prometheus >/dev/null 2>&1 || true; \
 	fi
 
 venv: $(VENV)/.installed

@@ -26,7 +26,7 @@ from pdorch.config import GrpcConfig
 from pdorch.worker import convert
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
 from pdorch.worker.protocol import WRITES_OVER_KEY, PrefillJob, PrefillResult
-from pdorch.worker.rpc import client_channel
+from pdorch.worker.rpc import CallerTokens, client_channel
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 
@@ -48,19 +48,35 @@ CHANNEL_OPTIONS = [
 class PrefillClient:
     def __init__(self, rpc: GrpcConfig | None = None):
         self._rpc = rpc or GrpcConfig()  # the shared token and TLS of worker gRPC (config section grpc)
+        self._tokens = CallerTokens(self._rpc)  # which token each P takes (rotation: pdorch/worker/tokens.py)
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, pb_grpc.PrefillServiceStub]] = {}
 
     def _stub(self, address: str) -> pb_grpc.PrefillServiceStub:
         with self._lock:
             if address not in self._stubs:
-                channel = client_channel(address, self._rpc, options=CHANNEL_OPTIONS)
+                channel = client_channel(address, self._rpc, options=CHANNEL_OPTIONS, tokens=self._tokens)
                 self._stubs[address] = (channel, pb_grpc.PrefillServiceStub(channel))
+                if self._tokens.rotating:
+                    self._learn_token(address, self._stubs[address][1])
             return self._stubs[address][1]
 
-    def prefill(self, address: str, job: PrefillJob, timeout_s: float, is_cancelled) -> PrefillResult:
+    def _learn_token(self, address: str, stub: pb_grpc.PrefillServiceStub) -> None:
+        """During a token rotation: ask P once (Info) which token it takes, so no Prefill is refused."""
+        sent = self._tokens.token(address)
+        try:
+            stub.Info(pb.InfoRequest(), timeout=ABORT_TIMEOUT_S)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                self._tokens.refused(address, sent)
+
+    def prefill(self, address: str, job: PrefillJob, timeout_s: float, is_cancelled, retried: bool = False
+                ) -> PrefillResult:
         """Run `job` on P, waiting at most `timeout_s` (the request's remaining time)."""
+        t0 = time.monotonic()
+        asked = job
         job = replace(job, timeout_s=max(timeout_s - ANSWER_MARGIN_S, timeout_s / 2))
+        sent = self._tokens.token(address)
         call = self._stub(address).Prefill.future(convert.job_to_proto(job), timeout=timeout_s)
         done = threading.Event()
         call.add_done_callback(lambda _: done.set())
@@ -71,6 +87,10 @@ class PrefillClient:
         try:
             return convert.result_from_proto(call.result())
         except grpc.RpcError as e:
+            # NOTE: refused before P's handler ran (pdorch/worker/tokens.py): nothing to undo; once more
+            # with the other token of a rotation (P restarted at the same address, say).
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED and not retried and self._tokens.refused(address, sent):
+                return self.prefill(address, asked, timeout_s - (time.monotonic() - t0), is_cancelled, retried=True)
             err = _map_error(e, address, job.request_id, timeout_s)
             metadata = e.trailing_metadata() or ()
             err.writes_over = any(k == WRITES_OVER_KEY and v == "1" for k, v in metadata)

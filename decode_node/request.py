@@ -50,6 +50,7 @@ class DecodeRequest:
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: object = None
     cancelled: bool = False
+    handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
     done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
     io_pending: int = 0  # offload saves still reading page_ids
     # Prompt KV D computes itself before decoding (decode_node/prompt_kv.py): token ranges [start,

@@ -30,7 +30,7 @@ from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages
-from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, WorkerError
+from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
 from store_client.io_thread import LOAD
@@ -176,6 +176,9 @@ class DecodeScheduler:
             self._loop.wake_at(req.deadline)  # no later than its deadline, however idle
             if req.cancelled:
                 self._finish(req, DecodeEvent(error=Aborted(f"request {req.request_id} aborted")), aborted=True)
+            elif req.handoff:  # NOTE: not aborted: its queued offload pages are still written
+                self._finish(req, DecodeEvent(error=ShuttingDown(
+                    f"decode worker draining: request {req.request_id} hands on after {req.num_generated} tokens")))
             elif now > req.deadline:
                 self._finish(req, DecodeEvent(error=DeadlineExceeded(
                     f"request {req.request_id} missed its deadline ({req.job.timeout_s:.1f}s) after "

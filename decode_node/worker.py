@@ -11,6 +11,11 @@ them (decode_node/fence.py).
 
 One deadline: the request's own (`timeout_s` from the router, else decode.request_timeout_s) bounds
 the prefill call too; decode.prefill_timeout_s only caps it when the request brought no deadline.
+
+    drain(timeout_s)  on SIGTERM, once out of discovery: new requests are refused (UNAVAILABLE, the
+                 router picks another worker), streams get timeout_s to finish, and each one left
+                 ends UNAVAILABLE once the pages it offloaded are in the store: the router resumes it
+                 on another decode worker (router/failover.py), which loads those pages.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.tokenizer import Tokenizer
 from pdorch.config import Config
-from pdorch.worker.errors import InvalidRequest, WorkerError
+from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.protocol import PrefillJob
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
@@ -43,6 +48,7 @@ log = logging.getLogger(__name__)
 
 ROLE = "decode"
 EVENT_WAIT_S = 0.1
+DRAIN_POLL_S = 0.05
 GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)"}
 
 
@@ -62,6 +68,7 @@ class DecodeWorker:
         self.max_context = rt.max_context
         self._lock = threading.Lock()
         self._requests: dict[str, DecodeRequest] = {}
+        self._draining = False
         self.recorder.bind_load(self.load, rt.allocator.num_total)
         self.scheduler.start()
 
@@ -78,6 +85,8 @@ class DecodeWorker:
         check_prompt(job.request_id, job.token_ids, self.rt.arch.vocab_size, self.max_context - 1,
                      f"max context {self.max_context} minus the first generated token")
         require(job.request_id, job.prefill_address, "prefill_address")
+        if self._draining:
+            raise ShuttingDown(f"decode worker {self.worker_id} is draining; request {job.request_id} goes elsewhere")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
         req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
@@ -155,9 +164,40 @@ class DecodeWorker:
                     self.scheduler.wake()
                     return
                 continue
+            if req.handoff and event.error is not None:
+                self._await_offload(req)  # the resumed stream's prefill finds these pages in the store
             yield event
             if event.final:
                 return
+
+    def _await_offload(self, req: DecodeRequest) -> None:
+        deadline = time.monotonic() + self.cfg.store.op_timeout_s
+        while req.io_pending > 0 and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S / 5)
+
+    def drain(self, timeout_s: float) -> int:
+        """Refuse new requests, let streams finish for `timeout_s`, hand on the rest; the number
+        handed on. Returns once their streams have ended (bounded by store.op_timeout_s + 5 s)."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._requests:
+                    return 0
+            time.sleep(DRAIN_POLL_S)
+        with self._lock:
+            left = list(self._requests.values())
+        for req in left:
+            req.handoff = True
+        self.scheduler.wake()
+        log.info("draining: handing %d streams on to other decode workers", len(left))
+        deadline = time.monotonic() + self.cfg.store.op_timeout_s + 5.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._requests:
+                    break
+            time.sleep(DRAIN_POLL_S)
+        return len(left)
 
     def _prefill(self, req: DecodeRequest, cancelled, load: PrefixLoad | None):
         """Prefill on P into the prompt's pages (but those D reads itself). When it fails and P did

@@ -35,18 +35,29 @@ def obj(description: str, **props: dict) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "description": description, "properties": props}
 
 
+GRACE = {"type": "integer", "minimum": 0}
+
+
 def _placement() -> dict[str, dict]:
-    return {"nodeSelector": OBJ, "tolerations": LIST, "affinity": OBJ}
+    """Where and how a pod runs (pdorch.podCommon)."""
+    return {"nodeSelector": OBJ, "tolerations": LIST, "affinity": OBJ, "topologySpreadConstraints": LIST,
+            "priorityClassName": STR, "runtimeClassName": STR, "schedulerName": STR,
+            "terminationGracePeriodSeconds": GRACE, "podAnnotations": OBJ}
+
+
+def _budget(description: str) -> dict[str, Any]:
+    return obj(description, enabled=BOOL, minAvailable=QUANTITY, maxUnavailable=QUANTITY)
 
 
 def _pod(description: str, **props: dict) -> dict[str, Any]:
-    return obj(description, replicas=COUNT, resources=OBJ, topologySpreadConstraints=LIST, podAnnotations=OBJ,
-               extraEnv=LIST, startupSeconds={"type": "integer", "minimum": 5}, **_placement(), **props)
+    return obj(description, replicas=COUNT, resources=OBJ, extraEnv=LIST, envFrom=LIST, extraVolumes=LIST,
+               extraVolumeMounts=LIST, initContainers=LIST, strategy=OBJ,
+               startupSeconds={"type": "integer", "minimum": 5}, **_placement(), **props)
 
 
 def _worker(role: str) -> dict[str, Any]:
     return _pod(f"{role} worker Deployment",
-                gpus=COUNT, shmSize=QUANTITY,
+                gpus=COUNT, shmSize=QUANTITY, podDisruptionBudget=_budget(f"{role} PDB"),
                 rdma=obj("RDMA device and IPC_LOCK", enabled=BOOL, resourceName=STR,
                          count={"type": "integer", "minimum": 1}),
                 hugepages=obj("huge pages for the store segment and transfer buffers", enabled=BOOL,
@@ -54,8 +65,15 @@ def _worker(role: str) -> dict[str, Any]:
 
 
 def values_schema() -> dict[str, Any]:
-    image = obj("pdorch image", repository={"type": "string", "minLength": 1}, tag=STR,
+    image = obj("pdorch image", repository={"type": "string", "minLength": 1}, tag=STR, slimTag=STR,
                 pullPolicy={"enum": ["IfNotPresent", "Always", "Never"]})
+    model_volume = obj("where the model directory comes from",
+                       type={"enum": ["image", "pvc", "hostPath", "initContainer"]},
+                       mountPath={"type": "string", "pattern": "^/"}, subPath=STR,
+                       pvc=obj("PersistentVolumeClaim", claimName=STR),
+                       hostPath=obj("hostPath volume", path=STR, type=STR),
+                       initContainer=obj("init container filling an emptyDir", image=STR, command=LIST, args=LIST,
+                                         env=LIST, envFrom=LIST, resources=OBJ, sizeLimit=QUANTITY))
     router = _pod("router Deployment",
                   service=obj("router Service", type={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                               port=PORT, annotations=OBJ),
@@ -63,32 +81,38 @@ def values_schema() -> dict[str, Any]:
                                   maxReplicas={"type": "integer", "minimum": 1},
                                   targetCPUUtilizationPercentage={"type": "integer", "minimum": 1,
                                                                   "maximum": 100}),
-                  podDisruptionBudget=obj("router PDB", enabled=BOOL, minAvailable=QUANTITY))
+                  podDisruptionBudget=_budget("router PDB"),
+                  preStopSleepSeconds={"type": "integer", "minimum": 0, "maximum": 300})
     master = obj("mooncake_master Deployment", enabled=BOOL, rpcPort=PORT, metadataPort=PORT, metricsPort=PORT,
-                 extraArgs={"type": "array", "items": STR}, resources=OBJ, **_placement())
+                 extraArgs={"type": "array", "items": STR}, resources=OBJ,
+                 podDisruptionBudget=_budget("master PDB"), **_placement())
     etcd = obj("etcd StatefulSet or external endpoints", enabled=BOOL,
                replicas={"type": "integer", "minimum": 1}, clientPort=PORT, peerPort=PORT,
                externalEndpoints={"type": "array", "items": {"type": "string", "pattern": r"^[^\s:/]+:\d{1,5}$"}},
                image=obj("etcd image", repository=STR, tag=STR),
                persistence=obj("etcd data volume", enabled=BOOL, size=QUANTITY, storageClass=STR),
-               resources=OBJ)
+               resources=OBJ, **_placement())
     monitoring = obj("Prometheus Operator and Grafana objects",
                      serviceMonitor=obj("ServiceMonitor", enabled=BOOL, interval=STR, labels=OBJ),
                      prometheusRule=obj("PrometheusRule", enabled=BOOL, labels=OBJ,
                                         hitRateDropRatio={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                                         queueDepthThreshold=COUNT,
-                                        ttftP99Seconds={"type": "number", "exclusiveMinimum": 0}),
+                                        ttftP99Seconds={"type": "number", "exclusiveMinimum": 0},
+                                        errorRatioThreshold={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                                        masterEvictionsPerSecond={"type": "number", "minimum": 0}),
                      grafanaDashboard=obj("Grafana dashboard ConfigMap", enabled=BOOL, labels=OBJ))
     schema = obj("pdorch Helm chart values (generated by `python -m pdorch.chart_schema`; do not edit)",
                  image=image, imagePullSecrets={"type": "array", "items": STR},
                  nameOverride=STR, fullnameOverride=STR,
+                 serviceAccount=obj("the pods' ServiceAccount", create=BOOL, name=STR, annotations=OBJ),
+                 podSecurityContext=OBJ, securityContext=OBJ, modelVolume=model_volume,
                  config=config_json_schema(),
                  auth=obj("API, admin and worker gRPC keys", existingSecret=STR, apiKey=STR, adminKey=STR,
-                          grpcToken=STR),
+                          previousApiKey=STR, grpcToken=STR, grpcPreviousToken=STR),
                  grpcTls=obj("worker gRPC over TLS", enabled=BOOL, secretName=STR, serverName=STR),
                  router=router, prefill=_worker("prefill"), decode=_worker("decode"), master=master, etcd=etcd,
                  monitoring=monitoring,
-                 networkPolicy=obj("NetworkPolicies", enabled=BOOL, routerFrom=LIST))
+                 networkPolicy=obj("NetworkPolicies", enabled=BOOL, routerFrom=LIST, metricsFrom=LIST))
     return {"$schema": "https://json-schema.org/draft-07/schema#", **schema}
 
 

@@ -1,7 +1,7 @@
 """The `pdorch` command.
 
     pdorch serve [--model PATH] [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
-    pdorch master [--config FILE] [--set ...] [--listen HOST] [--print]
+    pdorch master [--config FILE] [--set ...] [--listen HOST] [--print] [MOONCAKE_FLAGS] [-- MOONCAKE_FLAGS]
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
@@ -26,9 +26,10 @@ from pdorch.config_loader import (
     exit_on_config_error,
     load_config,
 )
-from pdorch.master_cmd import add_master_args, run_master
+from pdorch.master_cmd import add_master_args, run_master, split_passthrough
 
-_SECRETS = (("router", "api_key"), ("router", "admin_key"))
+_SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous_api_key"), ("grpc", "token"),
+            ("grpc", "previous_token"))
 # `pdorch bench NAME` -> (module of bench/, one-line help)
 BENCHMARKS = {
     "multiturn": ("bench.multiturn", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
@@ -60,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
     master = _command(sub, "master", help="run mooncake_master with the flags pdorch expects (from store.* keys)",
                       description="Run mooncake_master in the foreground with its ports and flags from the "
-                      "config's store.* keys (bare-metal installs; the Helm chart's master pod runs this too).")
+                      "config's store.* keys (bare-metal installs; the Helm chart's master pod runs this too). "
+                      "Other arguments (and all after `--`) are mooncake_master flags, passed on as given.")
     add_master_args(master)
 
     status = _command(sub, "status", help="workers, load and cache hit rates from a running router")
@@ -97,11 +99,16 @@ def _command(sub, name: str, config: bool = True, **kwargs) -> argparse.Argument
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = _parser()
+    passthrough: list[str] = []
+    if argv[:1] == ["master"]:  # everything after `--` goes to mooncake_master
+        argv, passthrough = split_passthrough(argv)
     args, rest = parser.parse_known_args(argv)
     if args.command == "model":
         return _model_prepare(rest)
     if args.command == "bench":
         return _bench(args.bench_command, rest)
+    if args.command == "master":  # flags pdorch does not know are mooncake_master's (master_cmd.py)
+        passthrough, rest = rest + passthrough, []
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if getattr(args, "model", None):  # before the user's own --set, which win; the children get them too
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         return _status(args, cfg)
     if args.command == "master":
-        return run_master(cfg, args.listen, args.print_only)
+        return run_master(cfg, args.listen, args.print_only, passthrough)
     return _show_config(cfg)
 
 

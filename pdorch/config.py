@@ -84,6 +84,8 @@ class PrefillConfig:
                                  "of L1 pages (write-back, write-before-evict) before unpersisted pages are "
                                  "evicted anyway (counted by reason)", min=0.0, max=60.0)
     request_timeout_s: float = _key(60.0, "Default deadline when the caller gives none", min=0.1)
+    drain_timeout_s: float = _key(10.0, "On SIGTERM, after leaving discovery: running prefills get this long to "
+                                  "finish before the server stops", min=0.0, max=3600.0)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,10 @@ class DecodeConfig:
                                     "their own (a request's own deadline always governs)", min=0.1)
     request_timeout_s: float = _key(600.0, "Default whole-request deadline when the caller gives none",
                                     min=0.1)
+    drain_timeout_s: float = _key(30.0, "On SIGTERM, after leaving discovery: streams get this long to finish; "
+                                  "the rest are handed to other decode workers (ended UNAVAILABLE once their "
+                                  "offloaded pages are written; the router resumes them: router.mid_stream_failover)",
+                                  min=0.0, max=3600.0)
 
 
 @dataclass(frozen=True)
@@ -138,13 +144,21 @@ class RouterConfig:
     session_affinity_header: str = _key("", "HTTP header whose value pins a session to one prefill worker")
     api_key: str = _key("", "Bearer key clients must send; empty = no auth (env PDORCH_ROUTER_API_KEY)")
     admin_key: str = _key("", "Bearer key for /flush_cache and /workers (env PDORCH_ROUTER_ADMIN_KEY)")
+    previous_api_key: str = _key("", "During an API key rotation: the old key, still accepted like api_key until "
+                                 "clients have moved; empty = none (env PDORCH_ROUTER_PREVIOUS_API_KEY)")
     max_queued_requests: int = _key(1024, "Requests in flight before the router answers 429", min=1)
     request_timeout_s: float = _key(600.0, "Whole-request deadline", min=0.1)
+    drain_timeout_s: float = _key(30.0, "On SIGTERM: the router stops accepting connections and gives requests "
+                                  "in flight this long to finish (cover router.request_timeout_s for no cut stream)",
+                                  min=0.0, max=3600.0)
     health_check_interval_s: float = _key(2.0, "Seconds between worker health checks", min=0.1)
     circuit_breaker_failures: int = _key(3, "Consecutive failures that open a worker's circuit", min=1)
     circuit_breaker_cooldown_s: float = _key(10.0, "Seconds before an open circuit is retried", min=0.1)
     max_body_mb: int = _key(8, "Largest HTTP request body in MiB (a 128k-token prompt as token ids is ~1 MiB); "
                             "a larger one is answered 413", min=1, max=1024)
+    metrics_port: int = _key(0, "Prometheus /metrics on a port of its own too (scrapers reach it where the API "
+                             "port is closed to them; the chart uses 9390); 0 = only on the HTTP port, where it is "
+                             "always served", min=0, max=65535)
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,9 @@ class GrpcConfig:
 
     token: str = _key("", "Shared secret every call to a worker must carry (`authorization: Bearer`); calls "
                       "without it are rejected UNAUTHENTICATED; empty = no check (env PDORCH_GRPC_TOKEN)")
+    previous_token: str = _key("", "During a token rotation: the old token, still accepted by workers, and sent by "
+                               "callers to a worker that refuses `token` (one not rolled yet); empty after the "
+                               "rotation (env PDORCH_GRPC_PREVIOUS_TOKEN)")
     tls: bool = _key(False, "Workers serve gRPC over TLS; the router and decode workers call them over TLS")
     tls_cert: str = _key("", "Workers with tls: PEM certificate (chain) file they serve")
     tls_key: str = _key("", "Workers with tls: PEM private key file of tls_cert")

@@ -37,7 +37,9 @@ from pdorch.config_loader import env_var
 SECRET_KEYS: dict[str, tuple[str, ...]] = {
     "router.api_key": ("router",),
     "router.admin_key": ("router",),
+    "router.previous_api_key": ("router",),
     "grpc.token": ("router", "prefill", "decode"),
+    "grpc.previous_token": ("router", "prefill", "decode"),
 }
 SECRET_ENV_VARS = frozenset(env_var(*key.split(".", 1)) for key in SECRET_KEYS)
 REDACTED = "<redacted>"

@@ -8,6 +8,11 @@ chart's master Deployment (which runs `pdorch master` with the chart's ConfigMap
     metrics port   <- store.master_metrics_port     eviction      <- store.master_eviction_*
     lease / TTL    <- store.master_kv_lease_ttl_ms, store.master_client_ttl_s
     SSD offload    <- store.master_enable_offload
+
+Any other mooncake_master flag (SSD offload tuning, `--offloading_queue_limit=100`...) is passed on
+as given: the flags `pdorch master` does not know itself, and everything after `--`. A flag that
+pdorch sets from the config is refused with the key to set instead (gflags would silently take
+the last value), and so is an argument that is not a flag.
 """
 
 from __future__ import annotations
@@ -31,6 +36,41 @@ def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | Non
                          eviction_ratio=s.master_eviction_ratio, enable_offload=s.master_enable_offload)
 
 
+# mooncake_master flags built from the config -> the key that sets them.
+OWN_FLAGS = {
+    "enable_http_metadata_server": "store.metadata_server", "http_metadata_server_host": "--listen",
+    "http_metadata_server_port": "store.metadata_server", "rpc_port": "store.master_address",
+    "metrics_host": "--listen", "metrics_port": "store.master_metrics_port",
+    "default_kv_lease_ttl": "store.master_kv_lease_ttl_ms", "client_ttl": "store.master_client_ttl_s",
+    "eviction_high_watermark_ratio": "store.master_eviction_high_watermark",
+    "eviction_ratio": "store.master_eviction_ratio", "enable_offload": "store.master_enable_offload",
+}
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`pdorch master ... -- FLAGS`: (pdorch's own arguments, what follows `--`)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def check_extra_flags(extra: list[str]) -> list[str]:
+    """The flags passed on to mooncake_master, as given; ValueError names the first bad one."""
+    takes_value = False  # `--name value`: the argument after a flag without `=` may be its value
+    for arg in extra:
+        name = arg.lstrip("-").split("=", 1)[0]
+        if not arg.startswith("-") or not name:
+            if takes_value:
+                takes_value = False
+                continue
+            raise ValueError(f"{arg!r} is not a mooncake_master flag (give flags as --name=value)")
+        if name in OWN_FLAGS:
+            raise ValueError(f"--{name} is set from the config: set {OWN_FLAGS[name]} instead")
+        takes_value = "=" not in arg
+    return list(extra)
+
+
 def add_master_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="0.0.0.0", metavar="HOST",
                         help="address the metadata and metrics servers listen on (default 0.0.0.0; "
@@ -39,15 +79,16 @@ def add_master_args(parser: argparse.ArgumentParser) -> None:
                         help="print the mooncake_master command line instead of running it")
 
 
-def run_master(cfg: Config, listen: str, print_only: bool) -> int:
-    """Replace this process with mooncake_master (signals reach it directly, as PID 1 in a pod)."""
+def run_master(cfg: Config, listen: str, print_only: bool, extra: list[str] = ()) -> int:
+    """Replace this process with mooncake_master (signals reach it directly, as PID 1 in a pod);
+    `extra`: more mooncake_master flags, appended as given (check_extra_flags)."""
     from store_client.master import MasterError
     if not cfg.store.enabled:
         print("pdorch master: store.enabled is false; nothing to run", file=sys.stderr)
         return 2
     try:
-        argv = master_process(cfg, bind_host=listen).command()
-    except (PlanError, MasterError) as e:
+        argv = master_process(cfg, bind_host=listen).command() + check_extra_flags(list(extra))
+    except (PlanError, MasterError, ValueError) as e:
         print(f"pdorch master: {e}", file=sys.stderr)
         return 2
     print(" ".join(argv), flush=True)

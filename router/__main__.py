@@ -28,18 +28,28 @@ def main(argv: list[str] | None = None) -> int:
     from router.http_protocol import RouterHttpProtocol
     from router.listen import PortInUse, listen_sockets
 
+    rc = cfg.router
+    if rc.metrics_port == rc.port:
+        print(f"router: router.metrics_port and router.port are both {rc.port}; give /metrics a port of its own "
+              "or 0 (served on the HTTP port)", file=sys.stderr)
+        return 2
     try:
-        sockets = listen_sockets(cfg.router.host, cfg.router.port)
+        sockets = listen_sockets(rc.host, rc.port)
+        if rc.metrics_port:  # the same server: RouterApp answers /metrics only there
+            sockets += listen_sockets(rc.host, rc.metrics_port, count=1)
     except PortInUse as e:
-        print(f"router: {e} (router.port / router.host)", file=sys.stderr)
+        print(f"router: {e} (router.port / router.metrics_port / router.host)", file=sys.stderr)
         return 1
     # Only the tokenizer and config.json: the router never converts or loads weights.
     model_dir = prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)
     app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
     # NOTE: access logs off: one log line per request costs more than the routing itself. No
     # X-Forwarded-* rewriting either (nothing reads the client address; it is a layer per request).
+    # On SIGTERM uvicorn closes the listening sockets, lets requests in flight (streams) finish
+    # for router.drain_timeout_s, then cancels the rest (the chart's preStop hook runs first, so
+    # Kubernetes has stopped sending new connections by then: docs/operations.md).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, proxy_headers=False,
-                            timeout_graceful_shutdown=30, http=RouterHttpProtocol)
+                            timeout_graceful_shutdown=rc.drain_timeout_s, http=RouterHttpProtocol)
     uvicorn.Server(config).run(sockets=sockets)  # see router/listen.py
     return 0
 

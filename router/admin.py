@@ -31,7 +31,8 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         return {role: {"known": len(pool.workers(role)), "routable": len(pool.routable(role))}
                 for role in ("prefill", "decode")}
 
-    @app.get("/health")
+    # NOTE: GET routes that probes and scrapers may also ask with HEAD answer it (FastAPI's @app.get does not).
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         """200 when at least one prefill and one decode worker are routable, else 503."""
         c = counts()
@@ -63,7 +64,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         return json_response({"status": "ok", "output_ids": progress.output_ids,
                       "latency_s": round(time.perf_counter() - t0, 6)})
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prom_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 

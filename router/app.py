@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 
 from pdorch.config import Config
 from router import admin
@@ -42,14 +43,28 @@ class RouterApp(FastAPI):
     NOTE: `add_middleware` would put FastPath inside Starlette's ServerErrorMiddleware and
     FastAPI's own layers, each wrapping every streamed chunk's `send`; FastPath needs none of
     them (it answers its own errors), so it runs first and hands other requests to FastAPI.
+
+    A connection to `router.metrics_port` (the same server, one more listening socket) gets
+    `/metrics` and nothing else: scrapers may reach that port where the API's is closed to them.
     """
 
     fastpath: FastPath | None = None
+    metrics_port: int = 0
 
     async def __call__(self, scope, receive, send) -> None:
+        if self.metrics_port and scope["type"] == "http" and (scope.get("server") or (None, 0))[1] == self.metrics_port:
+            return await self._metrics_only(scope, receive, send)
         if self.fastpath is None:
             return await super().__call__(scope, receive, send)
         await self.fastpath(scope, receive, send)
+
+    async def _metrics_only(self, scope, receive, send) -> None:
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            response = Response(self.state.metrics.render(), media_type=self.state.metrics.content_type)
+        else:
+            response = APIError(404, f"the metrics port serves GET /metrics only, not {scope['method']} "
+                                f"{scope['path'][:100]}", "not_found_error").response()
+        await response(scope, receive, send)
 
     async def call_fastapi(self, scope, receive, send) -> None:
         await super().__call__(scope, receive, send)
@@ -64,10 +79,10 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
     policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
-    metrics.queue_depth = lambda: svc.in_flight  # gauges are read at scrape time
+    metrics.in_flight = lambda: svc.in_flight  # gauges are read at scrape time
     metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
     metrics.prefill_choices = lambda: getattr(policy, "decisions", {})
-    auth = Auth(rc.api_key, rc.admin_key)
+    auth = Auth(rc.api_key, rc.admin_key, rc.previous_api_key)
     discovery = make_discovery(cfg.discovery, pool)
 
     @contextlib.asynccontextmanager
@@ -82,6 +97,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
             await pool.close()
 
     app = RouterApp(title="pdorch router", version="1", lifespan=lifespan)
+    app.metrics_port = rc.metrics_port
     app.state.service = svc
     app.state.pool = pool
     app.state.metrics = metrics
@@ -126,7 +142,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                                                         "/generate": gen.generate},
                             metrics=metrics, known_routes=_ROUTES, max_body_bytes=rc.max_body_mb << 20)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: Request):
         auth.check_client(request.headers.get("authorization"))
         return json_response({"object": "list", "data": [{

@@ -9,6 +9,7 @@ Rules:
 - admin_key configured    -> admin endpoints need exactly that key (401 without a key or with an
                              unknown one, 403 with a valid client key).
 - no admin_key configured -> admin endpoints fall back to the client rule.
+- previous_api_key        -> accepted like api_key, during a rotation (clients move at their pace).
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ def _same(a: str, b: str) -> bool:
 class Auth:
     api_key: str = ""
     admin_key: str = ""
+    previous_api_key: str = ""
 
     def __repr__(self) -> str:  # NOTE: keep keys out of logs and tracebacks
-        return f"Auth(api_key={'set' if self.api_key else 'unset'}, admin_key={'set' if self.admin_key else 'unset'})"
+        return (f"Auth(api_key={'set' if self.api_key else 'unset'}, admin_key={'set' if self.admin_key else 'unset'}, "
+                f"previous_api_key={'set' if self.previous_api_key else 'unset'})")
+
+    def _client_key(self, token: str) -> bool:
+        return _same(token, self.api_key) or bool(self.previous_api_key and _same(token, self.previous_api_key))
 
     def check_client(self, authorization: str | None) -> None:
         if not self.api_key:
@@ -46,7 +52,7 @@ class Auth:
         token = _bearer(authorization)
         if token is None:
             raise unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        if _same(token, self.api_key) or (self.admin_key and _same(token, self.admin_key)):
+        if self._client_key(token) or (self.admin_key and _same(token, self.admin_key)):
             return
         raise unauthorized("invalid API key")
 
@@ -59,6 +65,6 @@ class Auth:
             raise unauthorized("missing admin key: send 'Authorization: Bearer <admin key>'")
         if _same(token, self.admin_key):
             return
-        if self.api_key and _same(token, self.api_key):
+        if self.api_key and self._client_key(token):
             raise forbidden("this endpoint needs the admin key")
         raise unauthorized("invalid admin key")

@@ -152,6 +152,8 @@ class EtcdDiscovery:
                 if self._watch_id is not None:
                     await asyncio.to_thread(self._client.cancel_watch, self._watch_id)
                     self._watch_id = None
+                if failures and len(self.cfg.etcd_endpoints) > 1:  # NOTE: the member it used may be gone
+                    await self._move_to_another_endpoint()
                 await self._sync()
                 if failures:
                     log.warning("etcd is back after %d failed resyncs; %d workers registered", failures,
@@ -164,6 +166,14 @@ class EtcdDiscovery:
                 (log.warning if failures == 1 else log.debug)(
                     "etcd unreachable (%s); routing to the %d last known workers until it is back; "
                     "retrying every %.0f s", e, len(self._entries), self.RESYNC_DELAY_S)
+
+    async def _move_to_another_endpoint(self) -> None:
+        old = self._client
+        self._client = await asyncio.to_thread(connect, self.cfg.etcd_endpoints, 5.0, getattr(old, "endpoint", None))
+        self._watch_id = None
+        if old is not None:
+            await asyncio.to_thread(old.close)
+        log.warning("etcd: now through %s", self._client.endpoint)
 
     async def stop(self) -> None:
         self._stopped = True

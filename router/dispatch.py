@@ -221,7 +221,7 @@ class Dispatcher:
                 w.in_flight += 1
                 w.routed += 1
                 w.breaker.on_sent()
-                self.metrics.worker_routed.labels(w.role, w.address).inc()
+                self.metrics.routed_to(w.role, w.address)
             call: StreamCall | None = None
             try:
                 call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),

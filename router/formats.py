@@ -78,21 +78,21 @@ def _finish(p: Progress) -> str | None:
 
 
 def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-               include_usage: bool) -> bytes:
+               include_usage: bool, continuous_usage: bool = False) -> bytes:
     delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
     body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(p)}]}
-    if include_usage:
-        body["usage"] = None
+    if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
+        body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
 
 
 def completion_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-                     include_usage: bool) -> bytes:
+                     include_usage: bool, continuous_usage: bool = False) -> bytes:
     body = {"id": oid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": delta_text, "logprobs": None, "finish_reason": _finish(p)}]}
-    if include_usage:
-        body["usage"] = None
+    if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
+        body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
 
 

@@ -7,6 +7,7 @@ Each handler takes the request (headers) and its raw body and returns a Response
 
 from __future__ import annotations
 
+import functools
 import time
 
 from starlette.requests import Request
@@ -98,7 +99,9 @@ class GenerationHandlers:
             final = formats.chat_final if chat else formats.completion_final
             return await _collect(run, lambda: final(progress, oid, created, model))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        chunk = formats.chat_chunk if chat else formats.completion_chunk
+        continuous = include_usage and req.stream_options.continuous_usage_stats
+        chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
+                                  continuous_usage=continuous)
 
         def tail() -> bytes:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE

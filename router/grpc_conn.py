@@ -362,3 +362,11 @@ class Connection(asyncio.Protocol):
         self._broken(f"channel to {self.address} closed")
         if self.transport is not None:
             self.transport.close()
+
+    def retire(self) -> None:
+        """No new calls; the calls open go on and the connection closes after the last (forget)."""
+        self.usable = False
+        self.broken_reason = f"channel to {self.address} closed"
+        self.slots.release_all()
+        if not self.streams:
+            self.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 
 import grpc
 
@@ -51,10 +52,12 @@ class Channel:
     """Calls to one worker (`host:port`) over one HTTP/2 connection, (re)connected on demand."""
 
     def __init__(self, address: str, keepalive_s: float = KEEPALIVE_S, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 authorization: str = "", ssl_context: ssl.SSLContext | None = None, server_hostname: str = ""):
+                 authorization: str | Callable[[], str] = "", ssl_context: ssl.SSLContext | None = None,
+                 server_hostname: str = ""):
         """`authorization`: the value of the header every call carries (the workers' shared token, see
-        pdorch/worker/rpc.py); `ssl_context`: TLS with ALPN h2, the certificate checked for
-        `server_hostname` (default: the address's host)."""
+        pdorch/worker/tokens.py), or a function giving it per call (it changes during a token
+        rotation); `ssl_context`: TLS with ALPN h2, the certificate checked for `server_hostname`
+        (default: the address's host)."""
         self.address = address
         self.keepalive_s = keepalive_s
         self.max_message_bytes = max_message_bytes
@@ -62,13 +65,14 @@ class Channel:
         self._host, self._port = host.strip("[]") or "127.0.0.1", int(port)
         self._ssl = ssl_context
         self._server_hostname = (server_hostname or self._host) if ssl_context is not None else None
-        # NOTE: header fields every call sends alike, encoded once (:scheme is static table 7 or 6).
-        self._common = (b"\x87" if ssl_context is not None else b"\x86") + (
-            literal(b"authorization", authorization.encode()) if authorization else b"")
+        # NOTE: header fields every call sends alike, encoded once per path and authorization value
+        # (:scheme is static table 7 or 6).
+        self._scheme = b"\x87" if ssl_context is not None else b"\x86"
+        self._authorization = authorization if callable(authorization) else (lambda: authorization)
         self._conn: Connection | None = None
         self._connecting: asyncio.Future | None = None
         self._authority = address.encode()
-        self._header_prefix: dict[str, bytes] = {}  # path -> the header block without grpc-timeout
+        self._header_prefix: dict[tuple[str, str], bytes] = {}  # (path, authorization) -> block but grpc-timeout
         self._closed = False
 
     async def call(self, path: str, message: bytes, deserialize, timeout_s: float) -> StreamCall:
@@ -82,10 +86,12 @@ class Channel:
             # NOTE: no await between a granted stream and start(): the stream count stays exact.
             if (conn.slots.free() or await conn.slots.acquire(deadline)) and conn.usable:
                 break
-        prefix = self._header_prefix.get(path)
+        authorization = self._authorization()
+        prefix = self._header_prefix.get((path, authorization))
         if prefix is None:
-            prefix = self._header_prefix[path] = (
-                b"\x83" + self._common  # :method POST (static table 3), :scheme, authorization
+            prefix = self._header_prefix[(path, authorization)] = (
+                b"\x83" + self._scheme  # :method POST (static table 3), :scheme
+                + (literal(b"authorization", authorization.encode()) if authorization else b"")
                 + literal_indexed_name(4, path.encode()) + literal_indexed_name(1, self._authority)
                 + literal_indexed_name(31, b"application/grpc") + literal(b"te", b"trailers"))
         headers = prefix + literal(b"grpc-timeout", grpc_timeout(deadline - loop.time()))
@@ -139,9 +145,11 @@ class Channel:
         elif code:
             log.warning("worker %s: %s", self.address, conn.goaway_text())
 
-    def close(self) -> None:
+    def close(self, graceful: bool = False) -> None:
+        """No more calls. `graceful`: the calls open go on to their end (a worker that left discovery
+        to drain streams them to the end, or hands them on: pdorch/worker/main.py); else they fail."""
         self._closed = True
         if self._connecting is not None:
             self._connecting.cancel()
         if self._conn is not None:
-            self._conn.close()
+            self._conn.retire() if graceful else self._conn.close()

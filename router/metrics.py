@@ -20,6 +20,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# Labelled series exported at 0 from the start: `rate()` sees a counter's first increase only when
+# the series existed before it (the first 5xx or failed failover of a pod would count for nothing).
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
+PRECREATED_STATUSES = ("200", "500", "502", "503", "504")
+CACHE_TIERS = ("device", "host", "store")
+FAILOVER_OUTCOMES = ("resumed", "failed")
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
@@ -131,23 +138,43 @@ class RouterMetrics:
                                                   ("tier",))
         self.failover_computed_tokens = LoopCounter("pdorch_router_failover_computed_tokens",
                                                     "Resumed streams: prompt + streamed tokens computed again")
+        self._precreate()
         self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
                           self.completion_tokens, self.worker_routed, self.worker_errors, self.retries,
                           self.failovers, self.failover_gap, self.failover_cached_tokens,
                           self.failover_computed_tokens]
         # Gauges are read when scraped: nothing to update on the hot path.
-        self.queue_depth: Callable[[], float] = lambda: 0.0
+        self.in_flight: Callable[[], float] = lambda: 0.0
         self.workers_healthy: Callable[[], dict[str, int]] = dict
         self.prefill_choices: Callable[[], dict[str, int]] = dict  # the policy's choices by reason
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
+    def _precreate(self) -> None:
+        for route in GENERATION_ROUTES:
+            for status in PRECREATED_STATUSES:
+                self.requests.labels(route, status)
+            self.ttft.labels(route)
+            self.e2e.labels(route)
+        for tier in CACHE_TIERS:
+            self.cached_tokens.labels(tier)
+            self.failover_cached_tokens.labels(tier)
+        for outcome in FAILOVER_OUTCOMES:
+            self.failovers.labels(outcome)
+
+    def routed_to(self, role: str, worker: str) -> None:
+        """A request went to `worker`: counted, and its error series exists (at 0) from now on."""
+        self.worker_routed.labels(role, worker).inc()
+        self.worker_errors.labels(role, worker)
+
     def collect(self):
         """The registry's view (prometheus_client collector protocol)."""
         for family in self._families:
             yield family.collect()
-        yield GaugeMetricFamily("pdorch_router_queue_depth", "Requests in flight in the router",
-                                value=self.queue_depth())
+        # NOTE: requests in flight, not a queue (the router queues nothing: past
+        # router.max_queued_requests it answers 429); the queues are the workers' queue_depth.
+        yield GaugeMetricFamily("pdorch_router_requests_in_flight", "Requests in flight in the router",
+                                value=self.in_flight())
         healthy = GaugeMetricFamily("pdorch_router_workers_healthy", "Healthy workers", labels=("role",))
         for role, n in self.workers_healthy().items():
             healthy.add_metric((role,), n)

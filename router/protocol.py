@@ -25,6 +25,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 class StreamOptions(BaseModel):
     model_config = _CFG
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: with include_usage, usage so far on every chunk too
 
 
 class TextPart(BaseModel):

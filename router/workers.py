@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pdorch.config import GrpcConfig
-from pdorch.worker.rpc import aio_channel, bearer, client_ssl_context
+from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
 from router.grpc_stream import Channel
@@ -93,6 +93,7 @@ class WorkerPool:
         self.health_interval_s = health_interval_s
         self.rpc = rpc or GrpcConfig()
         self._ssl = client_ssl_context(self.rpc)
+        self.tokens = CallerTokens(self.rpc)  # which token each worker takes (a rotation: pdorch/worker/tokens.py)
         self._workers: dict[tuple[str, str], Worker] = {}
         self._health_task: asyncio.Task | None = None
         self.on_remove = []  # callbacks(worker) (policies forget their index)
@@ -104,8 +105,8 @@ class WorkerPool:
         if w is None:
             stub_cls = worker_pb2_grpc.PrefillServiceStub if role == "prefill" else worker_pb2_grpc.DecodeServiceStub
             rpc = self.rpc
-            channel = aio_channel(address, rpc, _CHANNEL_OPTIONS)
-            calls = Channel(address, authorization=bearer(rpc.token) if rpc.token else "", ssl_context=self._ssl,
+            channel = aio_channel(address, rpc, _CHANNEL_OPTIONS, self.tokens)
+            calls = Channel(address, authorization=lambda: self.tokens.authorization(address), ssl_context=self._ssl,
                             server_hostname=rpc.tls_server_name)
             w = Worker(role, address, worker_id or address,
                        CircuitBreaker(self.failure_threshold, self.cooldown_s),
@@ -125,7 +126,9 @@ class WorkerPool:
         for cb in self.on_remove:
             cb(w)
         if w.calls is not None:
-            w.calls.close()
+            # NOTE: streams open on it go on: a draining decode worker leaves discovery first and
+            # finishes (or hands on) its streams after; a dead one's break by themselves.
+            w.calls.close(graceful=True)
         if w.channel is not None:
             await w.channel.close(grace=None)
 

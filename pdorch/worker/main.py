@@ -2,7 +2,13 @@
 
 Parses `--config FILE` / `--set section.key=value`, sets torch threads, builds the worker, serves
 gRPC on `{role}.host:port` and Prometheus on `{role}.metrics_port`, registers in etcd when
-`discovery.mode == "etcd"`, and shuts everything down in order on SIGTERM / SIGINT.
+`discovery.mode == "etcd"`, and shuts everything down in order on SIGTERM / SIGINT:
+
+    leave etcd          routers (and their new requests) stop coming; streams open go on
+    drain               a decode worker streams on for decode.drain_timeout_s, then hands what is left to
+                        other decode workers (DecodeWorker.drain); a prefill worker's calls get
+                        prefill.drain_timeout_s to finish (the server refuses new ones meanwhile)
+    stop the server, the metrics server, the worker
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import signal
 import threading
 
 import grpc
+from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
@@ -43,11 +50,22 @@ GRPC_OPTIONS = [
 ]
 
 
-def make_server(rpc: GrpcConfig, max_rpcs: int) -> grpc.Server:
+def make_server(rpc: GrpcConfig, max_rpcs: int, on_refused=None) -> grpc.Server:
     """The worker's gRPC server (not started, no port yet: `rpc.add_port`). With grpc.token
-    every call must carry the token (UNAUTHENTICATED otherwise)."""
+    every call must carry the token (UNAUTHENTICATED otherwise; `on_refused(method)` counts them)."""
     return grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
-                       interceptors=server_interceptors(rpc), options=GRPC_OPTIONS, maximum_concurrent_rpcs=max_rpcs)
+                       interceptors=server_interceptors(rpc, on_refused), options=GRPC_OPTIONS,
+                       maximum_concurrent_rpcs=max_rpcs)
+
+
+def refusal_counter(role: str, registry) -> Counter:
+    """pdorch_{role}_grpc_unauthenticated_total{method}: calls refused for a missing or wrong token
+    (a token rotation done right refuses no Prefill or Generate), every method at 0 from the start."""
+    counter = Counter(f"pdorch_{role}_grpc_unauthenticated", "Calls refused UNAUTHENTICATED (grpc.token), by "
+                      "method", ["method"], registry=registry)
+    for method in ("Prefill" if role == "prefill" else "Generate", "Abort", "Flush", "Info", "Stats"):
+        counter.labels(method)
+    return counter
 
 
 def run_worker(role: str, build, argv: list[str] | None = None) -> None:
@@ -82,7 +100,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
     max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16
-    server = make_server(cfg.grpc, max_rpcs)
+    refused = refusal_counter(role, worker.recorder.registry)
+    server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
     add_to_server(worker, server)
     try:
         port = add_port(server, address, cfg.grpc)
@@ -106,10 +125,14 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         registration.start()
     log.info("%s worker %s serving on %s (metrics on %s)", role, worker_id, address, section.metrics_port or "off")
     stop.wait()
-    log.info("shutting down")
+    log.info("shutting down: leaving discovery, then draining")
     if registration is not None:
         registration.stop()
-    server.stop(grace=2.0).wait(5.0)
+    grace = section.drain_timeout_s
+    if hasattr(worker, "drain"):  # the decode worker drains its streams itself (hands them on)
+        worker.drain(section.drain_timeout_s)
+        grace = 2.0
+    server.stop(grace=grace).wait(grace + 5.0)
     if metrics_server is not None:
         metrics_server.shutdown()
     worker.close()

@@ -6,7 +6,9 @@
 The lease has `discovery.lease_ttl_s`; the keep-alive thread refreshes it every TTL/3. If the
 process dies or stops renewing, etcd deletes the key when the lease expires, and routers
 watching the prefix drop the worker. If a refresh finds the lease gone (etcd restarted, long
-pause), the thread grants a new lease and puts the key again. Torch-free.
+pause), the thread grants a new lease and puts the key again. If a refresh fails (the member it
+talks to is down), it connects through the next endpoint that answers: a lease belongs to the
+cluster, not to one member, so it is refreshed there. Torch-free.
 """
 
 from __future__ import annotations
@@ -31,14 +33,21 @@ def workers_prefix(cluster: str) -> str:
     return f"/{cluster}/workers/"
 
 
-def connect(endpoints: tuple[str, ...] | list[str], timeout_s: float = 5.0) -> etcd3.Etcd3Client:
-    """A client for the first endpoint that answers; ConnectionError naming all of them otherwise."""
+def connect(endpoints: tuple[str, ...] | list[str], timeout_s: float = 5.0,
+            after: str | None = None) -> etcd3.Etcd3Client:
+    """A client for the first endpoint that answers (those after `after` first, e.g. the one that just
+    failed); ConnectionError naming all of them otherwise. `client.endpoint` says which one."""
+    endpoints = list(endpoints)
+    if after in endpoints:
+        i = endpoints.index(after) + 1
+        endpoints = endpoints[i:] + endpoints[:i]
     errors = []
     for ep in endpoints:
         host, _, port = ep.rpartition(":")
         try:
             client = etcd3.client(host=host or "127.0.0.1", port=int(port), timeout=timeout_s)
             client.status()
+            client.endpoint = ep
             return client
         except Exception as e:  # noqa: BLE001 - collect and report every endpoint's failure
             errors.append(f"{ep}: {e.__class__.__name__}: {e}")
@@ -83,6 +92,25 @@ class WorkerRegistration:
                     self._register()
             except Exception as e:  # noqa: BLE001 - etcd briefly unreachable: keep trying
                 log.warning("etcd keep-alive for %s failed: %s", self.key, e)
+                self._reconnect()
+
+    def _reconnect(self) -> None:
+        """Move to another endpoint when more than one is configured (the next loop refreshes there)."""
+        if len(self.cfg.etcd_endpoints) < 2:
+            return
+        try:
+            client = connect(self.cfg.etcd_endpoints, after=getattr(self._client, "endpoint", None))
+        except ConnectionError as e:
+            log.warning("etcd: %s", e)
+            return
+        old, self._client = self._client, client
+        if self._lease is not None:  # NOTE: the Lease object calls through the client it was made by
+            self._lease = etcd3.Lease(self._lease.id, self.ttl, client)
+        log.warning("etcd keep-alive for %s now through %s", self.key, client.endpoint)
+        try:
+            old.close()
+        except Exception as e:  # noqa: BLE001 - the old member is gone anyway
+            log.debug("closing the client of %s: %s", getattr(old, "endpoint", "?"), e)
 
     def stop(self) -> None:
         """Stop renewing and delete the key now (revoking the lease)."""

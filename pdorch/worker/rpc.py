@@ -6,30 +6,34 @@ A worker passed to `WorkerServicer` must offer `abort(request_id) -> bool`, `flu
 generated `add_*Servicer_to_server` only needs the method names.
 
     server side   grpc.server(..., interceptors=server_interceptors(rpc)); add_port(server, address, rpc)
-    callers       client_channel(address, rpc, options)      sync, e.g. decode -> prefill
-                  aio_channel(address, rpc, options)         grpc.aio, the router's Info / Flush / health
-                  bearer(rpc.token), client_ssl_context(rpc) the router's lean Generate client
+    callers       client_channel(address, rpc, options, tokens)   sync, e.g. decode -> prefill
+                  aio_channel(address, rpc, options, tokens)      grpc.aio, the router's Info / Flush / health
+                  CallerTokens.authorization(address), client_ssl_context(rpc)   the router's lean client
 
 NOTE: the token travels as `authorization: Bearer <token>` metadata in every call; without TLS it is
 readable on the network, so it keeps strangers out of a private network, no more (docs/operations.md).
+Which token, during a rotation (grpc.previous_token): pdorch/worker/tokens.py. A grpc.aio unary call
+a worker refuses with one token is repeated once with the other; sync callers repeat it themselves
+(the decode worker's Prefill is a future) after `CallerTokens.refused`.
 No torch import here: the router uses these helpers too.
 """
 
 from __future__ import annotations
 
 import collections
-import hmac
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from pdorch.config import GrpcConfig
 from pdorch.worker.errors import grpc_errors
+from pdorch.worker.tokens import TOKEN_HEADER, CallerTokens, TokenCheck, accepted_tokens, bearer
 from proto.pdorch.v1 import worker_pb2 as pb
 
-TOKEN_HEADER = "authorization"
-UNAUTHENTICATED_DETAILS = "this worker requires the shared gRPC token (grpc.token)"
+__all__ = ["CallerTokens", "WorkerServicer", "add_port", "aio_channel", "bearer", "client_channel",
+           "client_ssl_context", "server_interceptors"]
 
 
 class WorkerServicer:
@@ -53,10 +57,6 @@ class WorkerServicer:
             return self._worker.stats()
 
 
-def bearer(token: str) -> str:
-    return f"Bearer {token}"
-
-
 def _read(path: str, key: str) -> bytes:
     try:
         return Path(path).expanduser().read_bytes()
@@ -65,36 +65,11 @@ def _read(path: str, key: str) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------- server side
-class TokenCheck(grpc.ServerInterceptor):
-    """Rejects every call without the shared token with UNAUTHENTICATED, before the handler runs."""
-
-    def __init__(self, token: str):
-        self._expected = bearer(token).encode()
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        got = next((v for k, v in handler_call_details.invocation_metadata or () if k == TOKEN_HEADER), "")
-        if handler is None or hmac.compare_digest(str(got).encode(), self._expected):
-            return handler
-        return _rejecting(handler)
-
-
-def _deny(request, context):
-    context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
-
-
-def _rejecting(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` (so the request still decodes) that only refuses."""
-    make = {(False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler}[(handler.request_streaming, handler.response_streaming)]
-    return make(_deny, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-
-
-def server_interceptors(rpc: GrpcConfig) -> list[grpc.ServerInterceptor]:
-    return [TokenCheck(rpc.token)] if rpc.token else []
+def server_interceptors(rpc: GrpcConfig, on_refused: Callable[[str], None] | None = None
+                        ) -> list[grpc.ServerInterceptor]:
+    """The token check (grpc.token, and grpc.previous_token during a rotation); none without a token."""
+    tokens = accepted_tokens(rpc)
+    return [TokenCheck(tokens, on_refused)] if tokens else []
 
 
 def add_port(server: grpc.Server, address: str, rpc: GrpcConfig) -> int:
@@ -120,12 +95,14 @@ def _with_token(metadata, token: str) -> list[tuple[str, str]]:
 
 
 class _SendToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    def __init__(self, token: str):
-        self._token = token
+    """Adds the token `tokens` chose for `address` to every call (looked up per call: it may change)."""
+
+    def __init__(self, tokens: CallerTokens, address: str):
+        self._tokens, self._address = tokens, address
 
     def _details(self, d):
-        return _CallDetails(d.method, d.timeout, _with_token(d.metadata, self._token), d.credentials,
-                            getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
+        return _CallDetails(d.method, d.timeout, _with_token(d.metadata, self._tokens.token(self._address)),
+                            d.credentials, getattr(d, "wait_for_ready", None), getattr(d, "compression", None))
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -135,18 +112,26 @@ class _SendToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
 
 
 class _AioSendToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    def __init__(self, token: str):
-        self._token = token
+    """As _SendToken; a unary call refused UNAUTHENTICATED is repeated once with the other token."""
 
-    def _details(self, d):
-        return grpc.aio.ClientCallDetails(d.method, d.timeout, _with_token(d.metadata, self._token),
+    def __init__(self, tokens: CallerTokens, address: str):
+        self._tokens, self._address = tokens, address
+
+    def _details(self, d, token: str):
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, _with_token(d.metadata, token),
                                           d.credentials, d.wait_for_ready)
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+        sent = self._tokens.token(self._address)
+        call = await continuation(self._details(client_call_details, sent), request)
+        if (self._tokens.rotating and await call.code() == grpc.StatusCode.UNAUTHENTICATED
+                and self._tokens.refused(self._address, sent)):
+            return await continuation(self._details(client_call_details, self._tokens.token(self._address)),
+                                      request)
+        return call
 
     async def intercept_unary_stream(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+        return await continuation(self._details(client_call_details, self._tokens.token(self._address)), request)
 
 
 def _tls_options(rpc: GrpcConfig, options) -> list:
@@ -160,18 +145,21 @@ def _channel_credentials(rpc: GrpcConfig) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(_read(rpc.tls_ca, "grpc.tls_ca") if rpc.tls_ca else None)
 
 
-def client_channel(address: str, rpc: GrpcConfig, options=()) -> grpc.Channel:
-    """A sync channel to a worker that sends the token with every call (and speaks TLS with grpc.tls)."""
+def client_channel(address: str, rpc: GrpcConfig, options=(), tokens: CallerTokens | None = None) -> grpc.Channel:
+    """A sync channel to a worker that sends the token with every call (and speaks TLS with grpc.tls).
+    `tokens`: shared by a caller's channels (default: this channel's own)."""
+    tokens = tokens or CallerTokens(rpc)
     if rpc.tls:
         channel = grpc.secure_channel(address, _channel_credentials(rpc), options=_tls_options(rpc, options))
     else:
         channel = grpc.insecure_channel(address, options=list(options))
-    return grpc.intercept_channel(channel, _SendToken(rpc.token)) if rpc.token else channel
+    return grpc.intercept_channel(channel, _SendToken(tokens, address)) if tokens.tokens else channel
 
 
-def aio_channel(address: str, rpc: GrpcConfig, options=()) -> grpc.aio.Channel:
+def aio_channel(address: str, rpc: GrpcConfig, options=(), tokens: CallerTokens | None = None) -> grpc.aio.Channel:
     """A grpc.aio channel to a worker that sends the token with every call (and speaks TLS with grpc.tls)."""
-    interceptors = [_AioSendToken(rpc.token)] if rpc.token else None
+    tokens = tokens or CallerTokens(rpc)
+    interceptors = [_AioSendToken(tokens, address)] if tokens.tokens else None
     if rpc.tls:
         return grpc.aio.secure_channel(address, _channel_credentials(rpc), options=_tls_options(rpc, options),
                                        interceptors=interceptors)

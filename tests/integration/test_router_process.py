@@ -57,3 +57,39 @@ def test_bad_config_exits_2_naming_the_key(tmp_path):
                          check=False)
     assert out.returncode == 2
     assert "router.policy" in out.stderr and "router.port" in out.stderr
+
+
+def test_metrics_on_a_port_of_their_own_and_only_metrics_there(tmp_path, standins, tiny_model_dir):
+    """router.metrics_port: Prometheus scrapes there when a NetworkPolicy closes the API port to it."""
+    import dataclasses
+
+    p, d = standins("prefill"), standins("decode")
+    cfg = router_config([p.address], [d.address])
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, source=str(tiny_model_dir),
+                                                             cache_dir=str(tmp_path / "models")))
+    path = tmp_path / "router.yaml"
+    dump_config(cfg, path)
+    port, metrics_port = free_port(), free_port()
+    with open(tmp_path / "router.log", "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "router", "--config", str(path), "--set", f"router.port={port}",
+                                 "--set", f"router.metrics_port={metrics_port}"], cwd=ROOT, env=dict(os.environ),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(port, 60, proc)
+        wait_for_port(metrics_port, 10, proc)
+        body = {"input_ids": list(range(1, 40)), "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(f"http://127.0.0.1:{port}/generate", json=body, timeout=30).status_code == 200
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+        assert scraped.status_code == 200
+        assert 'pdorch_router_requests_total{route="/generate",status="200"} 1.0' in scraped.text
+        assert httpx.head(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).status_code == 200
+        # the API is not on the metrics port; /metrics stays on the API port too
+        other = httpx.post(f"http://127.0.0.1:{metrics_port}/generate", json=body, timeout=10)
+        assert other.status_code == 404 and "serves GET /metrics only" in other.json()["error"]["message"]
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+    finally:
+        stop_process(proc)
+    same = subprocess.run([sys.executable, "-m", "router", "--config", str(path), "--set", f"router.port={port}",
+                           "--set", f"router.metrics_port={port}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert same.returncode == 2 and "router.metrics_port and router.port are both" in same.stderr

@@ -27,6 +27,14 @@ from tests.fixtures.processes import free_port
 TOKEN = "s3cret-worker-token"
 
 
+class _Prefill(worker_pb2_grpc.PrefillServiceServicer):
+    def Info(self, request, context):
+        return worker_pb2.WorkerInfo(role="prefill", worker_id="auth-test")
+
+    def Abort(self, request, context):
+        return worker_pb2.AbortResponse(found=False)
+
+
 class _Decode(worker_pb2_grpc.DecodeServiceServicer):
     def Generate(self, request, context):
         for i in range(3):
@@ -39,12 +47,14 @@ class _Decode(worker_pb2_grpc.DecodeServiceServicer):
 
 @pytest.fixture
 def serve():
-    """serve(rpc) -> address of a started worker gRPC server; all stopped at teardown."""
+    """serve(rpc, refused=None) -> address of a started worker gRPC server (refused: a list the methods
+    it refuses are appended to); all stopped at teardown."""
     servers = []
 
-    def start(rpc: GrpcConfig) -> str:
-        server = make_server(rpc, max_rpcs=8)
+    def start(rpc: GrpcConfig, refused: list | None = None) -> str:
+        server = make_server(rpc, max_rpcs=8, on_refused=None if refused is None else refused.append)
         worker_pb2_grpc.add_DecodeServiceServicer_to_server(_Decode(), server)
+        worker_pb2_grpc.add_PrefillServiceServicer_to_server(_Prefill(), server)
         port = free_port()
         assert add_port(server, f"127.0.0.1:{port}", rpc) == port
         server.start()
@@ -174,3 +184,59 @@ def test_tls_without_a_certificate_is_refused_at_start_up():
                                                                  tls_key="/nonexistent.key"))
     server.stop(None)
     assert bearer("t") == "Bearer t"
+
+
+def test_a_rotation_in_two_steps_refuses_no_generate(serve):
+    """Step 1 pods (token B, previous A) accept both and fall back to A towards a pod of step 0; step 2
+    pods accept only B, which every step-1 caller sends first. Only the first health check of a
+    step-0 worker is refused (that is how the caller learns); no Generate ever is."""
+    a, b = "token-A-1f0e", "token-B-7c2d"
+    step0, step1, step2 = GrpcConfig(token=a), GrpcConfig(token=b, previous_token=a), GrpcConfig(token=b)
+    refused: dict[str, list] = {name: [] for name in ("w0", "w1", "w2")}
+    w0, w1, w2 = serve(step0, refused["w0"]), serve(step1, refused["w1"]), serve(step2, refused["w2"])
+
+    async def route_all(rpc: GrpcConfig, addresses=(w0, w1, w2)) -> list:
+        pool = WorkerPool(3, 1.0, 1.0, rpc=rpc)
+        try:
+            out = []
+            for address in addresses:
+                w = pool.upsert("decode", address)
+                healthy = await pool.check(w)
+                try:
+                    out.append((healthy, await _generate(w.calls, f"r-{address}")))
+                except RpcError as e:
+                    out.append((healthy, e.code()))
+            return out
+        finally:
+            await pool.close()
+
+    ok = (True, [1000, 1001, 1002])
+    # a step-1 router reaches every worker of steps 0 and 1; step 2 workers too (it sends B first)
+    assert asyncio.run(route_all(step1)) == [ok, ok, ok]
+    # (the pool's own first check and ours may both go out before either learns)
+    assert set(refused["w0"]) == {"/pdorch.v1.DecodeService/Info"} and refused["w1"] == refused["w2"] == []
+    # a step-0 router (not rolled yet) reaches step-0 and step-1 workers (step 2 starts after step 1)
+    assert asyncio.run(route_all(step0, (w0, w1))) == [ok, ok]
+    # a step-2 router reaches step-1 and step-2 workers (no step-0 pod is left then)
+    assert asyncio.run(route_all(step2, (w1, w2))) == [ok, ok]
+    assert set(refused["w0"]) == {"/pdorch.v1.DecodeService/Info"} and refused["w1"] == refused["w2"] == []
+    # the control: a caller with B alone (step 2) cannot reach a step-0 worker
+    assert asyncio.run(route_all(step2, (w0,))) == [(False, grpc.StatusCode.UNAUTHENTICATED)]
+
+
+def test_the_decode_workers_prefill_client_learns_the_token_before_its_first_prefill(serve):
+    """D (step 1) -> P (step 0): one Info is refused, the Prefill itself is not."""
+    from decode_node.prefill_client import PrefillClient
+
+    a, b = "token-A-1f0e", "token-B-7c2d"
+    refused: list[str] = []
+    address = serve(GrpcConfig(token=a), refused)
+    client = PrefillClient(GrpcConfig(token=b, previous_token=a))
+    try:
+        client._stub(address)  # the first contact: Info with B refused, A chosen
+        assert client._tokens.token(address) == a
+        assert refused == ["/pdorch.v1.PrefillService/Info"]
+        assert client.confirm_writes_over(address, "r-1") == "confirmed"  # a unary call with the learnt token
+        assert refused == ["/pdorch.v1.PrefillService/Info"]
+    finally:
+        client.close()

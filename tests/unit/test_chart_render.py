@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import kubernetes_validate
 import pytest
@@ -33,7 +34,7 @@ def rendered():
 
 
 def test_variants_present():
-    assert {"gpu-rdma", "external-etcd", "monitoring"} <= set(VARIANTS)
+    assert {"gpu", "gpu-rdma", "external-etcd", "monitoring"} <= set(VARIANTS)
 
 
 @pytest.mark.parametrize("variant", ALL_VARIANTS)
@@ -132,16 +133,20 @@ def test_probes(rendered):
 
 def test_gpu_rdma_resources(rendered):
     objs = rendered["gpu-rdma"]
-    for role, page, size in (("prefill", "2Mi", "4Gi"), ("decode", "1Gi", "8Gi")):
+    for role, page, size in (("prefill", "2Mi", "17Gi"), ("decode", "1Gi", "17Gi")):
         c = containers(find(objs, "Deployment", f"{FULLNAME}-{role}"))[0]
         for part in ("requests", "limits"):
             res = c["resources"][part]
             assert res["nvidia.com/gpu"] == 1 and res["rdma/hca_shared_devices_a"] == 1
             assert res[f"hugepages-{page}"] == size
-        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
         assert c["resources"]["requests"]["memory"] == "64Gi"
+        env = {e["name"]: e.get("value") for e in c["env"]}  # Mooncake takes huge pages only when told
+        assert env["MC_STORE_USE_HUGEPAGE"] == "1" and env["MC_STORE_HUGEPAGE_SIZE"] == {"2Mi": "2MB", "1Gi": "1GB"}[page]
     plain = containers(find(rendered["default"], "Deployment", f"{FULLNAME}-prefill"))[0]
-    assert "securityContext" not in plain and "nvidia.com/gpu" not in plain["resources"].get("limits", {})
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "nvidia.com/gpu" not in plain["resources"].get("limits", {})
+    assert "MC_STORE_USE_HUGEPAGE" not in {e["name"] for e in plain["env"]}
 
 
 def test_rdma_without_rdma_protocol_is_refused():
@@ -208,7 +213,7 @@ def test_master_flags_come_from_values():
     objs = render_chart({"config": {"store": {"master_eviction_high_watermark": 0.7, "master_kv_lease_ttl_ms": 3000}},
                          "master": {"extraArgs": ["--offloading_queue_limit=100"]}})
     master = containers(find(objs, "Deployment", f"{FULLNAME}-master"))[0]
-    assert master["command"][:2] == ["pdorch", "master"] and master["args"] == ["--offloading_queue_limit=100"]
+    assert master["command"][:2] == ["pdorch", "master"] and master["args"] == ["--", "--offloading_queue_limit=100"]
     cfg = yaml.safe_load(find(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])
     assert cfg["store"]["master_eviction_high_watermark"] == 0.7 and cfg["store"]["master_kv_lease_ttl_ms"] == 3000
 
@@ -219,11 +224,22 @@ def test_monitoring_objects(rendered):
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     panels = json.loads(dash["data"]["pdorch.json"])["panels"]
     titles = " ".join(p["title"] for p in panels).lower()
-    for what in ("first token", "inter-token", "hit rate", "store bytes", "transfer", "queues", "evictions"):
+    for what in ("first token", "inter-token", "hit rate", "store bytes", "transfer", "queues", "evictions",
+                 "workers healthy", "failovers", "pool usage", "errors"):
         assert what in titles
+    board = json.loads(dash["data"]["pdorch.json"])
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert "namespace" in variables["namespace"]["definition"]
+    for panel in panels:  # every series of every panel is the chosen namespace's only
+        for target in panel["targets"]:
+            selectors = re.findall(r"\b(?:pdorch|master)_[a-z0-9_]+(\{[^}]*\})?", target["expr"])
+            assert selectors and all('namespace=~"$namespace"' in sel for sel in selectors), target["expr"]
     rules = find(objs, "PrometheusRule", FULLNAME)["spec"]["groups"][0]["rules"]
-    assert {r["alert"] for r in rules} == {"PdorchHitRateDropped", "PdorchStoreDisabled", "PdorchQueueDepthHigh",
-                                           "PdorchTTFTP99High"}
+    assert {r["alert"] for r in rules} == {
+        "PdorchTargetDown", "PdorchTargetAbsent", "PdorchNoHealthyWorkers", "PdorchErrorRatioHigh",
+        "PdorchFailoversFailing", "PdorchFencePagesHeld", "PdorchMasterEvictionStorm", "PdorchHitRateDropped",
+        "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High"}
+    assert all(r["annotations"]["runbook"] for r in rules)
     assert all(f'namespace="{NAMESPACE}"' in r["expr"] for r in rules)
     assert [o for o in objs if o["kind"] == "NetworkPolicy"]
     assert not [o for o in rendered["default"] if o["kind"] in ("NetworkPolicy", "ServiceMonitor")]
@@ -234,7 +250,7 @@ def test_worker_grpc_token_and_tls():
                                                                         "serverName": "workers.pd"}})
     assert "tok-789" not in json.dumps([o for o in objs if o["kind"] != "Secret"])
     cfg = yaml.safe_load(find(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])
-    assert cfg["grpc"] == {"token": "", "tls": True, "tls_cert": "/etc/pdorch-tls/tls.crt",
+    assert cfg["grpc"] == {"token": "", "previous_token": "", "tls": True, "tls_cert": "/etc/pdorch-tls/tls.crt",
                            "tls_key": "/etc/pdorch-tls/tls.key", "tls_ca": "/etc/pdorch-tls/ca.crt",
                            "tls_server_name": "workers.pd"}
     for role in ("router", "prefill", "decode"):

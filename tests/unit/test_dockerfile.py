@@ -39,3 +39,28 @@ def test_chart_model_dir_is_where_the_image_prepares_it():
 def test_dockerignore_keeps_venv_and_weights_out():
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert {".venv", ".git", "*.gguf", "*.safetensors"} <= set(ignored)
+
+
+def test_image_runs_as_the_non_root_user_the_chart_names():
+    values = yaml.safe_load((ROOT / "charts" / "pdorch" / "values.yaml").read_text())
+    pod = values["podSecurityContext"]
+    assert re.search(r"^USER (\d+)$", DOCKERFILE, re.MULTILINE).group(1) == str(pod["runAsUser"]) != "0"
+    assert f"--uid {pod['runAsUser']} --gid {pod['runAsGroup']}" in DOCKERFILE
+    # the user is made after everything that writes into the image (installs, the prepared model)
+    assert DOCKERFILE.index("useradd") > DOCKERFILE.index("pdorch model prepare")
+    assert DOCKERFILE.index("USER 10001") > DOCKERFILE.index("useradd")
+
+
+def test_slim_variant_skips_torch_and_what_it_runs_imports_none():
+    """image.slimTag: router, `pdorch master` and etcd from an image without torch."""
+    torch_line = next(line for line in DOCKERFILE.splitlines() if "pip install torch==" in line)
+    assert 'if [ "$VARIANT" != "slim" ]' in torch_line
+    import subprocess
+    import sys
+    code = ("import sys, pdorch.cli, pdorch.master_cmd, router.__main__, router.app\n"
+            "from engine.prepare import prepare_tokenizer\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

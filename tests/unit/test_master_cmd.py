@@ -38,3 +38,27 @@ def test_cli_prints_command_and_refuses_without_store():
     bad = subprocess.run([sys.executable, "-m", "pdorch.cli", "master", "--print", "--set",
                           "store.metadata_server=etcd://x:1"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "store.metadata_server" in bad.stderr
+
+
+def _master(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pdorch.cli", "master", *args], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_flags_pdorch_does_not_know_go_to_mooncake_master():
+    """The chart's `master.extraArgs` example: before, `pdorch master` exited 2 "unrecognized arguments"."""
+    out = _master("--print", "--offloading_queue_limit=100", "--", "--offload_force_evict=true", "-v", "1")
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout.split()
+    assert printed[-4:] == ["--offloading_queue_limit=100", "--offload_force_evict=true", "-v", "1"]
+    assert "--eviction_ratio=0.05" in printed  # pdorch's own flags are still there, before
+
+
+def test_flags_pdorch_sets_itself_or_non_flags_are_refused():
+    own = _master("--print", "--rpc_port=1234")
+    assert own.returncode == 2 and "--rpc_port is set from the config: set store.master_address" in own.stderr
+    stray = _master("--print", "--", "stray")
+    assert stray.returncode == 2 and "'stray' is not a mooncake_master flag" in stray.stderr
+    # pdorch's own options keep their meaning and typos of them still fail the same way as before
+    typo = _master("--print", "--set", "store.no_such_key=1")
+    assert typo.returncode != 0 and "no_such_key" in typo.stderr

@@ -67,6 +67,20 @@ def test_chat_streaming_with_include_usage(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_on_every_chunk(client):
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): running totals on each chunk.
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=4, stream=True, extra_body={"stream_options": {
+                                                "include_usage": True, "continuous_usage_stats": True}})
+    chunks = list(stream)
+    content = [c for c in chunks if c.choices]
+    assert all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[-1] == 4 and counts[0] >= 1
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
 def test_completions_text_and_token_prompts(client, pd_router, router_tokenizer):
     _, _, d = pd_router
     out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=2)
@@ -162,7 +176,7 @@ def test_info_health_metrics_workers_and_flush(pd_router):
     assert "pdorch_router_ttft_seconds_bucket" in text and "pdorch_router_e2e_seconds_count" in text
     assert f'pdorch_router_worker_requests_total{{role="decode",worker="{d.address}"}}' in text
     assert 'pdorch_router_cached_tokens_total{tier="device"}' in text
-    assert "pdorch_router_queue_depth 0.0" in text
+    assert "pdorch_router_requests_in_flight 0.0" in text
 
 
 def test_openapi_documents_request_bodies(pd_router):
@@ -182,3 +196,12 @@ def test_min_p_reaches_the_decode_worker(pd_router):
     httpx.post(r.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                      "max_tokens": 1, "min_p": 0.5}, timeout=20)
     assert d.behavior.calls[-1].sampling.min_p == 0.5
+
+
+def test_head_is_answered_where_get_is(pd_router):
+    r, _, _ = pd_router
+    for path in ("/metrics", "/v1/models", "/health"):
+        resp = httpx.head(r.url + path, timeout=20)
+        assert resp.status_code == 200, (path, resp.status_code)
+        assert resp.content == b""
+    assert httpx.head(r.url + "/v1/chat/completions", timeout=20).status_code == 405

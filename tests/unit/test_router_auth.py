@@ -133,6 +133,24 @@ def test_with_only_an_admin_key_clients_are_open_and_admin_routes_are_not(standi
         assert call(c, "POST", "/flush_cache", None, ADMIN_KEY).status_code == 200
 
 
+def test_during_a_key_rotation_the_previous_key_works_too_but_not_on_admin_routes(standins, make_router):
+    p, d = standins("prefill"), standins("decode")
+    old, new = "sk-old-0e7d2c", "sk-new-91ab4f"
+    r = make_router([p.address], [d.address], policy="round_robin", api_key=new, previous_api_key=old,
+                    admin_key=ADMIN_KEY)
+    with httpx.Client(base_url=r.url, timeout=20) as c:
+        method, path, body = CLIENT_ROUTES[2]
+        assert call(c, method, path, body, new).status_code == 200
+        assert call(c, method, path, body, old).status_code == 200
+        assert_refused(call(c, method, path, body, old + "x"), 401, "invalid API key")
+        assert_refused(call(c, "GET", "/workers", None, old), 403, "needs the admin key")
+    # the rotation's second step: the previous key is gone, and with it its access
+    r2 = make_router([p.address], [d.address], policy="round_robin", api_key=new)
+    with httpx.Client(base_url=r2.url, timeout=20) as c:
+        assert_refused(call(c, method, path, body, old), 401, "invalid API key")
+        assert call(c, method, path, body, new).status_code == 200
+
+
 def test_keys_never_appear_in_logs_metrics_or_error_bodies(keyed):
     c, captured = keyed
     bodies = []

@@ -25,7 +25,6 @@ BAD_INPUTS = [
     ("temperature wrong type", CHAT, _chat(temperature="hot"), "temperature"),
     ("max_tokens wrong type", CHAT, _chat(max_tokens="5"), "max_tokens"),
     ("stream wrong type", CHAT, _chat(stream="yes"), "stream"),
-    ("unknown model", CHAT, _chat(model="gpt-4"), "model"),
     ("negative temperature", CHAT, _chat(temperature=-1), "temperature"),
     ("top_p zero", CHAT, _chat(top_p=0), "top_p"),
     ("top_p above one", CHAT, _chat(top_p=1.5), "top_p"),
@@ -68,6 +67,18 @@ def test_bad_input_is_a_400_with_openai_error_json(pd_router, name, path, body, 
     assert httpx.get(r.url + "/health").status_code == 200
     ok = httpx.post(r.url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})
     assert ok.status_code == 200
+
+
+def test_a_model_not_served_is_a_404_model_not_found(pd_router):
+    # As OpenAI and vLLM answer: 404 with code model_not_found, and no worker is asked.
+    r, _, d = pd_router
+    calls_before = len(d.behavior.calls)
+    resp = httpx.post(r.url + CHAT, timeout=20, json=_chat(model="gpt-4"))
+    assert resp.status_code == 404, resp.text
+    err = resp.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == ("model", "model_not_found", "invalid_request_error")
+    assert "'gpt-4' is not served here" in err["message"]
+    assert len(d.behavior.calls) == calls_before
 
 
 def test_unknown_route_and_method_are_openai_shaped(pd_router):

@@ -95,4 +95,5 @@ def test_a_worker_that_answers_with_an_error_is_not_resumed(standins, make_route
     r = make_router([p.address], [d1.address, d2.address], policy="round_robin", mid_stream_failover="on")
     events = _on_d1(r, d1)
     assert "mid-stream" in events[-1]["error"]["message"] and "INTERNAL" in events[-1]["error"]["message"]
-    assert _metric(r, "pdorch_router_failovers_total") == ""
+    for outcome in ("resumed", "failed"):  # exported at 0 from the start, and still 0
+        assert _metric(r, f'pdorch_router_failovers_total{{outcome="{outcome}"}}').endswith(" 0.0")

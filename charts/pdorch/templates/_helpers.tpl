@@ -1,16 +1,20 @@
-{{/* Names, labels and the pdorch config every component mounts. */}}
+{{/* Names, labels, images, and the pieces every container shares. The config: _config.tpl. */}}
 
 {{- define "pdorch.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+NOTE: 42 characters, not 63: objects append up to 14 ("-etcd-headless", "-router-metrics") and a
+StatefulSet's name must leave 11 for its pods' controller-revision-hash label (63 in all).
+*/}}
 {{- define "pdorch.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" }}
 {{- else if contains (include "pdorch.name" .) .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- .Release.Name | trunc 42 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name (include "pdorch.name" .) | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name (include "pdorch.name" .) | trunc 42 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
@@ -30,8 +34,26 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* The workers' image (torch, the model). */}}
 {{- define "pdorch.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Router, master and etcd: the torch-free build when image.slimTag is set, else the workers' image. */}}
+{{- define "pdorch.slimImage" -}}
+{{- if .Values.image.slimTag }}
+{{- printf "%s:%s" .Values.image.repository .Values.image.slimTag }}
+{{- else }}
+{{- include "pdorch.image" . }}
+{{- end }}
+{{- end }}
+
+{{- define "pdorch.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pdorch.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
 {{- end }}
 
 {{- define "pdorch.secretName" -}}
@@ -52,39 +74,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-The pdorch config: values' `config`, then what only the chart knows (listen hosts, master and
-etcd addresses, discovery). Secrets never go in here: the router reads them from env.
+Env of every pdorch container: the pod IP it advertises to the store, transfer engine and etcd;
+HOME on the writable /tmp (the root filesystem is read-only).
 */}}
-{{- define "pdorch.config" -}}
-{{- $cfg := deepCopy .Values.config }}
-{{- $derived := dict
-  "prefill" (dict "host" "0.0.0.0")
-  "decode" (dict "host" "0.0.0.0")
-  "router" (dict "host" "0.0.0.0" "api_key" "" "admin_key" "")
-  "grpc" (dict "token" "")
-  "discovery" (dict "mode" "etcd" "etcd_endpoints" (include "pdorch.etcdEndpoints" . | fromJsonArray)) }}
-{{- if .Values.master.enabled }}
-{{- $master := include "pdorch.masterHost" . }}
-{{- $_ := set $derived "store" (dict
-  "master_address" (printf "%s:%d" $master (int .Values.master.rpcPort))
-  "metadata_server" (printf "http://%s:%d/metadata" $master (int .Values.master.metadataPort))
-  "master_metrics_port" (int .Values.master.metricsPort)) }}
-{{- end }}
-{{- if .Values.grpcTls.enabled }}
-{{- $_ := set $derived.grpc "tls" true }}
-{{- $_ := set $derived.grpc "tls_cert" "/etc/pdorch-tls/tls.crt" }}
-{{- $_ := set $derived.grpc "tls_key" "/etc/pdorch-tls/tls.key" }}
-{{- $_ := set $derived.grpc "tls_ca" "/etc/pdorch-tls/ca.crt" }}
-{{- $_ := set $derived.grpc "tls_server_name" .Values.grpcTls.serverName }}
-{{- end }}
-{{- $cfg = mustMergeOverwrite $cfg $derived }}
-{{- if and (or .Values.prefill.rdma.enabled .Values.decode.rdma.enabled) (ne (dig "store" "protocol" "tcp" $cfg) "rdma") }}
-{{- fail "prefill/decode.rdma.enabled needs config.store.protocol: rdma (and config.store.device_name)" }}
-{{- end }}
-{{- toYaml $cfg }}
-{{- end }}
-
-{{/* Env of every pdorch container: the pod IP it advertises to the store, transfer engine and etcd. */}}
 {{- define "pdorch.podEnv" -}}
 - name: POD_IP
   valueFrom:
@@ -94,23 +86,26 @@ etcd addresses, discovery). Secrets never go in here: the router reads them from
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
-{{- end }}
-
-{{/* Pod annotations that roll the pods when the config changes. */}}
-{{- define "pdorch.configChecksum" -}}
-checksum/config: {{ include "pdorch.config" . | sha256sum }}
+- name: HOME
+  value: /tmp
 {{- end }}
 
 {{- define "pdorch.configVolume" -}}
 - name: config
   configMap:
     name: {{ include "pdorch.fullname" . }}-config
+- name: tmp
+  emptyDir:
+    sizeLimit: 1Gi
 {{- end }}
 
+{{/* The ConfigMap, and /tmp: the only places a container without a volume of its own writes. */}}
 {{- define "pdorch.configMount" -}}
 - name: config
   mountPath: /etc/pdorch
   readOnly: true
+- name: tmp
+  mountPath: /tmp
 {{- end }}
 
 {{/* NetworkPolicy peer: any pod of this release. */}}
@@ -121,13 +116,22 @@ checksum/config: {{ include "pdorch.config" . | sha256sum }}
       app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{/* Router and workers: the worker gRPC token from the Secret, and the TLS files when enabled. */}}
+{{/*
+Router and workers: the worker gRPC token from the Secret (and the previous one during a rotation;
+optional, so an existingSecret without the key works), and the TLS files when enabled.
+*/}}
 {{- define "pdorch.grpcEnv" -}}
 - name: PDORCH_GRPC_TOKEN
   valueFrom:
     secretKeyRef:
       name: {{ include "pdorch.secretName" . }}
       key: grpc-token
+- name: PDORCH_GRPC_PREVIOUS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "pdorch.secretName" . }}
+      key: grpc-token-previous
+      optional: true
 {{- end }}
 
 {{- define "pdorch.tlsMount" -}}

@@ -2,12 +2,19 @@
 A prefill or decode worker Deployment: (dict "root" $ "role" "prefill").
 Each pod advertises its own IP (downward API) to the store, the transfer engine and etcd;
 the gRPC server listens on 0.0.0.0 and registers <pod IP>:<port> under its etcd lease.
+On SIGTERM it leaves etcd, drains (config.<role>.drain_timeout_s; a decode worker then hands the
+streams left to the others) and exits: terminationGracePeriodSeconds must cover that.
 */}}
 {{- define "pdorch.workerDeployment" -}}
 {{- $root := .root }}
 {{- $role := .role }}
 {{- $v := index $root.Values $role }}
-{{- $cfg := index $root.Values.config $role }}
+{{- $cfg := index (include "pdorch.config" $root | fromYaml) $role }}
+{{- $drain := dig "drain_timeout_s" (ternary 30.0 10.0 (eq $role "decode")) $cfg }}
+{{- $need := add (int (ceil $drain)) (ternary 20 5 (eq $role "decode")) }}
+{{- if lt (int $v.terminationGracePeriodSeconds) $need }}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must cover config.%s.drain_timeout_s (%v) plus the hand-off and shutdown: at least %d" $role (int $v.terminationGracePeriodSeconds) $role $drain $need) }}
+{{- end }}
 {{- $res := deepCopy $v.resources }}
 {{- $extra := dict }}
 {{- if gt (int $v.gpus) 0 }}{{ $_ := set $extra "nvidia.com/gpu" (int $v.gpus) }}{{ end }}
@@ -26,6 +33,8 @@ metadata:
     app.kubernetes.io/component: {{ $role }}
 spec:
   replicas: {{ $v.replicas }}
+  strategy:
+    {{- toYaml $v.strategy | nindent 4 }}
   selector:
     matchLabels:
       {{- include "pdorch.selector" (dict "root" $root "component" $role) | nindent 6 }}
@@ -35,19 +44,19 @@ spec:
         {{- include "pdorch.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ $role }}
       annotations:
-        {{- include "pdorch.configChecksum" $root | nindent 8 }}
+        {{- include "pdorch.checksums" (dict "root" $root "component" $role) | nindent 8 }}
         {{- with $v.podAnnotations }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
     spec:
-      {{- with $root.Values.imagePullSecrets }}
-      imagePullSecrets:
-        {{- range . }}
-        - name: {{ . }}
+      {{- include "pdorch.podCommon" (dict "root" $root "pool" $v "component" $role) | nindent 6 }}
+      {{- if or $v.initContainers (eq $root.Values.modelVolume.type "initContainer") }}
+      initContainers:
+        {{- include "pdorch.modelInitContainer" (dict "root" $root "part" "weights") | nindent 8 }}
+        {{- with $v.initContainers }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
       {{- end }}
-      # A worker's shutdown unregisters from etcd and unmounts its store segment.
-      terminationGracePeriodSeconds: 30
       containers:
         - name: {{ $role }}
           image: {{ include "pdorch.image" $root }}
@@ -56,9 +65,26 @@ spec:
           env:
             {{- include "pdorch.podEnv" $root | nindent 12 }}
             {{- include "pdorch.grpcEnv" $root | nindent 12 }}
+            {{- if not (dig "model" "torch_threads" 0 $root.Values.config) }}
+            # torch threads = the CPUs the pod requested (rounded up), not the node's cores
+            - name: PDORCH_MODEL_TORCH_THREADS
+              valueFrom:
+                resourceFieldRef:
+                  containerName: {{ $role }}
+                  resource: requests.cpu
+                  divisor: "1"
+            {{- end }}
+            {{- if $v.hugepages.enabled }}
+            # Mooncake allocates the store segment from huge pages only when told to
+            - name: MC_STORE_USE_HUGEPAGE
+              value: "1"
+            - name: MC_STORE_HUGEPAGE_SIZE
+              value: {{ ternary "1GB" "2MB" (eq $v.hugepages.pageSize "1Gi") }}
+            {{- end }}
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+          {{- include "pdorch.envFrom" $v | nindent 10 }}
           ports:
             - name: grpc
               containerPort: {{ $cfg.port }}
@@ -87,24 +113,25 @@ spec:
             failureThreshold: 6
           resources:
             {{- toYaml $res | nindent 12 }}
-          {{- if $v.rdma.enabled }}
           securityContext:
-            capabilities:
-              # RDMA registers (pins) the KV pool and store segment memory.
-              add: ["IPC_LOCK"]
-          {{- end }}
+            {{- include "pdorch.containerSecurity" (dict "root" $root "ipcLock" $v.rdma.enabled) | nindent 12 }}
           volumeMounts:
             {{- include "pdorch.configMount" $root | nindent 12 }}
             {{- include "pdorch.tlsMount" $root | nindent 12 }}
+            {{- include "pdorch.modelMounts" $root | nindent 12 }}
             - name: shm
               mountPath: /dev/shm
             {{- if $v.hugepages.enabled }}
             - name: hugepages
               mountPath: /dev/hugepages
             {{- end }}
+            {{- with $v.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         {{- include "pdorch.configVolume" $root | nindent 8 }}
         {{- include "pdorch.tlsVolume" $root | nindent 8 }}
+        {{- include "pdorch.modelVolumes" $root | nindent 8 }}
         - name: shm
           emptyDir:
             medium: Memory
@@ -114,22 +141,9 @@ spec:
           emptyDir:
             medium: HugePages-{{ $v.hugepages.pageSize }}
         {{- end }}
-      {{- with $v.nodeSelector }}
-      nodeSelector:
+        {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.affinity }}
-      affinity:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.topologySpreadConstraints }}
-      topologySpreadConstraints:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
+        {{- end }}
 {{- end }}
 
 {{/* A worker's headless Service (DNS per pod, scrape targets): (dict "root" $ "role" "prefill"). */}}
@@ -156,4 +170,20 @@ spec:
       port: {{ $cfg.metrics_port }}
       targetPort: metrics
       protocol: TCP
+{{- end }}
+
+{{/* A PodDisruptionBudget: (dict "root" $ "component" "prefill" "budget" (dict "maxUnavailable" 1)). */}}
+{{- define "pdorch.pdb" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "pdorch.fullname" .root }}-{{ .component }}
+  labels:
+    {{- include "pdorch.labels" .root | nindent 4 }}
+    app.kubernetes.io/component: {{ .component }}
+spec:
+  {{- toYaml .budget | nindent 2 }}
+  selector:
+    matchLabels:
+      {{- include "pdorch.selector" (dict "root" .root "component" .component) | nindent 6 }}
 {{- end }}

@@ -1,0 +1,104 @@
+{{/*
+The pdorch config every component mounts, and the checksums that roll a component's pods when what
+it reads changes (and only then).
+*/}}
+
+{{/*
+The pdorch config: values' `config`, then what only the chart knows (listen hosts, master and
+etcd addresses, discovery, where a model volume is mounted). Secrets never go in here: pods read
+them from env (the Secret).
+*/}}
+{{- define "pdorch.config" -}}
+{{- $cfg := deepCopy .Values.config }}
+{{- $derived := dict
+  "prefill" (dict "host" "0.0.0.0")
+  "decode" (dict "host" "0.0.0.0")
+  "router" (dict "host" "0.0.0.0" "api_key" "" "admin_key" "" "previous_api_key" "")
+  "grpc" (dict "token" "" "previous_token" "")
+  "discovery" (dict "mode" "etcd" "etcd_endpoints" (include "pdorch.etcdEndpoints" . | fromJsonArray)) }}
+{{- if .Values.master.enabled }}
+{{- $master := include "pdorch.masterHost" . }}
+{{- $_ := set $derived "store" (dict
+  "master_address" (printf "%s:%d" $master (int .Values.master.rpcPort))
+  "metadata_server" (printf "http://%s:%d/metadata" $master (int .Values.master.metadataPort))
+  "master_metrics_port" (int .Values.master.metricsPort)) }}
+{{- end }}
+{{- if ne .Values.modelVolume.type "image" }}
+{{- $_ := set $derived "model" (dict "source" (include "pdorch.modelDir" .) "cache_dir" "/var/cache/pdorch/models") }}
+{{- end }}
+{{- if .Values.grpcTls.enabled }}
+{{- $_ := set $derived.grpc "tls" true }}
+{{- $_ := set $derived.grpc "tls_cert" "/etc/pdorch-tls/tls.crt" }}
+{{- $_ := set $derived.grpc "tls_key" "/etc/pdorch-tls/tls.key" }}
+{{- $_ := set $derived.grpc "tls_ca" "/etc/pdorch-tls/ca.crt" }}
+{{- $_ := set $derived.grpc "tls_server_name" .Values.grpcTls.serverName }}
+{{- end }}
+{{- $cfg = mustMergeOverwrite $cfg $derived }}
+{{- if and (or .Values.prefill.rdma.enabled .Values.decode.rdma.enabled) (ne (dig "store" "protocol" "tcp" $cfg) "rdma") }}
+{{- fail "prefill/decode.rdma.enabled needs config.store.protocol: rdma (and config.store.device_name)" }}
+{{- end }}
+{{- toYaml $cfg }}
+{{- end }}
+
+{{/*
+What a component reads of the config, as JSON: (dict "root" $ "component" "router").
+
+    master   store.enabled, store.metadata_server, store.master_* (its flags and ports)
+    prefill  model, prefill, discovery, grpc, store but mooncake_master's own flags
+    decode   model, decode, discovery, grpc, store but mooncake_master's own flags
+    router   model, router, discovery, grpc, store.enabled and where the store is (POST
+             /flush_cache?store=true), decode.offload_generated_kv (mid-stream failover's `auto`)
+NOTE: a key a component starts reading must be added here, or changing it will not roll that
+component (tests/unit/test_chart_rollouts.py renders each key's change).
+*/}}
+{{- define "pdorch.configFor" -}}
+{{- $cfg := include "pdorch.config" .root | fromYaml }}
+{{- $store := default (dict) $cfg.store }}
+{{- $masterFlags := list "master_eviction_high_watermark" "master_eviction_ratio" "master_kv_lease_ttl_ms" "master_client_ttl_s" "master_enable_offload" }}
+{{- $out := dict }}
+{{- if eq .component "master" }}
+{{- $s := dict }}
+{{- range $k, $v := $store }}
+{{- if or (hasPrefix "master_" $k) (has $k (list "enabled" "metadata_server")) }}{{ $_ := set $s $k $v }}{{ end }}
+{{- end }}
+{{- $_ := set $out "store" $s }}
+{{- else if eq .component "router" }}
+{{- $out = pick $cfg "model" "router" "discovery" "grpc" }}
+{{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name") }}
+{{- $_ := set $out "decode" (pick (default (dict) $cfg.decode) "offload_generated_kv") }}
+{{- else }}
+{{- $out = pick $cfg "model" .component "discovery" "grpc" }}
+{{- $s := dict }}
+{{- range $k, $v := $store }}{{ if not (has $k $masterFlags) }}{{ $_ := set $s $k $v }}{{ end }}{{ end }}
+{{- $_ := set $out "store" $s }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* Secret key -> value, of the chart's Secret or (at install/upgrade, where `lookup` sees the cluster) of auth.existingSecret. */}}
+{{- define "pdorch.secretData" -}}
+{{- if .Values.auth.existingSecret }}
+{{- $found := lookup "v1" "Secret" .Release.Namespace .Values.auth.existingSecret }}
+{{- toJson (default (dict) (get (default (dict) $found) "data")) }}
+{{- else }}
+{{- $a := .Values.auth }}
+{{- toJson (dict "api-key" $a.apiKey "admin-key" $a.adminKey "api-key-previous" $a.previousApiKey
+  "grpc-token" $a.grpcToken "grpc-token-previous" $a.grpcPreviousToken) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod annotations that roll a component's pods when what it reads changes: its config sections
+(pdorch.configFor) and the Secret keys it uses. (dict "root" $ "component" "router")
+*/}}
+{{- define "pdorch.checksums" -}}
+{{- $keys := dict "router" (list "api-key" "admin-key" "api-key-previous" "grpc-token" "grpc-token-previous")
+  "prefill" (list "grpc-token" "grpc-token-previous") "decode" (list "grpc-token" "grpc-token-previous") }}
+{{- $data := include "pdorch.secretData" .root | fromJson }}
+checksum/config: {{ include "pdorch.configFor" . | sha256sum }}
+{{- with get $keys .component }}
+{{- $used := dict }}
+{{- range . }}{{ $_ := set $used . (get $data .) }}{{ end }}
+checksum/secret: {{ $used | toJson | sha256sum }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,178 @@
+"""What an upgrade rolls, on rendered objects: a component's pods change when what it reads changes
+(its config keys, its Secret keys) and only then; rollout strategies, disruption budgets, grace
+periods that cover a drain, the router's preStop, etcd's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import pytest
+from helm_python import HelmRenderError
+
+from pdorch.config import Config
+from pdorch.config_values import field_default, field_kind
+from tests.fixtures.chart import FULLNAME, containers, find, render_chart, workloads
+
+COMPONENTS = {"router", "prefill", "decode", "master", "etcd"}
+WORKERS = {"prefill", "decode"}
+# Keys the chart sets itself (listen hosts, addresses, discovery, secrets from env): a value there
+# is overwritten, so changing it changes nothing.
+DERIVED = {"prefill.host", "decode.host", "router.host", "router.api_key", "router.admin_key",
+           "router.previous_api_key", "grpc.token", "grpc.previous_token", "discovery.mode",
+           "discovery.etcd_endpoints", "store.master_address", "store.metadata_server", "store.master_metrics_port",
+           "store.local_hostname", "grpc.tls", "grpc.tls_cert", "grpc.tls_key", "grpc.tls_ca", "grpc.tls_server_name"}
+MASTER_FLAGS = {"store.master_eviction_high_watermark", "store.master_eviction_ratio", "store.master_kv_lease_ttl_ms",
+                "store.master_client_ttl_s", "store.master_enable_offload"}
+
+
+def _who_reads(key: str) -> set[str]:
+    """The components whose code reads `key` (the spec this file holds the chart to)."""
+    section = key.split(".")[0]
+    if key in MASTER_FLAGS:
+        return {"master"}
+    if key == "store.enabled":
+        return {"master", "router"} | WORKERS
+    if key in ("store.protocol", "store.device_name"):
+        return {"router"} | WORKERS  # the router's POST /flush_cache?store=true is a store client too
+    if key == "decode.offload_generated_kv":
+        return {"router", "decode"}  # mid-stream failover's `auto`
+    return {"model": {"router"} | WORKERS, "store": WORKERS, "prefill": {"prefill"}, "decode": {"decode"},
+            "router": {"router"}, "grpc": {"router"} | WORKERS, "discovery": {"router"} | WORKERS}[section]
+
+
+@functools.lru_cache(maxsize=8)
+def _templates_of(values_json: str) -> dict[str, str]:
+    objs = render_chart(json.loads(values_json))
+    return {c: json.dumps(w["spec"]["template"], sort_keys=True) for c, w in workloads(objs).items()}
+
+
+def _templates(values: dict) -> dict[str, str]:
+    return _templates_of(json.dumps(values, sort_keys=True))
+
+
+def _rolled(change: dict, base: dict | None = None) -> set[str]:
+    before, after = _templates(base or {}), _templates(_merge(base or {}, change))
+    assert set(before) == COMPONENTS
+    return {c for c in before if before[c] != after[c]}
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _other_value(f: dataclasses.Field, kind, default):
+    """A valid value different from the default."""
+    meta = f.metadata
+    if "choices" in meta:
+        return next(c for c in meta["choices"] if c != default)
+    if kind is bool:
+        return not default
+    if kind is int:
+        return default - 1 if meta.get("max") is not None and default + 1 > meta["max"] else default + 1
+    if kind is float:
+        new = default * 0.9 if meta.get("max") is not None and default * 1.1 > meta["max"] else default * 1.1
+        return round(max(new, meta.get("min") or 0.0) if new != default else default + 0.01, 4)
+    if kind == "list":
+        return ["10.0.0.9:2379"] if meta.get("format") else ["x"]
+    return "cuda" if meta.get("format") == "device" else f"{default}-changed"
+
+
+def _keys():
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory
+        for f in dataclasses.fields(cls):
+            if f"{section.name}.{f.name}" not in DERIVED:
+                yield section.name, f, field_kind(f, cls), field_default(f)
+
+
+# evict_low_watermark is checked against evict_high_watermark: keep the pair valid
+VALID_WITH = {"store.evict_high_watermark": {"evict_low_watermark": 0.5}}
+CASES = [pytest.param(s, f, k, d, id=f"{s}.{f.name}") for s, f, k, d in _keys()]
+
+
+@pytest.mark.parametrize("section, field, kind, default", CASES)
+def test_a_config_key_rolls_exactly_the_components_that_read_it(section, field, kind, default):
+    key = f"{section}.{field.name}"
+    change = {section: {field.name: _other_value(field, kind, default), **VALID_WITH.get(key, {})}}
+    assert _rolled({"config": change}) == _who_reads(key), key
+
+
+@pytest.mark.parametrize("key, rolls", [
+    ("apiKey", {"router"}), ("adminKey", {"router"}), ("previousApiKey", {"router"}),
+    ("grpcToken", {"router"} | WORKERS), ("grpcPreviousToken", {"router"} | WORKERS)])
+def test_a_secret_key_rolls_the_pods_that_read_it(key, rolls):
+    """Before, no Secret change rolled anything: a revoked key kept working, a new token split the fleet."""
+    assert _rolled({"auth": {key: "changed-secret-value"}}) == rolls
+    objs = render_chart({"auth": {key: "changed-secret-value"}})
+    assert "changed-secret-value" not in json.dumps([o for o in objs if o["kind"] != "Secret"])
+
+
+def test_the_examples_of_the_issue():
+    assert _rolled({"config": {"router": {"policy": "least_load"}}}) == {"router"}
+    assert _rolled({"config": {"store": {"master_eviction_ratio": 0.2}}}) == {"master"}
+    assert _rolled({"config": {"prefill": {"chunk_tokens": 256}}}) == {"prefill"}
+    # the pool's own values roll only that pool
+    assert _rolled({"decode": {"extraEnv": [{"name": "X", "value": "1"}]}}) == {"decode"}
+    assert _rolled({"master": {"extraArgs": ["--offloading_queue_limit=100"]}}) == {"master"}
+
+
+def test_rollout_strategies_and_budgets():
+    objs = render_chart({})
+    w = workloads(objs)
+    assert w["prefill"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert w["decode"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert w["router"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert w["master"]["spec"]["strategy"] == {"type": "Recreate"}
+    for role in WORKERS:
+        pdb = find(objs, "PodDisruptionBudget", f"{FULLNAME}-{role}")
+        assert pdb["spec"]["maxUnavailable"] == 1
+        assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == role
+    # the single master's budget would block a node drain forever: a value, off by default
+    assert not [o for o in objs if o["kind"] == "PodDisruptionBudget" and "master" in o["metadata"]["name"]]
+    on = render_chart({"master": {"podDisruptionBudget": {"enabled": True}}})
+    assert find(on, "PodDisruptionBudget", f"{FULLNAME}-master")["spec"]["minAvailable"] == 1
+
+
+def test_grace_periods_cover_the_drains_and_the_router_has_a_prestop():
+    w = workloads(render_chart({}))
+    spec = {c: o["spec"]["template"]["spec"] for c, o in w.items()}
+    router = containers(w["router"])[0]
+    sleep = int(router["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert router["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep >= 5
+    assert spec["router"]["terminationGracePeriodSeconds"] >= sleep + 600  # streams last up to 600 s
+    assert spec["decode"]["terminationGracePeriodSeconds"] >= 30 + 20
+    assert spec["prefill"]["terminationGracePeriodSeconds"] >= 10 + 5
+    with pytest.raises(HelmRenderError, match=r"router.terminationGracePeriodSeconds \(60\) must cover"):
+        render_chart({"router": {"terminationGracePeriodSeconds": 60}})
+    with pytest.raises(HelmRenderError, match=r"decode.terminationGracePeriodSeconds \(40\) must cover"):
+        render_chart({"decode": {"terminationGracePeriodSeconds": 40}})
+    ok = render_chart({"decode": {"terminationGracePeriodSeconds": 40}, "config": {"decode": {"drain_timeout_s": 5}}})
+    assert workloads(ok)["decode"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 40
+
+
+def test_etcd_refuses_three_members_without_persistence():
+    """A member restarted without its data dir cannot rejoin ("has already been bootstrapped")."""
+    with pytest.raises(HelmRenderError, match=r"etcd.replicas: 3 needs etcd.persistence.enabled"):
+        render_chart({"etcd": {"replicas": 3}})
+    objs = render_chart({"etcd": {"replicas": 3, "persistence": {"enabled": True}}})
+    sts = find(objs, "StatefulSet", f"{FULLNAME}-etcd")
+    assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "rel"
+    assert find(objs, "PodDisruptionBudget", f"{FULLNAME}-etcd")["spec"]["minAvailable"] == 2  # quorum of 3
+    assert not [o for o in render_chart({}) if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"].endswith("etcd")]
+
+
+def test_etcd_image_needs_a_tag():
+    with pytest.raises(HelmRenderError, match="etcd.image.tag: give the etcd version"):
+        render_chart({"etcd": {"image": {"repository": "gcr.io/etcd-development/etcd"}}})
+    objs = render_chart({"etcd": {"image": {"repository": "gcr.io/etcd-development/etcd", "tag": "v3.5.17"}}})
+    assert containers(find(objs, "StatefulSet", f"{FULLNAME}-etcd"))[0]["image"] == \
+        "gcr.io/etcd-development/etcd:v3.5.17"
