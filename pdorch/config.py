@@ -47,8 +47,8 @@ class ModelConfig:
     torch_threads: int = _key(0, "torch threads per worker; 0 = cores divided among local workers", min=0)
     tp_rank: int = _key(0, "Tensor-parallel rank (part of the store key fingerprint)", min=0)
     attention_backend: str = _key("auto", "Attention over the paged KV pool: paged (K/V read in place through page "
-                                  "tables: Triton kernels on CUDA, torch compiled at the first batch on CPU), torch "
-                                  "(the reference: pages copied out, SDPA); auto = paged on CUDA, torch on CPU", choices=["auto", "paged", "torch"])
+                                  "tables by Triton kernels on CUDA), torch (the reference: pages copied out, SDPA); "
+                                  "auto = paged on CUDA, torch on CPU", choices=["auto", "paged", "torch"])
     gpu_memory_utilization: float = _key(0.9, "With num_pages auto: the share of the GPU's memory this worker may "
                                          "take (weights, activations, CUDA graphs and the KV pool)", min=0.05,
                                          max=1.0)

@@ -1,11 +1,9 @@
 """Attention backends behind one interface (engine/attention/base.py), picked by name.
 
     torch   the reference: pages copied out (padded for decode), SDPA with a mask; any device
-    paged   K/V read in place through page tables (Triton on CUDA, compiled torch on CPU)
+    paged   K/V read in place through page tables by Triton kernels on CUDA; on CPU it differs from
+            the reference only in prefilling from the chunk's own K/V
     auto    paged on CUDA; torch on CPU
-            NOTE: on CPU the paged decode is compiled (inductor) at the first batch of >= 2 rows: seconds
-            of stall inside a worker's scheduler loop for a gain that shows only at large batches
-            (docs/workers.md, "Attention backends"), so CPU workers keep the reference unless asked
 """
 
 from __future__ import annotations

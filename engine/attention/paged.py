@@ -1,7 +1,8 @@
 """The paged backend: attention reads K/V in place from the page-first pool through page tables.
 
     decode            CUDA: Triton flash-decoding kernel (engine/attention/triton_kernels.py)
-                      CPU:  inductor-compiled gather-and-reduce (engine/attention/cpu_decode.py)
+                      CPU:  the reference's copy + SDPA (reading in place, compiled by inductor, was
+                            slower on CPU: bench/attention_cpu.py, docs/workers.md)
     prefill, start 0  SDPA on the chunk's own K/V (nothing to read back from the pool)
     prefill on a      CUDA: Triton extend kernel (causal over the cached prefix and the chunk)
     cached prefix     CPU:  the reference's gather + SDPA: compute-bound (n x end x Hq x D work for
@@ -17,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.base import AttentionBackend
-from engine.attention.cpu_decode import CpuPagedDecode
 from engine.attention.torch_ref import gather_pages
 
 
@@ -33,24 +33,20 @@ class PagedBackend(AttentionBackend):
 
             self._kernels = triton_kernels
             self._sms = torch.cuda.get_device_properties(pool.device).multi_processor_count
-        else:
-            self._cpu_decode = CpuPagedDecode()
         self.splits: int | None = None  # fixed by the CUDA-graph runner while it captures
 
     def begin(self, batch) -> None:
         super().begin(batch)
-        dev, P, H = batch.input_ids.device, self.pool.page_size, self.arch.num_kv_heads
+        P, H = self.pool.page_size, self.arch.num_kv_heads
         if batch.decode_table is None:
             return
         B, W = batch.decode_table.shape
         if self.cuda:
             self._splits = self.splits or self._kernels.num_splits(B, H, -(-W * P // self.block_n), self._sms)
             return
-        # CPU: the layer-0 K row of every (row, head, position) once; each layer adds its offset.
-        t = torch.arange(W * P, device=dev)
-        pages = batch.decode_table.long()[:, t // P]                                     # [B, L]
-        base = pages * (self.arch.num_layers * 2 * H * P) + t % P
-        self._kidx = base[:, None, :] + (torch.arange(H, device=dev) * P)[None, :, None]  # [B, H, L]
+        self._table = batch.decode_table.long()
+        mask = torch.arange(W * P, device=batch.input_ids.device)[None, :] < batch.decode_lens[:, None]
+        self._mask = mask[:, None, None, :]
 
     def prefill(self, layer, i, q, k, v):
         pf = self.batch.prefills[i]
@@ -73,6 +69,6 @@ class PagedBackend(AttentionBackend):
         if self.cuda:
             return self._kernels.paged_decode(q, self.pool, layer, b.decode_table, b.decode_lens, self._splits,
                                               self.block_n)
-        off = torch.tensor(layer * self.pool.layer_row_stride)
-        v_off = off + self.arch.num_kv_heads * self.pool.page_size
-        return self._cpu_decode(q, self.pool.rows, self._kidx, off, v_off, b.decode_lens)
+        kk, vv = gather_pages(self.pool.layer_view(layer), self._table).transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(q[:, :, None, :], kk, vv, attn_mask=self._mask, enable_gqa=self.group > 1)
+        return o.reshape(q.shape[0], -1)
