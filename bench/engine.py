@@ -58,7 +58,7 @@ def bench_prefill(llm: LLM, hf, lengths, reps: int) -> dict:
     out = {}
     page = 16
     pool = KVPool(llm.arch, -(-max(lengths) // page), page)
-    runner = ModelRunner(llm.model, llm.arch, pool)
+    runner = ModelRunner(llm.model, llm.arch, pool, llm.runner.attention.name)
     for n in lengths:
         ids = random_ids(n, seed=n)[0]
         pages = list(range(-(-n // page)))
@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--attention", default="auto", help="attention backend: auto, torch (the reference), paged")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -163,9 +164,9 @@ def main(argv=None) -> int:
     batches = [int(x) for x in args.batches.split(",")]
     per_seq_pages = -(-(args.prompt_len + args.new_tokens) // 16)
     llm = LLM(model_dir, num_pages=max(batches) * per_seq_pages + 1, page_size=16, max_num_seqs=max(batches),
-              max_num_batched_tokens=max(batches) * args.prompt_len)
+              max_num_batched_tokens=max(batches) * args.prompt_len, attention=args.attention)
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    res = {"torch_threads": args.threads, "decode_prompt_len_tokens": args.prompt_len,
+    res = {"attention": llm.runner.attention.name, "torch_threads": args.threads, "decode_prompt_len_tokens": args.prompt_len,
            "decode_new_tokens": args.new_tokens, "load_avg_1m_before": os.getloadavg()[0]}
     # NOTE: the first forward of each pays one-off costs (allocator, kernel selection): not measured.
     llm.generate(random_ids(32, seed=1), SamplingParams(temperature=0, max_tokens=2))

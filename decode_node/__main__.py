@@ -16,6 +16,9 @@ def build(cfg, worker_id: str):
 
     recorder = WorkerRecorder("decode")
     rt = build_runtime(cfg, cfg.decode.num_pages, use_store=uses_store(cfg.decode), registry=recorder.registry)
+    if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch:
+        rt.runner.capture_decode_graphs(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
+                                        rt.max_context)
     return DecodeWorker(rt, cfg, worker_id, recorder), add_to_server
 
 

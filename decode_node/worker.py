@@ -33,7 +33,6 @@ from decode_node.prompt_kv import PrefixLoad, PromptKV
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
-from engine.sampler import make_generator
 from engine.tokenizer import Tokenizer
 from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
@@ -50,6 +49,7 @@ log = logging.getLogger(__name__)
 ROLE = "decode"
 EVENT_WAIT_S = 0.1
 DRAIN_POLL_S = 0.05
+GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)"}
 
 
 class DecodeWorker:
@@ -90,7 +90,7 @@ class DecodeWorker:
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
         req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
-                            token_ids=list(job.token_ids), generator=make_generator(job.params))
+                            token_ids=list(job.token_ids), generator=self.rt.sampler.make_generator(job.params))
         with self._lock:
             if job.request_id in self._requests:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
@@ -227,7 +227,14 @@ class DecodeWorker:
         req.cached = res.cached
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
-            req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))
+            state = torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8)
+            if state.numel() != req.generator.get_state().numel() and state.numel() in GENERATOR_STATE_BYTES:
+                # P samples on another kind of device (a CPU prefill worker, a GPU decode worker)
+                log.warning("request %s: prefill's sampler state is a %s generator's; this worker's is on %s: "
+                            "continuing from the seed", req.request_id, GENERATOR_STATE_BYTES[state.numel()],
+                            req.generator.device)
+            else:
+                req.generator.set_state(state)
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)

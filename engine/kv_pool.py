@@ -4,6 +4,10 @@
 
 One page = one contiguous block of `page_nbytes` bytes = one store object = one transfer unit,
 so page `i` lives at `base_ptr + i * page_nbytes` for the store and the transfer engine.
+
+Attention reads the same memory as `rows` [pages * L * 2 * Hkv * P, head_dim] (engine/attention/
+batch.py gives the row arithmetic). `scratch_page` adds one page after the last (id `num_pages`,
+never handed out, never registered): CUDA-graph padding rows write their K/V there.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from engine.arch import ModelArch
 
 class KVPool:
     def __init__(self, arch: ModelArch, num_pages: int, page_size: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", scratch_page: bool = False):
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"KVPool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
         self.arch = arch
@@ -23,8 +27,13 @@ class KVPool:
         self.page_size = page_size
         self.dtype = dtype
         self.device = torch.device(device)
-        self.tensor = torch.zeros((num_pages, arch.num_layers, 2, arch.num_kv_heads, page_size, arch.head_dim),
-                                  dtype=dtype, device=self.device)
+        total = num_pages + (1 if scratch_page else 0)
+        self.scratch_page = num_pages if scratch_page else None
+        self._storage = torch.zeros((total, arch.num_layers, 2, arch.num_kv_heads, page_size, arch.head_dim),
+                                    dtype=dtype, device=self.device)
+        self.tensor = self._storage[:num_pages]
+        self.rows = self._storage.view(-1, arch.head_dim)
+        self.layer_row_stride = 2 * arch.num_kv_heads * page_size  # rows from one layer to the next
         self.page_nbytes = self.tensor[0].numel() * self.tensor.element_size()
         self.nbytes = self.page_nbytes * num_pages
         self.base_ptr = self.tensor.data_ptr()

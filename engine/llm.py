@@ -22,7 +22,7 @@ from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
 from engine.page_allocator import PageAllocator
-from engine.sampler import Sampler, make_generator
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.stop import StopChecker
@@ -34,15 +34,16 @@ class LLM:
     def __init__(self, model_dir, num_pages: int = 512, page_size: int = 16, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, kv_dtype: torch.dtype | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512, enable_prefix_cache: bool = True,
-                 prefill_chunk_tokens: int | None = None, torch_threads: int | None = None):
+                 prefill_chunk_tokens: int | None = None, torch_threads: int | None = None,
+                 attention: str = "auto"):
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.arch, self.model = load_model(model_dir, device=device, dtype=dtype)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         self.pool = KVPool(self.arch, num_pages, page_size, kv_dtype or dtype, device)
         self.allocator = PageAllocator(num_pages)
-        self.runner = ModelRunner(self.model, self.arch, self.pool)
-        self.sampler = Sampler()
+        self.runner = ModelRunner(self.model, self.arch, self.pool, attention)
+        self.sampler = Sampler(self.model.device)
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -75,7 +76,7 @@ class LLM:
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} outside the vocabulary (0..{self.arch.vocab_size - 1})")
         seq = Sequence(request_id or f"req-{next(self._ids)}", prompt_ids, params)
-        seq.generator = make_generator(params, self.model.device)
+        seq.generator = self.sampler.make_generator(params)
         seq.stop_checker = StopChecker(self.tokenizer, params, self.eos_token_ids)
         self.waiting.append(seq)
         return seq

@@ -1,4 +1,18 @@
-"""Sampler: logits [B, vocab] -> one token per row (greedy, temperature, top-k, top-p, seed)."""
+"""Sampler: logits [B, vocab] -> one token per row, the whole batch in a few vectorised ops.
+
+    greedy rows          argmax
+    the other rows       logits / temperature -> top-k -> top-p -> min-p (each a per-row mask)
+                         -> probs, then the exponential race: argmax(probs / E), E ~ Exp(1)
+                         (a draw from probs; Gumbel-max written for probabilities)
+
+The noise E of a seeded row comes from that request's own generator, V values a step, whatever
+else is in the batch, so a seeded request draws the same tokens alone or in any batch; the
+unseeded rows share one draw from the device's default generator. Everything stays on the
+logits' device and the batch costs ONE host sync (the final `.tolist()`).
+
+NOTE: generators must live on the logits' device (torch refuses a CPU generator for CUDA
+noise): make them with `Sampler.make_generator`, which uses the sampler's device.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +24,7 @@ from engine.sampling_params import SamplingParams
 
 
 def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | None:
-    """A per-request generator when the request has a seed, else None (the global RNG)."""
+    """A per-request generator on `device` when the request has a seed, else None."""
     if params.seed is None:
         return None
     g = torch.Generator(device=device)
@@ -19,29 +33,64 @@ def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | No
 
 
 class Sampler:
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+
+    def make_generator(self, params: SamplingParams) -> torch.Generator | None:
+        return make_generator(params, self.device)
+
     def sample(self, logits: torch.Tensor, params_list: Sequence[SamplingParams],
                generators: Sequence[torch.Generator | None] | None = None) -> list[int]:
         if logits.shape[0] != len(params_list):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params_list)} requests")
-        generators = generators or [None] * len(params_list)
-        out = logits.argmax(dim=-1).tolist()
-        for i, p in enumerate(params_list):
-            if not p.greedy:
-                out[i] = self._sample_row(logits[i].float(), p, generators[i])
-        return out
+        generators = list(generators or [None] * len(params_list))
+        for g in generators:
+            if g is not None and g.device.type != logits.device.type:
+                raise ValueError(f"a sampling generator on {g.device} for logits on {logits.device}: "
+                                 "make generators with Sampler.make_generator")
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, p in enumerate(params_list) if not p.greedy]
+        if rows:
+            picked = self._sample_rows(logits[rows].float(), [params_list[i] for i in rows],
+                                       [generators[i] for i in rows])
+            tokens[torch.as_tensor(rows, device=logits.device)] = picked
+        return tokens.tolist()
 
     @staticmethod
-    def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-        row = row / p.temperature
-        if 0 < p.top_k < row.shape[0]:
-            kth = torch.topk(row, p.top_k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            probs, idx = torch.sort(torch.softmax(row, dim=-1), descending=True)
-            # Keep the smallest set whose mass reaches top_p: drop a token when the mass before
-            # it already does (the top token always stays).
-            drop = (probs.cumsum(-1) - probs) >= p.top_p
-            row = row.clone()
-            row[idx[drop]] = float("-inf")
-        probs = torch.softmax(row, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=gen))
+    def _sample_rows(x: torch.Tensor, params: list[SamplingParams], gens: list) -> torch.Tensor:
+        dev, (n, vocab) = x.device, x.shape
+
+        def column(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=dev)[:, None]
+
+        x = x / column([p.temperature for p in params])
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        if min(ks) < vocab:
+            kmax = max(k for k in ks if k < vocab)
+            top = torch.topk(x, kmax, dim=-1).values                         # [n, kmax], descending
+            kth = top.gather(1, column([min(k, kmax) - 1 for k in ks], torch.long))
+            kth = torch.where(column([k < vocab for k in ks], torch.bool), kth, float("-inf"))
+            x = x.masked_fill(x < kth, float("-inf"))
+        top_p = [p.top_p for p in params]
+        if min(top_p) < 1.0:
+            probs, idx = torch.sort(torch.softmax(x, dim=-1), dim=-1, descending=True)
+            # Keep the smallest set whose mass reaches top_p: drop a token when the mass before it
+            # already does (the top token always stays).
+            drop_sorted = (probs.cumsum(-1) - probs) >= column(top_p)
+            x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted), float("-inf"))
+        probs = torch.softmax(x, dim=-1)
+        min_p = [p.min_p for p in params]
+        if max(min_p) > 0.0:  # drop tokens below min_p x the row's top probability
+            probs = probs.masked_fill(probs < column(min_p) * probs.amax(-1, keepdim=True), 0.0)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, g in enumerate(gens) if g is None]
+        if len(unseeded) == n:
+            noise.exponential_()
+        else:
+            if unseeded:
+                noise[unseeded] = torch.empty(len(unseeded), vocab, device=dev).exponential_()
+            for i, g in enumerate(gens):
+                if g is not None:
+                    noise[i].exponential_(generator=g)
+        # NOTE: E can be exactly 0; the floor keeps a zero-probability token at 0 / floor = 0.
+        return (probs / noise.clamp_min_(1e-30)).argmax(dim=-1)

@@ -10,6 +10,7 @@ class SamplingParams:
     temperature: float = 1.0          # 0 = greedy
     top_p: float = 1.0
     top_k: int = -1                   # -1 (or 0) = whole vocabulary
+    min_p: float = 0.0                # drop tokens below min_p x the top token's probability; 0 = off
     max_tokens: int = 16
     stop: tuple[str, ...] = ()        # stop strings; trimmed from the output text
     stop_token_ids: tuple[int, ...] = ()
@@ -27,6 +28,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled) or >= 0, got {self.top_k}")
         if self.max_tokens < 1:

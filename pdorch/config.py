@@ -46,6 +46,16 @@ class ModelConfig:
     max_context_tokens: int = _key(0, "Longest prompt + output in tokens; 0 = the model's own limit", min=0)
     torch_threads: int = _key(0, "torch threads per worker; 0 = cores divided among local workers", min=0)
     tp_rank: int = _key(0, "Tensor-parallel rank (part of the store key fingerprint)", min=0)
+    attention_backend: str = _key("auto", "Attention over the paged KV pool: paged (K/V read in place through page "
+                                  "tables by Triton kernels on CUDA), torch (the reference: pages copied out, SDPA); "
+                                  "auto = paged on CUDA, torch on CPU", choices=["auto", "paged", "torch"])
+    gpu_memory_utilization: float = _key(0.9, "With num_pages auto: the share of the GPU's memory this worker may "
+                                         "take (weights, activations, CUDA graphs and the KV pool)", min=0.05,
+                                         max=1.0)
+    local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "
+                                          "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
+                                          "one visible GPU each (shared round-robin when there are fewer)",
+                                          format="device")
 
     @property
     def served_name(self) -> str:
@@ -65,7 +75,8 @@ class PrefillConfig:
     host: str = _key("127.0.0.1", "gRPC listen host")
     port: int = _key(50161, "gRPC listen port", min=1, max=65535)
     metrics_port: int = _key(9161, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
-    num_pages: int = _key(512, "KV pool pages (L1 prefix cache lives in the same pool)", min=2)
+    num_pages: int = _key(512, "KV pool pages (L1 prefix cache lives in the same pool); auto (stored as 0) = "
+                          "what the GPU's memory holds after the weights (model.gpu_memory_utilization)", min=2, auto=0)
     chunk_tokens: int = _key(512, "Prefill token budget per scheduler step (chunked prefill)", min=1)
     max_queued_requests: int = _key(256, "Requests waiting before new ones are rejected", min=1)
     prefix_cache: bool = _key(True, "Keep computed pages in the L1 prefix cache")
@@ -84,7 +95,10 @@ class DecodeConfig:
     host: str = _key("127.0.0.1", "gRPC listen host")
     port: int = _key(50171, "gRPC listen port", min=1, max=65535)
     metrics_port: int = _key(9171, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
-    num_pages: int = _key(1024, "KV pool pages", min=2)
+    num_pages: int = _key(1024, "KV pool pages; auto (stored as 0) = what the GPU's memory holds after the weights "
+                          "(model.gpu_memory_utilization)", min=2, auto=0)
+    cuda_graph_max_batch: int = _key(128, "CUDA only: decode steps of up to this many requests replay a CUDA graph "
+                                     "captured at start-up for their batch-size bucket; 0 = off", min=0, max=1024)
     max_running_requests: int = _key(32, "Sequences decoded together in one batch", min=1)
     max_queued_requests: int = _key(256, "Requests waiting for admission before new ones are rejected", min=1)
     kv_watermark: float = _key(0.95, "Admit a request only while pool usage stays below this fraction",

@@ -56,6 +56,8 @@ def _key(f: dataclasses.Field, kind: type | str) -> dict[str, Any]:
     schema = {"type": "array", "items": item} if kind == "list" else item
     if meta.get("required"):
         schema["minItems" if kind == "list" else "minLength"] = 1
+    if "auto" in meta:  # the number, the word auto, or auto's stored value (what a dumped config holds)
+        schema = {"anyOf": [schema, {"enum": ["auto", meta["auto"]]}]}
     default = field_default(f)
     schema["default"] = list(default) if isinstance(default, tuple) else default
     schema["description"] = description

@@ -59,6 +59,8 @@ def field_default(f: Field) -> Any:
 
 def describe(kind: type | str, meta: typing.Mapping) -> str:
     """What a key accepts, as in "expected an integer >= 1" (also used by docs/configuration.md)."""
+    if "auto" in meta:  # a number, or the word auto (stored as meta["auto"], e.g. 0)
+        return describe(kind, {k: v for k, v in meta.items() if k != "auto"}) + " or auto"
     if kind is bool:
         return "true or false"
     if kind in (int, float):
@@ -92,8 +94,12 @@ def show(value: Any) -> str:
 def check(value: Any, kind: type | str, meta: typing.Mapping, from_string: bool) -> Any:
     """The value coerced to its kind and checked against the key's rules; raises BadValue."""
     expected = describe(kind, meta)
+    if "auto" in meta and value == "auto":
+        return meta["auto"]
     if from_string:
         value = _parse_string(value, kind, expected)
+    if "auto" in meta and value == meta["auto"] and not isinstance(value, bool):
+        return value  # auto's stored value, as a dumped config holds it
     if kind is bool:
         if not isinstance(value, bool):
             raise BadValue(expected)

@@ -8,6 +8,10 @@ Ports of N prefill and M decode workers on loopback (worker i = base + i):
     prefill-1  prefill.port + 1   ...
     decode-0   decode.port + 0    metrics decode.metrics_port + 0
 
+Devices: with `model.local_devices` each worker takes the next one of that list in turn; else with
+`model.device: cuda` (no index) worker k takes visible GPU k (round-robin when there are fewer GPUs
+than workers); else every worker gets model.device as it is (cpu, or one pinned cuda:N).
+
 Children get the user's config file (or the embedded default) plus the user's `--set` flags, then
 the launcher's own `--set` flags (ports, static discovery lists, torch threads) last, because
 the last `--set` wins and flags beat PDORCH_* env vars, which children inherit.
@@ -62,6 +66,7 @@ class LaunchPlan:
     children: tuple[ChildSpec, ...]  # in start order: master, prefill-*, decode-*, router
     torch_threads: int
     router_url: str
+    devices: tuple[str, ...] = ()  # each worker's model.device, prefill-0.. then decode-0..
 
     def by_role(self, role: str) -> list[ChildSpec]:
         return [c for c in self.children if c.role == role]
@@ -88,15 +93,36 @@ def torch_threads_per_worker(cfg: Config, num_workers: int, cpu_count: int | Non
     return max(1, cpu_count // max(1, num_workers))
 
 
+def visible_gpu_count() -> int:
+    """GPUs this process may use (torch only asked when model.device is plain cuda)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.version.cuda else 0
+
+
+def worker_devices(cfg: Config, num_workers: int, gpu_count: int | None = None) -> list[str]:
+    """model.device of each local worker, in start order (see the module docstring)."""
+    m = cfg.model
+    if m.local_devices:
+        return [m.local_devices[i % len(m.local_devices)] for i in range(num_workers)]
+    if m.device != "cuda":
+        return [m.device] * num_workers
+    count = visible_gpu_count() if gpu_count is None else gpu_count
+    if count < 1:  # the workers' start-up check names what is missing
+        return [m.device] * num_workers
+    return [f"cuda:{i % count}" for i in range(num_workers)]
+
+
 def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_path: str,
                        user_overrides: tuple[str, ...] = (), python: str = sys.executable,
                        master_argv: tuple[str, ...] | None = None,
-                       cpu_count: int | None = None) -> LaunchPlan:
+                       cpu_count: int | None = None, gpu_count: int | None = None) -> LaunchPlan:
     """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
     ports (None: store disabled or the caller builds it later); raises PlanError."""
     if num_prefill < 1 or num_decode < 1:
         raise PlanError(f"--prefill and --decode must be >= 1, got {num_prefill} and {num_decode}")
     threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
+    devices = iter(worker_devices(cfg, num_prefill + num_decode, gpu_count))
     public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
     base = ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
     children: list[ChildSpec] = []
@@ -111,7 +137,8 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
             for p, key in ((port, f"{role}.port"), (metrics, f"{role}.metrics_port")):
                 if p > 65535:
                     raise PlanError(f"{key}: {role}-{i} would need port {p}; choose a lower base port")
-            sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}"]
+            sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}",
+                    f"model.device={next(devices)}"]
             argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
             ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
             children.append(ChildSpec(f"{role}-{i}", role, argv, section.host, ports, secret_env(cfg, role)))
@@ -129,7 +156,8 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     _check_distinct_ports(children)
     effective = dataclasses.replace(cfg, discovery=discovery)
     url = f"http://{_advertised(cfg.router.host)}:{cfg.router.port}"
-    return LaunchPlan(effective, tuple(children), threads, url)
+    placed = tuple(s.partition("=")[2] for c in children for s in c.argv if s.startswith("model.device="))
+    return LaunchPlan(effective, tuple(children), threads, url, placed)
 
 
 def _override_key(override: str) -> str:

@@ -277,8 +277,11 @@ class LocalCluster:
     def _announce_ready(self, elapsed_s: float) -> None:
         plan, cfg = self.plan, self.cfg
         store = "store on" if cfg.store.enabled else "store off"
+        devices = ", ".join(f"{c.name} {d}" for c, d in zip(plan.by_role("prefill") + plan.by_role("decode"),
+                                                             plan.devices))
         self._say(f"\npdorch is ready at {plan.router_url} ({self.opts.num_prefill} prefill + "
                   f"{self.opts.num_decode} decode, {store}, {plan.torch_threads} torch thread(s) per worker; "
+                  f"devices: {devices}; "
                   f"started in {elapsed_s:.1f} s)\n\nTry it:\n"
                   f"{curl_example(plan.router_url, cfg.model.served_name, bool(cfg.router.api_key))}\n\n"
                   f"Workers and cache hit rates: pdorch status --url {plan.router_url}\n"

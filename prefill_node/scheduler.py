@@ -27,7 +27,6 @@ import torch
 from prometheus_client import Counter
 
 from engine.model_runner import Chunk
-from engine.sampler import make_generator
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
@@ -258,7 +257,7 @@ class PrefillScheduler:
         if finished:
             rows = logits[[row for row, _ in finished]]
             params = [t.job.params for _, t in finished]
-            gens = [make_generator(t.job.params) for _, t in finished]
+            gens = [self._rt.sampler.make_generator(t.job.params) for _, t in finished]  # on the model's device
             tokens = self._rt.sampler.sample(rows, params, gens)
             for (_, task), token, gen in zip(finished, tokens, gens):
                 if gen is not None:

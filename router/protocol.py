@@ -54,6 +54,7 @@ class _OpenAISampling(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None  # vLLM / SGLang extension
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     stop: str | list[str] | None = None
@@ -85,6 +86,7 @@ class SGLangSampling(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -167,7 +169,7 @@ def _stops(stop: str | list[str] | None, param: str = "stop") -> list[str]:
 
 
 def _check_common(temperature: float, top_p: float, top_k: int, token_ids: list[int] | None,
-                  prefix: str = "") -> None:
+                  prefix: str = "", min_p: float = 0.0) -> None:
     """Ranges of the sampling fields; `prefix` is where they sit in the body ("sampling_params.")."""
     if not 0.0 <= temperature <= 100.0:
         raise bad_request(f"{prefix}temperature must be in [0, 100], got {temperature}", param=prefix + "temperature")
@@ -176,6 +178,8 @@ def _check_common(temperature: float, top_p: float, top_k: int, token_ids: list[
     if not -1 <= top_k <= INT32_MAX:
         raise bad_request(f"{prefix}top_k must be -1 (disabled), 0 (disabled) or positive up to {INT32_MAX}, "
                           f"got {top_k}", param=prefix + "top_k")
+    if not 0.0 <= min_p <= 1.0:
+        raise bad_request(f"{prefix}min_p must be in [0, 1], got {min_p}", param=prefix + "min_p")
     if token_ids and any(not 0 <= t <= INT32_MAX for t in token_ids):
         raise bad_request(f"{prefix}stop_token_ids must be token ids in [0, {INT32_MAX}]",
                           param=prefix + "stop_token_ids")
@@ -204,12 +208,14 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     top_k = -1 if req.top_k is None else req.top_k
-    _check_common(temperature, top_p, top_k, req.stop_token_ids)
+    min_p = 0.0 if req.min_p is None else req.min_p
+    _check_common(temperature, top_p, top_k, req.stop_token_ids, min_p=min_p)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_max_tokens(max_tokens, param)
     _check_seed(req.seed, "seed")
-    sp = worker_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, stop=_stops(req.stop),
+    sp = worker_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                   stop=_stops(req.stop),
                                    stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
     if req.seed is not None:
         sp.seed = req.seed
@@ -217,11 +223,11 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
 
 
 def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
-    _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.")
+    _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.", s.min_p)
     _check_max_tokens(s.max_new_tokens, "sampling_params.max_new_tokens")
     _check_seed(s.seed, "sampling_params.seed")
     _check_seed(s.sampling_seed, "sampling_params.sampling_seed")
-    sp = worker_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+    sp = worker_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
                                    stop=_stops(s.stop, "sampling_params.stop"), stop_token_ids=s.stop_token_ids or [],
                                    ignore_eos=s.ignore_eos)
     seed = s.seed if s.seed is not None else s.sampling_seed

@@ -26,6 +26,7 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         temperature=float(msg.temperature),
         top_p=float(msg.top_p) if msg.top_p > 0 else 1.0,
         top_k=int(msg.top_k) if msg.top_k > 0 else -1,
+        min_p=float(msg.min_p),
         max_tokens=int(msg.max_tokens) if msg.max_tokens > 0 else default.max_tokens,
         stop=tuple(msg.stop),
         stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
@@ -36,7 +37,7 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
 
 def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(
-        temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0),
+        temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0), min_p=params.min_p,
         max_tokens=params.max_tokens, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
     )

@@ -90,7 +90,13 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    worker, add_to_server = build(cfg, worker_id)
+    from engine.pool_sizing import PoolSizeError
+    from pdorch.worker.startup_checks import StartupError
+
+    try:
+        worker, add_to_server = build(cfg, worker_id)
+    except (StartupError, PoolSizeError) as e:  # what the operator must change, without a traceback
+        raise SystemExit("\n".join(f"{prog}: {line}" for line in str(e).splitlines())) from None
     # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
     max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16

@@ -94,6 +94,12 @@ def check_integrity(allocator) -> tuple[bool, str]:
     return True, ""
 
 
+def max_forward_tokens(cfg: Config) -> int:
+    """The most tokens one forward of either worker carries (pool sizing profiles that forward)."""
+    d = cfg.decode
+    return max(cfg.prefill.chunk_tokens, d.max_running_requests + d.max_local_prefill_tokens)
+
+
 def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False) -> WorkerRuntime:
     """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
 
@@ -102,21 +108,33 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     the pages it generated, so ranking those alone would remove mid-chain pages before deep ones).
     """
     from engine.arch import ModelArch
+    from engine.cuda_graphs import graph_memory_bytes
     from engine.dtypes import resolve_dtypes
     from engine.kv_pool import KVPool
     from engine.loader import load_model
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
+    from engine.pool_sizing import profile_activation_bytes, size_pool
     from engine.prepare import prepare_model, weights_digest
     from engine.sampler import Sampler
+    from pdorch.worker.startup_checks import check_startup
     from store_client.page_hash import KV_LAYOUT_VERSION, model_fingerprint
     from store_client.transfer import KVTransfer
 
+    check_startup(cfg)  # one line per misconfiguration, before anything loads
     m = cfg.model
     model_dir = prepare_model(m.source, os.path.expanduser(m.cache_dir), progress=log.info)
     dtypes = resolve_dtypes(m.dtype, m.kv_dtype, m.device, ModelArch.from_model_dir(model_dir).checkpoint_dtype)
     arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, dtypes.compute))
-    pool = KVPool(arch, num_pages, m.page_size, getattr(torch, dtypes.kv), m.device)
+    kv_dtype, on_gpu = getattr(torch, dtypes.kv), m.device.startswith("cuda")
+    size = size_pool(num_pages, arch.kv_values_per_token * m.page_size * kv_dtype.itemsize, m.page_size, m.device,
+                     m.gpu_memory_utilization, lambda: profile_activation_bytes(
+                         model, arch, m.page_size, kv_dtype, max_forward_tokens(cfg), m.attention_backend)
+                     + graph_memory_bytes(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
+                                          arch.vocab_size))
+    log.info(size.describe())
+    num_pages = size.num_pages
+    pool = KVPool(arch, num_pages, m.page_size, kv_dtype, m.device, scratch_page=on_gpu)  # scratch: CUDA graphs
     fingerprint = model_fingerprint(weights_digest(model_dir), dtypes.kv, m.page_size, KV_LAYOUT_VERSION, m.tp_rank)
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
@@ -143,7 +161,8 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s), %d pages of %d bytes, segment %s, fingerprint %s, "
              "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,
              fingerprint, "on" if store else "off")
-    return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool), pool=pool,
-                         allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint=fingerprint, dtypes=dtypes,
+    return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool, m.attention_backend),
+                         pool=pool,
+                         allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
                          chain_index=chain_index, evictor=evictor)

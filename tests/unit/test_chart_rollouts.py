@@ -78,7 +78,7 @@ def _other_value(f: dataclasses.Field, kind, default):
         new = default * 0.9 if meta.get("max") is not None and default * 1.1 > meta["max"] else default * 1.1
         return round(max(new, meta.get("min") or 0.0) if new != default else default + 0.01, 4)
     if kind == "list":
-        return ["10.0.0.9:2379"] if meta.get("format") else ["x"]
+        return {"host:port": ["10.0.0.9:2379"], "device": ["cuda:1"]}.get(meta.get("format"), ["x"])
     return "cuda" if meta.get("format") == "device" else f"{default}-changed"
 
 

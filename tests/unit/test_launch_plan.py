@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pdorch.config_loader import default_config_path, load_config
-from pdorch.launch_plan import PlanError, master_ports, plan_local_cluster, torch_threads_per_worker
+from pdorch.launch_plan import (
+    PlanError,
+    master_ports,
+    plan_local_cluster,
+    torch_threads_per_worker,
+    worker_devices,
+)
 
 MASTER = ("/bin/mooncake_master", "--rpc_port=50151")
 
@@ -27,7 +33,7 @@ def test_two_prefill_three_decode_ports_and_discovery():
     assert p1.argv[:5] == ("py", "-m", "prefill_node", "--config", "/c.yaml")
     # the user's --set first, the launcher's last (the last one wins)
     assert sets(p1.argv) == ["router.policy=round_robin", "prefill.port=50162", "prefill.metrics_port=9162",
-                             "model.torch_threads=2"]
+                             "model.torch_threads=2", "model.device=cpu"]
     assert dict(plan.by_role("decode")[2].ports) == {"decode.port": 50173, "decode.metrics_port": 9173}
     assert plan.config.discovery.prefill == ("127.0.0.1:50161", "127.0.0.1:50162")
     assert plan.config.discovery.decode == ("127.0.0.1:50171", "127.0.0.1:50172", "127.0.0.1:50173")
@@ -131,3 +137,26 @@ def test_redact_argv_hides_secret_values_only():
             "--set", "router.port=1", "router.api_key"]
     assert redact_argv(argv) == ["py", "-m", "router", "--set", "router.api_key=<redacted>",
                                  "--set=router.admin_key=<redacted>", "--set", "router.port=1", "router.api_key"]
+
+
+def device_of(child) -> str:
+    return next(s for s in sets(child.argv)[::-1] if s.startswith("model.device=")).partition("=")[2]
+
+
+def test_each_local_worker_gets_its_own_gpu():
+    plan = plan_local_cluster(local(**{"model.device": "cuda"}), 2, 2, "/c.yaml", master_argv=MASTER, cpu_count=8,
+                              gpu_count=4)
+    workers = plan.by_role("prefill") + plan.by_role("decode")
+    assert [device_of(c) for c in workers] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert plan.devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
+
+
+@pytest.mark.parametrize("overrides, gpus, expected", [
+    ({"model.device": "cuda"}, 2, ["cuda:0", "cuda:1", "cuda:0"]),             # fewer GPUs: shared in turn
+    ({"model.device": "cuda"}, 0, ["cuda", "cuda", "cuda"]),                   # none: the worker's check says so
+    ({"model.device": "cuda:3"}, 8, ["cuda:3", "cuda:3", "cuda:3"]),           # pinned by the user
+    ({"model.device": "cpu"}, 8, ["cpu", "cpu", "cpu"]),
+    ({"model.device": "cuda", "model.local_devices": "cuda:6,cuda:7"}, 8, ["cuda:6", "cuda:7", "cuda:6"]),
+])
+def test_device_placement(overrides, gpus, expected):
+    assert worker_devices(local(**overrides), 3, gpu_count=gpus) == expected

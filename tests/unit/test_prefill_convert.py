@@ -14,7 +14,7 @@ from proto.pdorch.v1 import worker_pb2 as pb
 def test_job_round_trip():
     # NOTE: temperature and top_p travel as proto float32: use values float32 represents exactly.
     job = PrefillJob(request_id="r1", token_ids=(1, 2, 3), decode_segment="127.0.0.1:1234",
-                     params=SamplingParams(temperature=0.5, top_p=0.75, top_k=20, max_tokens=7, stop=("x",),
+                     params=SamplingParams(temperature=0.5, top_p=0.75, top_k=20, min_p=0.125, max_tokens=7, stop=("x",),
                                            stop_token_ids=(5,), ignore_eos=True, seed=42),
                      dest_page_addrs=(4096, 8192), timeout_s=3.5, page_size=16, model_fingerprint="fp",
                      page_hashes=("ab" * 32,))
@@ -30,7 +30,7 @@ def test_result_round_trip():
 
 def test_unset_sampling_fields_mean_defaults():
     params = convert.sampling_from_proto(pb.SamplingParams())
-    assert params.temperature == 0.0 and params.top_p == 1.0 and params.top_k == -1
+    assert params.temperature == 0.0 and params.top_p == 1.0 and params.top_k == -1 and params.min_p == 0.0
     assert params.max_tokens == SamplingParams().max_tokens and params.seed is None
 
 

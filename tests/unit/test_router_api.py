@@ -188,6 +188,16 @@ def test_openapi_documents_request_bodies(pd_router):
         "schema"]["properties"]
 
 
+def test_min_p_reaches_the_decode_worker(pd_router):
+    r, _, d = pd_router
+    httpx.post(r.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1,
+                                                                                      "min_p": 0.25}}, timeout=20)
+    assert d.behavior.calls[-1].sampling.min_p == 0.25
+    httpx.post(r.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 1, "min_p": 0.5}, timeout=20)
+    assert d.behavior.calls[-1].sampling.min_p == 0.5
+
+
 def test_head_is_answered_where_get_is(pd_router):
     r, _, _ = pd_router
     for path in ("/metrics", "/v1/models", "/health"):

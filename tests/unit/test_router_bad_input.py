@@ -50,6 +50,8 @@ CASES = [
      400, "max_tokens", "valid integer"),
     ("NaN temperature", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400,
      "temperature", "got nan"),
+    ("min_p above 1", CHAT, _chat(min_p=1.5), 400, "min_p", "min_p must be in [0, 1], got 1.5"),
+    ("negative sglang min_p", "/generate", _gen(min_p=-0.1), 400, "sampling_params.min_p", "must be in [0, 1]"),
     ("Infinity top_p", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', 400,
      "top_p", "got inf"),
     # encodings

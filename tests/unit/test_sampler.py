@@ -47,7 +47,7 @@ def test_seed_makes_requests_reproducible():
 
 
 @pytest.mark.parametrize("kwargs, field", [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
-                                            ({"top_k": -2}, "top_k"), ({"max_tokens": 0}, "max_tokens"),
+                                            ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"), ({"max_tokens": 0}, "max_tokens"),
                                             ({"stop": ("",)}, "stop"), ({"seed": 1.5}, "seed")])
 def test_bad_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -59,3 +59,100 @@ def test_params_freeze_lists():
     assert p.stop == ("a", "b") and p.stop_token_ids == (5,)
     assert SamplingParams(stop="x").stop == ("x",)
     hash(p)
+
+
+def frequencies(logits, params, n, seed=0):
+    """Token frequencies of n rows sampled in ONE batched call (n copies of the row)."""
+    torch.manual_seed(seed)
+    tokens = Sampler().sample(logits.expand(n, -1), [params] * n)
+    return torch.bincount(torch.tensor(tokens), minlength=logits.shape[1]).double() / n
+
+
+def expected(probs, keep):
+    p = torch.where(keep, probs, torch.zeros_like(probs))
+    return p / p.sum()
+
+
+PROBS = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("params, keep", [
+    (SamplingParams(), [1, 1, 1, 1, 1, 1]),
+    (SamplingParams(top_k=3), [1, 1, 1, 0, 0, 0]),
+    (SamplingParams(top_p=0.7), [1, 1, 1, 0, 0, 0]),        # 0.4 + 0.25 < 0.7 <= 0.8
+    (SamplingParams(min_p=0.3), [1, 1, 1, 0, 0, 0]),        # below 0.3 x 0.4 = 0.12 dropped
+    (SamplingParams(top_k=4, top_p=0.9, min_p=0.2), [1, 1, 1, 1, 0, 0]),
+])
+def test_batched_distribution_matches_the_masked_probabilities(params, keep):
+    """20k rows drawn in one call: each frequency within 4 sigma of the renormalised probability."""
+    n = 20_000
+    want = expected(PROBS, torch.tensor(keep, dtype=torch.bool))
+    got = frequencies(torch.log(PROBS).float()[None], params, n)
+    sigma = (want * (1 - want) / n).sqrt()
+    assert torch.all((got - want).abs() <= 4 * sigma + 1e-9), (got, want)
+
+
+def test_temperature_is_applied_per_row():
+    logits = torch.log(PROBS).float()[None]
+    n = 20_000
+    got = frequencies(logits, SamplingParams(temperature=0.5), n)
+    want = PROBS ** 2 / (PROBS ** 2).sum()  # p^(1/T), renormalised
+    assert torch.all((got - want).abs() <= 4 * (want * (1 - want) / n).sqrt() + 1e-9)
+
+
+def test_rows_with_different_params_in_one_batch():
+    logits = torch.log(PROBS).float()[None].expand(4, -1)
+    ps = [SamplingParams(temperature=0), SamplingParams(top_k=1, temperature=2.0), SamplingParams(top_k=2),
+          SamplingParams(min_p=0.9)]
+    for _ in range(50):
+        a, b, c, d = Sampler().sample(logits, ps)
+        assert a == 0 and b == 0 and c in (0, 1) and d == 0
+
+
+def test_seeded_row_is_reproducible_whatever_shares_its_batch():
+    """The same seeded request alone, next to greedy rows, and next to other seeded and unseeded rows."""
+    vocab = 1000
+    torch.manual_seed(0)
+    logits = torch.randn(8, vocab)
+    me = SamplingParams(seed=42, top_p=0.95, top_k=200)
+
+    def run(rows):  # rows: [(params, seeded?)]; my row is row 0, same logits row each time
+        sampler = Sampler()
+        gens = [sampler.make_generator(p) for p in rows]
+        out = []
+        for step in range(6):
+            out.append(sampler.sample(logits[:len(rows)], rows, gens)[0])
+        return out
+
+    alone = run([me])
+    assert run([me, SamplingParams(temperature=0), SamplingParams(temperature=0)]) == alone
+    assert run([me, SamplingParams(seed=7), SamplingParams(), SamplingParams(temperature=0.3)]) == alone
+    assert run([me] + [SamplingParams()] * 7) == alone
+    assert run([SamplingParams(seed=43, top_p=0.95, top_k=200)]) != alone
+
+
+def test_generator_on_another_device_is_refused():
+    class Meta:  # a generator of another device, as a CPU generator is for CUDA logits
+        device = torch.device("meta")
+
+    with pytest.raises(ValueError, match="make_generator"):
+        Sampler().sample(torch.zeros(1, 4), [SamplingParams(seed=1)], [Meta()])
+
+
+def test_sampler_makes_generators_on_its_device():
+    s = Sampler("cpu")
+    assert s.make_generator(SamplingParams(seed=3)).device == s.device
+    assert s.make_generator(SamplingParams()) is None
+
+
+def test_one_host_sync_per_batch(monkeypatch):
+    """The whole batch reaches the host once: a single .tolist(), no per-row int() / .item()."""
+    calls = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append("tolist") or real_tolist(self))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append("item"))
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda self: calls.append("int") or 0)
+    ps = [SamplingParams(temperature=0), SamplingParams(seed=1, top_p=0.9), SamplingParams(top_k=5, min_p=0.1)]
+    s = Sampler()
+    out = s.sample(torch.randn(3, 50), ps, [s.make_generator(p) for p in ps])
+    assert calls == ["tolist"] and len(out) == 3

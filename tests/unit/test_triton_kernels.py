@@ -1,0 +1,38 @@
+"""The Triton kernels of the paged backend on the CPU, run by Triton's interpreter in a child
+process (tests/unit/triton_cases.py): each equals float64 attention over the same pages."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from engine.attention.triton_kernels import num_splits
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOLERANCE = {"bf16": 1e-5}  # a bf16 pool read into fp32 math; everything fp32 with ieee dot products
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "unit" / "triton_cases.py")], check=False, env=env,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["decode_p4_fp32_1split", "decode_p16_fp32_4splits", "decode_p8_bf16_pool_mha_d24",
+                                  "extend_fresh", "extend_on_prefix", "extend_one_token", "extend_long_prefix"])
+def test_kernel_equals_float64(results, case):
+    err = results[case]
+    assert isinstance(err, float), err  # a traceback from the child
+    assert err <= next((t for k, t in TOLERANCE.items() if k in case), 1e-5), err
+
+
+@pytest.mark.parametrize("batch, kv_heads, blocks, sms, want", [
+    (1, 8, 64, 132, 64), (1, 8, 3, 132, 4), (32, 8, 64, 132, 2), (128, 8, 64, 132, 1), (8, 8, 64, 132, 8)])
+def test_split_count(batch, kv_heads, blocks, sms, want):
+    assert num_splits(batch, kv_heads, blocks, sms) == want
