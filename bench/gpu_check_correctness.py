@@ -32,22 +32,12 @@ PAGE = 16
 STEPS = 24
 
 
-def _no_tokenizer(family, out):
-    """NOTE: the GPU machine has no SmolLM2 GGUF to build a tokenizer from; these checks compare token
-    ids and logits only, so the checkpoints get the special ids and a small vocabulary, no tokenizer."""
-    gen = {"bos_token_id": 1, "eos_token_id": [2], "pad_token_id": 0}
-    return {"bos": 1, "eos": 2, "pad": 0, "generation": gen, "vocab_size": 2048}
-
-
 def build_tiny(family: str, root: pathlib.Path) -> pathlib.Path:
-    from bench import hf_checkpoints
+    # NOTE: the GPU machine has no SmolLM2 package to build a tokenizer from; these checks compare token ids
+    # and logits only.
+    from bench.hf_checkpoints import build_checkpoint
 
-    real = hf_checkpoints._write_tokenizer
-    hf_checkpoints._write_tokenizer = _no_tokenizer
-    try:
-        return hf_checkpoints.build_checkpoint(family, root / family, seed=7)
-    finally:
-        hf_checkpoints._write_tokenizer = real
+    return build_checkpoint(family, root / family, seed=7, tokenizer=False)
 
 
 class Engine:

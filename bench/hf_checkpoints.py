@@ -47,11 +47,17 @@ _LLAMA3 = (
 _LLAMA3_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 FAMILIES = ("llama3", "qwen2", "qwen3", "mistral")
+_NO_TOKENIZER = {"bos": 1, "eos": 2, "pad": 0, "vocab_size": 2048,
+                 "generation": {"bos_token_id": 1, "eos_token_id": [2], "pad_token_id": 0}}
 
 
 def build_checkpoint(family: str, out_dir, *, seed: int = 0, dtype: str = "float32", shape: dict | None = None,
-                     shard_mb: int = 0, std: float = 0.05, **config_overrides) -> pathlib.Path:
-    """Save a random `family` checkpoint into out_dir (created) and return it."""
+                     shard_mb: int = 0, std: float = 0.05, tokenizer: bool = True,
+                     **config_overrides) -> pathlib.Path:
+    """Save a random `family` checkpoint into out_dir (created) and return it.
+
+    `tokenizer=False`: no tokenizer files, special ids 0-2 and a 2,048-token vocabulary (for checks that
+    compare token ids and logits only, on a machine without the SmolLM2 package to build one from)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -59,7 +65,7 @@ def build_checkpoint(family: str, out_dir, *, seed: int = 0, dtype: str = "float
         raise ValueError(f"family {family!r}: one of {FAMILIES}")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    specials = _write_tokenizer(family, out)
+    specials = _write_tokenizer(family, out) if tokenizer else _NO_TOKENIZER
     cfg = _config(family, {**TINY, **(shape or {})}, specials, std, config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
