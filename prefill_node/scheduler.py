@@ -34,7 +34,7 @@ from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.protocol import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
-from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Submit
+from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 
@@ -61,6 +61,11 @@ class PrefillScheduler:
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
                                    rt.store_io, self._on_completion)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
+        self._decode_pool_pages = Counter("pdorch_prefill_decode_pool_pages", "Prefix pages read from the decode "
+                                          "worker's pool (its prefix cache held them; this L1 did not), by outcome "
+                                          "(failed: computed here instead)", ["outcome"], registry=recorder.registry)
+        for outcome in ("read", "failed"):
+            self._decode_pool_pages.labels(outcome)
         self._push_pages = Counter("pdorch_prefill_push_pages", "Prompt pages of finished prefills: pushed to D, "
                                    "or decode_loaded (D read them from the store itself)", ["kind"],
                                    registry=recorder.registry)
@@ -137,6 +142,15 @@ class PrefillScheduler:
                 self._maybe_release(task)
         elif isinstance(msg, Evicted):
             self._persist.left_store(list(msg.keys))
+        elif isinstance(msg, Read):
+            task = msg.task
+            task.io_pending -= 1
+            n = len(task.reading)
+            self._decode_pool_pages.labels("failed" if msg.error else "read").inc(n)
+            if not task.finished_phase:
+                prefix.on_loaded(task, self._rt, task.reading, [msg.error is None] * n, self._prefix_cache,
+                                 from_decode=True)
+            self._maybe_release(task)
         elif isinstance(msg, Pushed):
             task = msg.task
             task.io_pending -= 1
@@ -172,7 +186,7 @@ class PrefillScheduler:
         if done.reason != "ok":
             log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
                       done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, done.page_ok, self._prefix_cache)
+        prefix.on_loaded(task, self._rt, task.loading, done.page_ok, self._prefix_cache)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -208,7 +222,20 @@ class PrefillScheduler:
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
+                if task.reading:
+                    self._read_from_decode(task)
             self._waiting.popleft()
+
+    def _read_from_decode(self, task: PrefillTask) -> None:
+        """Read the prefix pages D's pool holds into ours (off this thread, through the push gate)."""
+        task.io_pending += 1
+        local = self._rt.pool.page_addrs([task.page_ids[i] for i in task.reading])
+        remote = [task.job.dest_page_addrs[i] for i in task.reading]
+        try:
+            self._pusher.read(task, local, remote, lambda t, err, nbytes, s: self._loop.post(Read(t, err)))
+        except BaseException:  # never started (pusher closed): no completion will come
+            task.io_pending -= 1
+            raise
 
     def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
         """The head of the queue lacks pages. Writing a page to the store costs ~1 ms, recomputing it

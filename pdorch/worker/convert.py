@@ -59,6 +59,7 @@ def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:
         decode_segment=msg.decode_segment, dest_page_addrs=tuple(msg.dest_page_addrs),
         timeout_s=float(msg.timeout_s), page_size=int(msg.page_size), model_fingerprint=msg.model_fingerprint,
         page_hashes=tuple(msg.page_hashes), decode_loaded_pages=tuple(msg.decode_loaded_pages),
+        decode_cached_pages=tuple(msg.decode_cached_pages),
     )
 
 
@@ -67,7 +68,7 @@ def job_to_proto(job: PrefillJob) -> pb.PrefillRequest:
         request_id=job.request_id, token_ids=list(job.token_ids), sampling=sampling_to_proto(job.params),
         decode_segment=job.decode_segment, dest_page_addrs=list(job.dest_page_addrs), timeout_s=job.timeout_s,
         page_size=job.page_size, model_fingerprint=job.model_fingerprint, page_hashes=list(job.page_hashes),
-        decode_loaded_pages=list(job.decode_loaded_pages),
+        decode_loaded_pages=list(job.decode_loaded_pages), decode_cached_pages=list(job.decode_cached_pages),
     )
 
 

@@ -37,7 +37,7 @@ class CachedTokens(_message.Message):
     def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages")
+    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class PrefillRequest(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     DECODE_LOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -58,7 +59,8 @@ class PrefillRequest(_message.Message):
     model_fingerprint: str
     page_hashes: _containers.RepeatedScalarFieldContainer[str]
     decode_loaded_pages: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+    decode_cached_pages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ..., decode_cached_pages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state")
