@@ -19,11 +19,10 @@ How long (the allocator's order, engine/page_allocator.py: free pages, then page
 then pages the store dropped (newest first), then the others):
 
     read from the store, or written to it   -> persisted: the store holds it
-    pushed by a prefill worker              -> persisted too: its L1 holds it and its write-back
-                                               writes it (held elsewhere, so given up first)
+    pushed by a prefill worker              -> persisted too: its write-back writes it
     removed by the store evictor, or not    -> left the store: kept after the persisted ones
-      written because it would rank below      (L1 keeps what the store dropped)
-      what eviction removes right now
+      written because it would rank below      (L1 keeps what the store dropped); P's answer
+      what eviction removes right now          names the pushed pages it does not write
     computed or generated here, not yet     -> unpersisted (kept longest; a loss is counted by
       written (write failed, offload off)      reason in pdorch_decode_l1_dropped_unpersisted_pages)
 """
@@ -54,7 +53,7 @@ class DecodePrefixCache:
         """Every prompt page's KV is in req's pages: cache the full ones (the L1 hits already are)."""
         if not self.enabled:
             return
-        held, computed = set(req.l1_pages), set(req.computed_pages)
+        held, computed, unstored = set(req.l1_pages), set(req.computed_pages), set(req.unstored_pages)
         for k in range(req.prompt_len // self._page_size):
             if k in held:
                 continue
@@ -63,6 +62,8 @@ class DecodePrefixCache:
                 continue  # another page holds this hash already (two requests, one prompt)
             if k in computed:
                 self._alloc.mark_unpersisted([page], PENDING)  # written with the step's store write
+            elif k in unstored:  # P computed it but did not write it: the store would drop it at once
+                self._alloc.mark_left_store([page], LEFT_STORE)
             else:  # read from the store (`loaded`), or pushed by the prefill worker (held elsewhere)
                 self._alloc.mark_persisted([page])
 

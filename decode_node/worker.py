@@ -199,6 +199,7 @@ class DecodeWorker:
         """Take P's answer (KV in our pages, first token) and account the first token."""
         n = req.prompt_len
         req.cached = res.cached
+        req.unstored_pages = res.unstored_pages
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
             req.generator.set_state(torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8))

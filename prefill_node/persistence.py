@@ -95,6 +95,7 @@ class Persister:
             below = {i for i in computed if not evictor.should_write(i, len(computed))}
             if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
                 alloc.mark_left_store([task.page_ids[i] for i in below], STORE_EVICTED)
+                task.unstored = sorted(below)  # D's prefix cache is told too
                 self.metrics.skipped.inc(len(below))
                 computed = [i for i in computed if i not in below]
                 pages = [task.page_ids[i] for i in computed]

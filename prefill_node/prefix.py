@@ -74,8 +74,9 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
 
 
 def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False) -> None:
-    """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 as
-    held elsewhere (persisted: evicted first), the others become holes once both have finished."""
+    """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
+    persisted when read from the store; read from D they are backfilled: the store may lack them),
+    the others become holes once both have finished."""
     alloc = rt.allocator
     ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
     for i, good in zip(pages, ok):
@@ -87,7 +88,10 @@ def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bo
         else:
             task.store_pages += 1
         if prefix_cache and alloc.cache(task.page_hashes[i], task.page_ids[i]) == task.page_ids[i]:
-            alloc.mark_persisted([task.page_ids[i]])
+            if from_decode:  # the store may lack it: written with the write-back (skipped if present)
+                task.backfill.append(i)
+            else:
+                alloc.mark_persisted([task.page_ids[i]])
     task.loads_left -= 1
     if task.loads_left <= 0:
         task.loading, task.reading = [], []

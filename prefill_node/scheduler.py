@@ -321,7 +321,7 @@ class PrefillScheduler:
                 task.succeed(PrefillResult(
                     request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
                     cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
-                    sampler_state=task.sampler_state))
+                    sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored)))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
 

@@ -58,6 +58,7 @@ class PrefillTask:
     loads_left: int = 0  # of those two, the ones not completed yet
     missed: list[int] = field(default_factory=list)  # pages the completed ones could not give
     backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
+    unstored: list[int] = field(default_factory=list)  # computed pages not written (the store would evict them)
     pages_short: int = 0  # when admission failed: pages missing without dropping unpersisted ones
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1

@@ -76,7 +76,7 @@ def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
     return pb.PrefillResponse(
         request_id=res.request_id, first_token_id=res.first_token_id, prompt_tokens=res.prompt_tokens,
         cached=cached_to_proto(res.cached), transfer_bytes=res.transfer_bytes, transfer_s=res.transfer_s,
-        compute_s=res.compute_s, sampler_state=res.sampler_state,
+        compute_s=res.compute_s, sampler_state=res.sampler_state, unstored_pages=list(res.unstored_pages),
     )
 
 
@@ -84,5 +84,5 @@ def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
     return PrefillResult(
         request_id=msg.request_id, first_token_id=msg.first_token_id, prompt_tokens=msg.prompt_tokens,
         cached=cached_from_proto(msg.cached), transfer_bytes=msg.transfer_bytes, transfer_s=msg.transfer_s,
-        compute_s=msg.compute_s, sampler_state=msg.sampler_state,
+        compute_s=msg.compute_s, sampler_state=msg.sampler_state, unstored_pages=tuple(msg.unstored_pages),
     )

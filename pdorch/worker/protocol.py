@@ -58,3 +58,4 @@ class PrefillResult:
     transfer_s: float = 0.0
     compute_s: float = 0.0
     sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)
+    unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)
