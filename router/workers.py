@@ -74,7 +74,7 @@ class Worker:
                 "model": info.model, "page_size": info.page_size, "total_pages": info.total_pages,
                 "free_pages": info.free_pages, "queued_requests": info.queued_requests,
                 "running_requests": info.running_requests, "store_enabled": info.store_enabled,
-                "max_context_tokens": info.max_context_tokens},
+                "max_context_tokens": info.max_context_tokens, "store_evicted_pages": info.store_evicted_pages},
         }
 
 

@@ -141,6 +141,7 @@ class StoreEvictor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._forgotten_seen = 0  # index.forgotten already added to the counter
+        self.removed_total = 0  # pages removed since start (pdorch_store_evicted_pages_total, as a number)
         # The store's fill as last read, plus what this worker wrote since: make_room() acts on it
         # between two passes (a request's write-back can be tens of MB, faster than a pass).
         self._lock = threading.Lock()  # one removal at a time (the pass, or a writer's make_room)
@@ -285,6 +286,7 @@ class StoreEvictor:
         if gone and self.on_removed is not None:
             self.on_removed(gone)
         self.metrics.evicted_pages.inc(removed)
+        self.removed_total += removed
         self.metrics.evicted_stale_pages.inc(sum(1 for k, c in zip(keys, codes) if c == 0 and k in stale))
         self.metrics.evict_skipped.labels("absent").inc(absent)
         self.metrics.evict_skipped.labels("leased").inc(len(leased))

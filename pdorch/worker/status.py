@@ -24,6 +24,7 @@ def worker_info(rt, role: str, worker_id: str, load: WorkerLoad) -> pb.WorkerInf
         page_size=rt.cfg.model.page_size, total_pages=rt.allocator.num_total, free_pages=load.free_pages,
         queued_requests=load.queued, running_requests=load.running, transfer_segment=rt.segment,
         store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=max_ctx,
+        store_evicted_pages=getattr(getattr(rt, "evictor", None), "removed_total", 0),
     )
 
 

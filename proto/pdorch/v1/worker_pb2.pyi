@@ -111,7 +111,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens")
+    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "store_evicted_pages")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class WorkerInfo(_message.Message):
     TRANSFER_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     STORE_ENABLED_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORE_EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     role: str
     worker_id: str
     model: str
@@ -136,7 +137,8 @@ class WorkerInfo(_message.Message):
     transfer_segment: str
     store_enabled: bool
     max_context_tokens: int
-    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+    store_evicted_pages: int
+    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., store_evicted_pages: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
