@@ -216,6 +216,8 @@ class PrefillScheduler:
             task = self._waiting[0]
             if not task.finished_phase:
                 now = time.monotonic()
+                if not self._may_admit(task, now):
+                    return  # the task before it still holds its pages (see _may_admit)
                 patient = self._persist.usable and self._prefix_cache and (
                     self._pressure_since is None or now - self._pressure_since < self._persist_wait_s)
                 if not prefix.admit(task, self._rt, self._prefix_cache, allow_loss=not patient):
@@ -225,6 +227,34 @@ class PrefillScheduler:
                 if task.reading:
                     self._read_from_decode(task)
             self._waiting.popleft()
+
+    def _may_admit(self, task: PrefillTask, now: float) -> bool:
+        """Whether the head of the queue may take its pages now.
+
+        NOTE (the L1 a prompt leaves free): when the free pages cannot hold the prompt, admitting it
+        evicts cached pages. Admitted while another task still computes, it would evict the pages
+        of the conversations queued behind it (the L1 would hold two prompts, and none of what the
+        store dropped); admitted once that task is done and written back, it takes that task's
+        pages, in the store by then, first. So while another task holds pages it waits: without
+        bound while that task computes (compute is serial anyway: it would wait for the forward),
+        and at most prefill.persist_wait_s for the others' I/O (store loads and writes, the push: a
+        stalled store must not stall admission)."""
+        alloc, page_size = self._rt.allocator, task.job.page_size
+        if alloc.num_free() >= -(-task.prompt_len // page_size) or not self._prefix_cache:
+            return True
+        others = [t for t in self._tasks if t is not task and t.page_ids]
+        if not others:
+            task.paced_since = None
+            return True
+        if any(t.phase is Phase.COMPUTING for t in others):
+            return False  # woken again when that task's forward ends
+        if task.paced_since is None:
+            task.paced_since = now
+            self._persist.metrics.paced.inc()
+        if now - task.paced_since >= self._persist_wait_s:
+            return True
+        self._loop.wake_at(task.paced_since + self._persist_wait_s)
+        return False
 
     def _read_from_decode(self, task: PrefillTask) -> None:
         """Read the prefix pages D's pool holds into ours (off this thread, through the push gate)."""

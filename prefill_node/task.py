@@ -60,6 +60,7 @@ class PrefillTask:
     backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
     unstored: list[int] = field(default_factory=list)  # computed pages not written (the store would evict them)
     pages_short: int = 0  # when admission failed: pages missing without dropping unpersisted ones
+    paced_since: float | None = None  # when it began waiting for another task's store I/O to admit
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1
     sampler_state: bytes = b""
