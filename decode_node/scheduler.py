@@ -130,6 +130,9 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------------------- scheduler thread
     def _iterate(self, now: float) -> bool:
+        index = getattr(self._rt, "chain_index", None)
+        if index is not None:  # ended conversations leave the prefix cache first, as they leave the store
+            self._rt.allocator.stale_after = index.stale_after()
         self._release_drained()
         self._reap(now)
         self.admission.admit_ready(now, self._loop.wake_at)

@@ -112,6 +112,9 @@ class PrefillScheduler:
         return None
 
     def _iterate(self, now: float) -> bool:
+        index = getattr(self._rt, "chain_index", None)
+        if index is not None:  # ended conversations leave L1 first, as they leave the store
+            self._rt.allocator.stale_after = index.stale_after()
         self._reap(now)
         self._admit()
         worked = self._compute_step()
