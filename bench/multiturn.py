@@ -8,7 +8,10 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
     python -m bench.multiturn --compare         (a) store + offload, (b) store off, (c) offload
                                                 off, (d) single-process engine.LLM, (e) as (a) but
                                                 store -> decode loading, conditional disaggregation
-                                                and store-aware routing off; same workload
+                                                and store-aware routing off, (f) as (a) but the
+                                                decode worker's prefix cache off; same workload
+    python -m bench.multiturn --sweep [--shapes A,B]   a grid of cache shapes (bench/multiturn_sweep.py):
+                                                per shape the worst hit / free-L1 capacity-bound ideal
 
 Starts its own cluster with `pdorch serve` (the preset's sizes, then --config / --set), or loads
 a running router with --url (counters then come from the config's metrics ports).
@@ -50,7 +53,8 @@ VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=fal
             "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", []),
             # store -> decode, conditional disaggregation and store-aware routing off (a has them on)
             "e": ("beyond-anchors off", ["decode.load_prefix_from_store=false", "decode.max_local_prefill_tokens=0",
-                                         "router.store_aware_routing=false"])}
+                                         "router.store_aware_routing=false"]),
+            "f": ("decode prefix cache off", ["decode.prefix_cache=false"])}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,6 +83,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="load a running router instead of starting a cluster")
     p.add_argument("--compare", action="store_true", help="run variants a-e on the same workload")
     p.add_argument("--variants", help="with --compare: only these, comma-separated (e.g. a,e)")
+    p.add_argument("--sweep", action="store_true", help="run every cache shape of bench/multiturn_sweep.py "
+                   "(each sets its own workload and sizes; --rounds, --api and --set still apply)")
+    p.add_argument("--shapes", help="with --sweep: only these shapes, comma-separated")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s)")
     p.add_argument("--plot-dir", help="where the PNG goes (default: a new temp dir)")
     p.add_argument("--label", help="plot file name and title (default: PRESET_API[_compare])")
@@ -129,17 +136,20 @@ def model_facts(url: str | None, cfg):
     return Tokenizer.from_dir(model_dir), model_dir, arch.kv_values_per_token, page, name
 
 
-def run_variant(key: str, args, w: Workload, facts, say) -> dict:
+def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
+    """One measured run. `sized(w, cfg, kv_values_per_token)`: the sizing --set flags (the sweep's
+    shapes), instead of the preset's."""
     from tqdm import tqdm
     tok, model_dir, kv_per_token, page, name = facts
     extra = VARIANTS[key][1] if args.compare else []
     base = effective_config(args.config, extra + args.config_overrides)
     preset = "none" if args.url else args.preset  # NOTE: a running cluster keeps its sizes
-    sets = preset_overrides(preset, w, base, kv_per_token, args.prefill, args.decode) + extra
+    sets = (sized(w, base, kv_per_token) if sized else
+            preset_overrides(preset, w, base, kv_per_token, args.prefill, args.decode)) + extra
     sets += args.config_overrides
     cfg = effective_config(args.config, sets)
     nbytes = page_bytes(cfg, kv_per_token)
-    if preset != "none":
+    if preset != "none" and sized is None:
         say(describe(preset, w, cfg, kv_per_token))
     say(f"[{key}] {VARIANTS[key][0]}: --set " + " ".join(sets))
     cluster, target = None, Target(model=name, api_key=cfg.router.api_key, admin_key=cfg.router.admin_key)
@@ -202,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [k for k in keys if k not in VARIANTS]
         if unknown:
             p.error(f"--variants: unknown {','.join(unknown)} (choose from {','.join(VARIANTS)})")
+    if args.sweep:
+        return sweep(args, p, facts, say, t0)
     variants = {k: run_variant(k, args, w, facts, say) for k in keys}
     label = args.label or f"{args.preset}_{args.api}" + ("_compare" if args.compare else "")
     from bench.multiturn_plots import plot_run
@@ -211,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     plot = plot_run({f"{k} {v['variant_name']}": v for k, v in variants.items()}, title,
                     plot_dir / f"multiturn_{label}.png")
     main_res = variants[keys[0]]
-    print(f"\n{title}\n{report.round_table(main_res['rounds'])}\n\n{report.rss_table(main_res['rounds'])}\n\n"
-          f"{report.summary_lines(main_res)}")
+    print(f"\n{title}\n{report.round_table(main_res['rounds'])}\n\n{report.reads_table(main_res['rounds'])}\n\n"
+          f"{report.rss_table(main_res['rounds'])}\n\n{report.summary_lines(main_res)}")
     if args.compare:
         print("\n" + report.compare_table(variants))
     print(f"plot: {plot}")
@@ -230,6 +242,35 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "p2d_bytes_per_request", "prefill_calls_avoided")}
                                              for r in v["rounds"]]} for k, v in variants.items()}
         print(json.dumps(rounded(out)))
+    return 0
+
+
+def sweep(args, p, facts, say, t0: float) -> int:
+    """--sweep: every shape on a cluster of its own; a per-shape table and one JSON line."""
+    from bench import multiturn_sweep as sw
+    if args.url or args.compare:
+        p.error("--sweep starts its own clusters: not with --url or --compare")
+    try:
+        shapes = sw.pick(args.shapes)
+    except ValueError as e:
+        p.error(f"--shapes: {e}")
+    rows = []
+    for i, shape in enumerate(shapes):
+        w = shape.workload(args.rounds, args.api)
+        say(f"[sweep {i + 1}/{len(shapes)}] {shape.name}: {w}")
+        res = run_variant("a", args, w, facts, say,
+                          sized=lambda w, cfg, kv, s=shape: sw.shape_overrides(s, w, cfg, kv))
+        rows.append(sw.shape_row(shape, w, res))
+        say(sw.sweep_table(rows[-1:]))
+    worst = [r["worst_hit_over_free_l1_capacity_ideal"] for r in rows]
+    print(f"\npdorch bench multiturn --sweep: {len(rows)} shapes, {args.rounds} rounds, {args.api} ({commit()})")
+    print(sw.sweep_table(rows))
+    print(f"worst over every shape and round: {min((x for x in worst if x is not None), default=None)}")
+    if args.json:
+        print(json.dumps(rounded({"bench": "multiturn_sweep", "api": args.api, "rounds_count": args.rounds,
+                                  "shapes": rows, "commit": commit(), "elapsed_s": time.monotonic() - t0,
+                                  "worst_hit_over_free_l1_capacity_ideal": min(
+                                      (x for x in worst if x is not None), default=None)})))
     return 0
 
 

@@ -5,7 +5,12 @@ Counters are cumulative; a round's value is the difference of two snapshots (`de
 that fails gives None, never an exception: a benchmark keeps running when a metric is missing.
 
     store_pages_read / _written   pdorch_store_pages_{read,written}_total, summed over the workers
-    store_pages_evicted           mooncake_master's master_evicted_key_count (one key = one page)
+    store_pages_evicted           mooncake_master's master_evicted_key_count (one key = one page): its own
+                                  (chain-blind) eviction
+    store_pages_evicted_by_pdorch pdorch_store_evicted_pages_total of every worker (chain eviction)
+    reads                         where reused prompt pages came from: prefill_l1 (P's own L1),
+                                  prefill_from_decode (P read them from D's pool), prefill_store,
+                                  decode_l1 (D's own prefix cache hits), decode_store (D's own reads)
     store_save_dropped_pages      pdorch_store_save_dropped_pages_total by reason (queue_full,
                                   cancelled, closed): write-backs that never ran -> holes
     store_save_failed_pages       pdorch_store_save_failed_pages_total by reason
@@ -69,6 +74,8 @@ def counters(worker_samples: list, master_samples: list | None) -> dict:
         "store_pages_read": total(w, "pdorch_store_pages_read_total"),
         "store_pages_written": total(w, "pdorch_store_pages_written_total"),
         "store_pages_evicted": total(master_samples, "master_evicted_key_count") if master_samples else None,
+        "store_pages_evicted_by_pdorch": total(w, "pdorch_store_evicted_pages_total"),
+        "reads": reads(w),
         "store_save_dropped_pages": by_label(w, "pdorch_store_save_dropped_pages_total", "reason"),
         "store_save_failed_pages": by_label(w, "pdorch_store_save_failed_pages_total", "reason"),
         "store_load_miss_pages": by_label(w, "pdorch_store_miss_pages_total", "reason", op="load"),
@@ -78,6 +85,26 @@ def counters(worker_samples: list, master_samples: list | None) -> dict:
         "transfer_bytes": total(w, "pdorch_prefill_transfer_bytes_total"),
         "prompt_plans": by_label(w, "pdorch_decode_prompt_plans_total", "where"),
     }
+
+
+def reads(w: list) -> dict:
+    """Reused prompt pages by where they came from (cumulative; see the module docstring), except
+    `prefill_device_tokens`: P's L1 and D's pool together, in tokens (pages_by_tier() splits them)."""
+    return {"prefill_device_tokens": total(w, "pdorch_prefill_prompt_tokens_total", source="device"),
+            "prefill_from_decode": total(w, "pdorch_prefill_decode_pool_pages_total", outcome="read"),
+            "prefill_store": total(w, "pdorch_prefill_store_pages_loaded_total"),
+            "decode_l1": total(w, "pdorch_decode_l1_hit_pages_total"),
+            "decode_store": total(w, "pdorch_decode_prefix_store_pages_total", outcome="loaded")}
+
+
+def pages_by_tier(d: dict, page_size: int) -> dict:
+    """A round's delta of reads() as pages per tier. NOTE: P counts the pages it read from D's pool as
+    `device` tokens (they came from a device pool); its own L1 gave the rest of them."""
+    if not d:
+        return {}
+    out = {k: int(v) for k, v in d.items() if k != "prefill_device_tokens"}
+    out["prefill_l1"] = int(d.get("prefill_device_tokens", 0) // page_size - d.get("prefill_from_decode", 0))
+    return out
 
 
 def delta(before, after):

@@ -14,12 +14,13 @@ def _ms(value) -> str:
 
 def round_table(rounds: list[dict]) -> str:
     head = ("round  reqs fail  ttft mean/p50/p90 s   itl p50/p90 ms  in tok/s out tok/s   hit  ideal  cap-ideal"
-            "  computed/device/host/store tokens   store read/written/evicted pages")
+            "  computed/device/host/store tokens   store read/written pages, evicted by master/pdorch")
     lines = [head]
     for r in rounds:
         t = r["tier_tokens"]
         tiers = "/".join(_f(t[k], "d") for k in ("computed", "device", "host", "store"))
-        store = "/".join(_f(r[k], "d") for k in ("store_pages_read", "store_pages_written", "store_pages_evicted"))
+        store = ("/".join(_f(r[k], "d") for k in ("store_pages_read", "store_pages_written")) + ", "
+                 + "/".join(_f(r.get(k), "d") for k in ("store_pages_evicted", "store_pages_evicted_by_pdorch")))
         lines.append(
             f"{r['round']:>5} {r['requests']:>5} {r['failed']:>4}  "
             f"{_f(r['ttft_mean_s'], '6.2f')} {_f(r['ttft_p50_s'], '6.2f')} {_f(r['ttft_p90_s'], '6.2f')}   "
@@ -30,6 +31,21 @@ def round_table(rounds: list[dict]) -> str:
              if r["store_save_dropped_pages"] or r["store_load_miss_pages"]]
     for rnd, dropped, missed in holes:
         lines.append(f"  round {rnd}: write-backs dropped {dropped or {}}, store load misses {missed or {}}")
+    return "\n".join(lines)
+
+
+TIER_COLUMNS = ("prefill_l1", "prefill_from_decode", "prefill_store", "decode_l1", "decode_store")
+
+
+def reads_table(rounds: list[dict]) -> str:
+    """Where each round's reused pages came from: P's L1, D's pool (read by P), the store (read by P),
+    D's own prefix cache, the store (read by D); and the free-L1 capacity-bound ideal."""
+    lines = [("round  reused pages: P L1 / P from D's pool / P from store / D's cache / D from store"
+             "   free-L1 cap-ideal")]
+    for r in rounds:
+        reads = r.get("reads") or {}
+        cells = " / ".join(_f(reads.get(k), "d") for k in TIER_COLUMNS)
+        lines.append(f"{r['round']:>5}  {cells:>75}   {_f(r.get('free_l1_capacity_ideal_hit_rate'), '.3f')}")
     return "\n".join(lines)
 
 
@@ -50,7 +66,10 @@ def summary_lines(res: dict) -> str:
             f"{_f(res['ttft_last_over_round1'], '.2f')}, RSS growth {_f(res['rss_growth_ratio'], '.3f')}, "
             f"failed requests {res['failed_requests']}; usable capacity {res['usable_pages']} pages "
             f"(store {res['store_capacity_bytes'] / (1 << 20):.0f} MiB x {res['eviction_high_watermark']} "
-            f"+ L1 {res['l1_pages']})")
+            f"+ L1 {res['l1_pages']}); worst hit/free-L1 capacity ideal "
+            f"{_f(res.get('worst_hit_over_free_l1_capacity_ideal'), '.3f')}; store pages evicted by "
+            f"mooncake_master {_f(res.get('store_pages_evicted'), '.0f')}, by pdorch "
+            f"{_f(res.get('store_pages_evicted_by_pdorch'), '.0f')}")
 
 
 def compare_table(variants: dict[str, dict]) -> str:

@@ -100,6 +100,7 @@ async def run_workload(target: Target, w: Workload, tokenizer, page_size: int, p
     else:
         l1 = int(sum(metrics.total(s or [], "pdorch_prefill_pool_total_pages") for s in worker))
     usable = usable_capacity_pages(capacity, watermark, page_nbytes, l1)
+    split = (usable_capacity_pages(capacity, watermark, page_nbytes, 0), l1, page_size)
     turns = TurnSource(tokenizer, opts.seed, opts.random_ids)
     convs = [Conversation(c, w.api, tokenizer, turns, page_size, w.first_tokens, w.turn_tokens)
              for c in range(w.clients)]
@@ -142,11 +143,12 @@ async def run_workload(target: Target, w: Workload, tokenizer, page_size: int, p
     for r in range(w.rounds):
         d = metrics.delta(snapshots[r - 1], snapshots[r]) or {}
         counts = {k: (int(v) if isinstance(v, float) else v) for k, v in d.items()}
+        counts["reads"] = metrics.pages_by_tier(d.get("reads") or {}, page_size)
         for k in ("store_save_dropped_pages", "store_save_failed_pages", "store_load_miss_pages"):
             counts[k] = {reason: int(n) for reason, n in (d.get(k) or {}).items() if n}
         span = loop.round_span.get(r, [0.0, 0.0])
         row = summarize_round(r, results[r], usable, span[1] - span[0], counts, d.get("tiers") or None,
-                              rss_at_end.get(r))
+                              rss_at_end.get(r), capacity=split)
         row["store_save_failed_pages"] = counts["store_save_failed_pages"]
         row["end_s"] = round(end_times.get(r, 0.0), 2)
         rounds.append(row)

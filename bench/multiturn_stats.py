@@ -13,7 +13,9 @@ Page-aligned ideal of one request (what a perfect cache could reuse, from what w
 
 Capacity-bound ideal of a round: the ideal times min(1, usable pages / full pages of all previous
 contexts of the round), usable = store capacity x the master's eviction high watermark (in pages)
-+ the prefill workers' L1 pages: no policy can keep more than that.
++ the prefill workers' L1 pages: no policy can keep more than that. The free-L1 variant (the sweep's,
+`free_l1_capacity_ideal_hit_rate`) counts only the L1 pages the round's longest prompt leaves free:
+a prompt being prefilled occupies its pages in L1.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def usable_capacity_pages(store_capacity_bytes: int, high_watermark: float, page
     """Pages any policy could keep: the store up to its eviction watermark plus every prefill L1."""
     store = int(store_capacity_bytes * high_watermark) // page_bytes if page_bytes > 0 else 0
     return store + l1_pages
+
+
+def free_l1_usable_pages(store_pages: int, l1_pages: int, longest_prompt_pages: int) -> int:
+    """The store at its watermark plus the L1 pages the round's longest prompt leaves free."""
+    return store_pages + max(0, l1_pages - longest_prompt_pages)
 
 
 def capacity_factor(usable_pages: int, previous_context_pages: int) -> float:
@@ -116,15 +123,19 @@ def tier_tokens(results: list[RequestResult], metric_tiers: dict | None = None) 
 
 def summarize_round(round_index: int, results: list[RequestResult], usable_pages: int, wall_s: float,
                     counters: dict | None = None, metric_tiers: dict | None = None,
-                    rss_mb: dict | None = None) -> dict:
+                    rss_mb: dict | None = None, capacity: tuple[int, int, int] | None = None) -> dict:
     """The JSON object of one round. `counters` = deltas over the round of store_pages_read /
-    _written / _evicted and the drop / miss counters by reason; `rss_mb` = {process: MiB} at its end."""
+    _written / _evicted and the drop / miss counters by reason; `rss_mb` = {process: MiB} at its end;
+    `capacity` = (store pages at the watermark, L1 pages, page size) for the free-L1 capacity ideal."""
     ok = [r for r in results if r.error is None]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     ideal = sum(r.ideal_tokens for r in ok)
     context_pages = sum(r.previous_context_pages for r in ok)
     factor = capacity_factor(usable_pages, context_pages)
+    longest = max((-(-r.prompt_tokens // capacity[2]) for r in ok), default=0) if capacity else 0
+    free_factor = (capacity_factor(free_l1_usable_pages(capacity[0], capacity[1], longest), context_pages)
+                   if capacity else None)
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     itls = [x for r in ok for x in r.itl_s]
     split, source = tier_tokens(results, metric_tiers)
@@ -143,6 +154,8 @@ def summarize_round(round_index: int, results: list[RequestResult], usable_pages
         "previous_context_pages": context_pages,
         "capacity_factor": factor,
         "capacity_ideal_hit_rate": ratio(ideal * factor, prompt),
+        "longest_prompt_pages": longest if capacity else None,
+        "free_l1_capacity_ideal_hit_rate": ratio(ideal * free_factor, prompt) if capacity else None,
         "ttft_mean_s": mean(ttfts),
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p90_s": percentile(ttfts, 90),
@@ -156,6 +169,8 @@ def summarize_round(round_index: int, results: list[RequestResult], usable_pages
         "store_pages_read": counters.get("store_pages_read"),
         "store_pages_written": counters.get("store_pages_written"),
         "store_pages_evicted": counters.get("store_pages_evicted"),
+        "store_pages_evicted_by_pdorch": counters.get("store_pages_evicted_by_pdorch"),
+        "reads": counters.get("reads") or {},
         "store_save_dropped_pages": counters.get("store_save_dropped_pages", {}),
         "store_load_miss_pages": counters.get("store_load_miss_pages", {}),
         "p2d_bytes_per_request": ratio(counters.get("transfer_bytes"), len(ok)),
@@ -187,10 +202,20 @@ def run_summary(rounds: list[dict]) -> dict:
     return {
         "worst_hit_over_ideal": worst_ratio(rounds, "ideal_hit_rate"),
         "worst_hit_over_capacity_ideal": worst_ratio(rounds, "capacity_ideal_hit_rate"),
+        "worst_hit_over_free_l1_capacity_ideal": worst_ratio(
+            [r for r in rounds if r.get("free_l1_capacity_ideal_hit_rate") is not None],
+            "free_l1_capacity_ideal_hit_rate"),
+        "store_pages_evicted": _sum(rounds, "store_pages_evicted"),
+        "store_pages_evicted_by_pdorch": _sum(rounds, "store_pages_evicted_by_pdorch"),
         "ttft_last_over_round1": ratio(rounds[-1]["ttft_mean_s"], ttft1) if rounds else None,
         "rss_growth_ratio": rss_growth_ratio(rounds),
         "failed_requests": sum(r["failed"] for r in rounds),
     }
+
+
+def _sum(rounds: list[dict], key: str) -> float | None:
+    values = [r.get(key) for r in rounds]
+    return None if any(v is None for v in values) else sum(values)
 
 
 def rounded(obj, digits: int = 4):

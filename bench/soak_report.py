@@ -8,6 +8,7 @@ and how the soak's RSS series is judged and drawn:
     rss_drift                 per process: median RSS just after warm-up vs median RSS at the end of
                               the traffic, and the largest excursion of any later sample
     plot_rss                  PNG of RSS over time per process, warm-up end and the +-10% band marked
+    window_table              the per-window hit rate against the ideal and evictions by evictor
 """
 
 from __future__ import annotations
@@ -154,3 +155,15 @@ def plot_rss(series: list[tuple[float, dict]], warm_s: float, drift: dict, title
     fig.savefig(path)
     plt.close(fig)
     return str(path)
+
+
+def window_table(windows: list[dict]) -> str:
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    lines = ["window        requests   hit  ideal  hit/ideal  evicted by master / pdorch"]
+    for w in windows:
+        span = f"{w['start_s'] / 60:.1f}-{w['end_s'] / 60:.1f} min" + (" (warm-up)" if w["warmup"] else "")
+        lines.append(f"{span:<22} {w['requests']:>4}  {f(w['hit_rate'], '.3f')}  {f(w['ideal_hit_rate'], '.3f')}  "
+                     f"{f(w['hit_over_ideal'], '9.3f')}  {f(w['master_evicted'], '.0f'):>8} / {f(w['pdorch_evicted'], '.0f')}")
+    return "\n".join(lines)

@@ -1,7 +1,10 @@
 """Admission control of the decode worker: a bounded wait queue and a KV-pool watermark.
 
 A request is admitted when allocating its pages keeps the referenced pages at or under
-`kv_watermark * total` (the headroom lets running requests grow page by page without running
+`kv_watermark * total`. With the decode worker's prefix cache on, its reusable prompt pages are
+looked up first (`lookup`: their hashes): pages the pool still holds from an earlier request are
+taken as they are (retained, shared) and only the others are allocated; `AdmitTicket.hits` says
+which. (the headroom lets running requests grow page by page without running
 dry). When it does not fit, the request waits, up to its deadline, for pages to come back;
 at most `max_queued_requests` wait at once, beyond that new requests are rejected (RESOURCE_EXHAUSTED)
 so the worker never crashes or queues without bound.
@@ -30,8 +33,10 @@ class AdmitTicket:
     num_pages: int
     deadline: float  # time.monotonic() value
     is_cancelled: Callable[[], bool]
+    lookup: tuple[str, ...] = ()  # hashes of the leading pages to look up in the prefix cache
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     since: float = field(default_factory=time.monotonic)
+    hits: tuple[int, ...] = ()  # set before the future: page indexes found in the prefix cache
 
 
 class Admission:
@@ -79,12 +84,22 @@ class Admission:
                 # NOTE: RUNNING first: from here on the handler can no longer cancel the future, so
                 # the pages always reach it (no leak between its timeout and our answer).
                 if t.future.set_running_or_notify_cancel():
-                    t.future.set_result(self._alloc.allocate(t.num_pages))
+                    t.future.set_result(self._pages(t))
             else:
                 keep.append(t)
                 wake_at(t.deadline)
         self._queue = keep
         self.waiting = len(keep)
+
+    def _pages(self, t: AdmitTicket) -> list[int]:
+        """The ticket's pages: prefix-cache hits (retained) where the lookup finds them, new ones
+        elsewhere. NOTE: _fits() counted every page as new, which holds: a hit on an evictable
+        page takes it out of the available ones just as an allocation would."""
+        found = self._alloc.lookup(t.lookup) if t.lookup else []
+        found += [None] * (t.num_pages - len(found))
+        t.hits = tuple(i for i, p in enumerate(found) if p is not None)
+        fresh = iter(self._alloc.allocate(t.num_pages - len(t.hits)))
+        return [p if p is not None else next(fresh) for p in found]
 
     def fail_all(self, err: Exception) -> None:
         for t in self._queue:

@@ -27,3 +27,10 @@ class Release:
     """Pages no request uses any more: a request that failed before joining, or the fence letting go."""
 
     page_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Evicted:
+    """The store evictor removed these keys: the prefix cache keeps their pages longer."""
+
+    keys: tuple[str, ...]

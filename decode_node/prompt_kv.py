@@ -1,14 +1,16 @@
-"""Where a prompt's KV comes from on the decode worker: the store (read by D itself), a prefill
-worker, or D's own forward (conditional disaggregation). Decided per request, before P is called:
+"""Where a prompt's KV comes from on the decode worker: its own prefix cache, the store (read by D
+itself), a prefill worker, or D's own forward (conditional disaggregation). Decided per request,
+before P is called:
 
-    present = store.present(keys of the reusable pages)       one batch_is_exist (~1 ms)
-    left    = prompt tokens in no present page (holes + tail)
+    held    = reusable pages found in D's own prefix cache at admission (decode_node/admission.py)
+    present = store.present(keys of the other reusable pages)   one batch_is_exist (~1 ms)
+    left    = prompt tokens in neither (holes + tail)
 
-    present, left <= decode.max_local_prefill_tokens  -> local:   D reads the present pages and
-                                                                   computes the rest in its batch
-    present, decode.load_prefix_from_store            -> prefill: D reads the present pages WHILE
-                                                                   P computes; P pushes only the others
-    otherwise                                         -> prefill: P pushes every page
+    held or present, left <= decode.max_local_prefill_tokens -> local:   D reads the present pages and
+                                                                         computes the rest in its batch
+    otherwise                                                -> prefill: P computes; it pushes neither
+          the held pages nor (with decode.load_prefix_from_store) the present ones, which D reads
+          WHILE P works; P may read the held pages from D's pool for its own attention
 
 A page D fails to read after all (evicted since the check) D computes itself: it costs only itself.
 NOTE: the existence check takes a read lease on the pages it finds (mooncake.md); they are the
@@ -35,8 +37,8 @@ LOAD_GRACE_S = 2.0  # D waits this long past its bound for its own store read be
 LOCAL = "local"
 PREFILL = "prefill"
 # Why: store_off (no store), store_slow (the existence check did not answer in time), no_prefix
-# (no reusable page in the store), local_off (threshold 0), long_tail (more left than the
-# threshold), short_tail (local).
+# (no reusable page in the store nor in D's prefix cache), local_off (threshold 0), long_tail (more
+# left than the threshold), short_tail (local).
 REASONS = {LOCAL: ("short_tail",), PREFILL: ("store_off", "store_slow", "no_prefix", "local_off", "long_tail")}
 PROBE_TIMEOUT_S = 0.25  # a batch_is_exist takes ~1 ms; past this the store is stalled: go without it
 PROBE_THREADS = 4
@@ -48,6 +50,7 @@ class PromptPlan:
     where: str  # LOCAL or PREFILL
     reason: str
     load: tuple[int, ...] = ()  # reusable page indexes D reads from the store itself
+    held: tuple[int, ...] = ()  # reusable page indexes D's own prefix cache holds
 
     @property
     def local(self) -> bool:
@@ -55,19 +58,20 @@ class PromptPlan:
 
 
 def plan_prompt(present: Sequence[bool] | None, prompt_len: int, page_size: int, max_local_tokens: int,
-                load_prefix: bool) -> PromptPlan:
-    """`present`: per reusable page, in the store (None: the store is off or unusable)."""
-    if present is None:
-        return PromptPlan(PREFILL, "store_off")
-    found = tuple(i for i, ok in enumerate(present) if ok)
-    if not found:
-        return PromptPlan(PREFILL, "no_prefix")
-    left = prompt_len - len(found) * page_size
+                load_prefix: bool, held: Sequence[int] = (), store_reason: str = "store_off") -> PromptPlan:
+    """`present`: per reusable page, in the store (None: the store is off or unusable, then
+    `store_reason` says why); `held`: the reusable pages D's own prefix cache holds."""
+    held = tuple(sorted(held))
+    skip = set(held)
+    found = tuple(i for i, ok in enumerate(present or ()) if ok and i not in skip)
+    if not found and not held:
+        return PromptPlan(PREFILL, store_reason if present is None else "no_prefix")
+    left = prompt_len - (len(found) + len(held)) * page_size
     if max_local_tokens <= 0:
-        return PromptPlan(PREFILL, "local_off", found if load_prefix else ())
+        return PromptPlan(PREFILL, "local_off", found if load_prefix else (), held)
     if left > max_local_tokens:
-        return PromptPlan(PREFILL, "long_tail", found if load_prefix else ())
-    return PromptPlan(LOCAL, "short_tail", found)
+        return PromptPlan(PREFILL, "long_tail", found if load_prefix else (), held)
+    return PromptPlan(LOCAL, "short_tail", found, held)
 
 
 def computed_full_pages(holes: Sequence[int], prompt_len: int, page_size: int) -> list[int]:
@@ -123,14 +127,25 @@ class PromptKV:
     def plan(self, req: DecodeRequest) -> PromptPlan:
         """Where the prompt KV comes from, counted by decision and reason."""
         dc, store, P = self.cfg.decode, self.rt.store, self.cfg.model.page_size
-        present = None
+        n_reuse = reusable_pages(req.prompt_len, P)
+        keys = [store_key(self.rt.fingerprint, h) for h in req.page_hashes[:n_reuse]]
+        index = getattr(self.rt, "chain_index", None)
+        if index is not None and keys:
+            # Every request passes this worker: its whole chain, as a prefill worker's lookup would.
+            index.touch(keys, lookup=True)
+        present, why = None, "store_off"
+        held = set(req.l1_pages)
+        ask = [i for i in range(n_reuse) if i not in held]
         if store is not None and store.enabled and (dc.load_prefix_from_store or dc.max_local_prefill_tokens > 0):
-            keys = [store_key(self.rt.fingerprint, h) for h in req.page_hashes[:reusable_pages(req.prompt_len, P)]]
-            present = self._present(keys)
-        if present is False:
-            plan = PromptPlan(PREFILL, "store_slow")
-        else:
-            plan = plan_prompt(present, req.prompt_len, P, dc.max_local_prefill_tokens, dc.load_prefix_from_store)
+            found = self._present([keys[i] for i in ask]) if ask else ()
+            if found is False:
+                why = "store_slow"
+            else:
+                present = [False] * n_reuse
+                for i, ok in zip(ask, found):
+                    present[i] = ok
+        plan = plan_prompt(present, req.prompt_len, P, dc.max_local_prefill_tokens, dc.load_prefix_from_store,
+                           req.l1_pages, why)
         self._plans.labels(plan.where, plan.reason).inc()
         return plan
 
@@ -198,19 +213,19 @@ class PromptKV:
             req.page_ids = [p for p in req.page_ids if p not in gone]
             return None
 
-    def compute_here(self, req: DecodeRequest, loaded: tuple[int, ...], ok: tuple[bool, ...],
-                      first_pending: bool) -> None:
-        """What D computes itself before decoding: locally, every page but those it read (and the
-        first token); after P, only the pages it meant to read but could not."""
+    def compute_here(self, req: DecodeRequest, plan: PromptPlan, ok: tuple[bool, ...], first_pending: bool) -> None:
+        """What D computes itself before decoding: locally, every page but those it holds or read (and
+        the first token); after P, only the pages it meant to read but could not."""
         P, n = self.cfg.model.page_size, req.prompt_len
-        have = {i for i, good in zip(loaded, ok) if good}
+        read = {i for i, good in zip(plan.load, ok) if good}
         if first_pending:
+            have = read | set(plan.held)
             holes = [i for i in range(reusable_pages(n, P)) if i not in have]
             req.todo = compute_ranges(holes, n, P)
             req.computed_pages = computed_full_pages(holes, n, P)
-            req.cached = CachedTokens(store=len(have) * P)
+            req.cached = CachedTokens(device=len(plan.held) * P, store=len(read) * P)
             req.first_pending = True
             return
-        holes = [i for i in loaded if i not in have]
+        holes = [i for i in plan.load if i not in read]
         req.todo = [[i * P, (i + 1) * P] for i in holes]
         req.computed_pages = holes

@@ -56,6 +56,8 @@ class DecodeRequest:
     # Prompt KV D computes itself before decoding (decode_node/prompt_kv.py): token ranges [start,
     # end) in order, the full pages among them (written to the store), and whether the first token
     # is still to sample (local prefill) or came from P (D only fills pages it failed to read).
+    l1_pages: tuple[int, ...] = ()  # reusable prompt pages found in this worker's own prefix cache
+    unstored_pages: tuple[int, ...] = ()  # pages P pushed but does not write to the store
     todo: list[list[int]] = field(default_factory=list)
     computed_pages: list[int] = field(default_factory=list)
     first_pending: bool = False

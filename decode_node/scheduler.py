@@ -24,8 +24,9 @@ import torch
 from prometheus_client import Counter
 
 from decode_node.admission import Admission, AdmitTicket
-from decode_node.messages import Admit, Join, Release
+from decode_node.messages import Admit, Evicted, Join, Release
 from decode_node.offload import extend_hash_chain, filled_page
+from decode_node.prefix_cache import DecodePrefixCache
 from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
@@ -43,7 +44,7 @@ ADMIT_GRACE_S = 1.0  # a handler waits this long past its deadline for the sched
 
 class DecodeScheduler:
     def __init__(self, rt, max_running: int, offload: bool, recorder, max_queued: int = 64,
-                 watermark: float = 1.0, local_prefill_tokens: int = 256):
+                 watermark: float = 1.0, local_prefill_tokens: int = 256, prefix_cache: bool = False):
         self._rt = rt
         # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
         self._local_budget = max(local_prefill_tokens, rt.cfg.model.page_size)
@@ -53,6 +54,7 @@ class DecodeScheduler:
         self._page_size = rt.cfg.model.page_size
         self._max_context = rt.max_context
         self.admission = Admission(rt.allocator, max_queued, watermark)
+        self.cache = DecodePrefixCache(rt.allocator, self._page_size, prefix_cache, recorder.registry)
         self._waiting: collections.deque[DecodeRequest] = collections.deque()
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
@@ -63,6 +65,9 @@ class DecodeScheduler:
                                       "(each submits ONE store write for all of them)", registry=recorder.registry)
         self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
                                       registry=recorder.registry)
+        self._skipped = Counter("pdorch_decode_store_writes_skipped_pages", "Pages not written: the store is "
+                                "full and its chain eviction would remove them at once (the prefix cache "
+                                "keeps them)", registry=recorder.registry)
         self._local_tokens = Counter("pdorch_decode_local_prefill_tokens", "Prompt tokens this decode worker "
                                      "computed itself (conditional disaggregation, pages it could not read)",
                                      registry=recorder.registry)
@@ -83,15 +88,28 @@ class DecodeScheduler:
     def admit(self, request_id: str, num_pages: int, deadline: float, is_cancelled) -> list[int]:
         """The prompt's pages (handler thread): waits, up to `deadline`, while the pool is over the
         watermark; raises InvalidRequest, Overloaded, DeadlineExceeded or Aborted."""
+        return self.admit_prompt(request_id, num_pages, deadline, is_cancelled)[0]
+
+    def admit_prompt(self, request_id: str, num_pages: int, deadline: float, is_cancelled,
+                     lookup: tuple[str, ...] = ()) -> tuple[list[int], tuple[int, ...]]:
+        """As admit(), looking the leading pages' hashes `lookup` up in the prefix cache first (when
+        it is on): (page ids, indexes of the pages found there)."""
         self.admission.check_size(request_id, num_pages)
-        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled)
+        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled,
+                             lookup=tuple(lookup) if self.cache.enabled else ())
         self._loop.post(Admit(ticket))
         try:  # the scheduler answers at the deadline; the grace covers a forward in progress
-            return ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
+            pages = ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
         except concurrent.futures.TimeoutError:
             if ticket.future.cancel():  # the scheduler never got to it: it will drop the ticket
                 raise DeadlineExceeded(f"request {request_id} got no KV pages before its deadline") from None
-            return ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
+            pages = ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
+        self.cache.hits.inc(len(ticket.hits))
+        return pages, ticket.hits
+
+    def store_evicted(self, keys) -> None:
+        """Called by the store evictor's thread: these keys left the store."""
+        self._loop.post(Evicted(tuple(keys)))
 
     def join(self, req: DecodeRequest) -> None:
         """Hand a prefilled request to the batch (from a handler thread)."""
@@ -112,6 +130,9 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------------------- scheduler thread
     def _iterate(self, now: float) -> bool:
+        index = getattr(self._rt, "chain_index", None)
+        if index is not None:  # ended conversations leave the prefix cache first, as they leave the store
+            self._rt.allocator.stale_after = index.stale_after()
         self._release_drained()
         self._reap(now)
         self.admission.admit_ready(now, self._loop.wake_at)
@@ -124,6 +145,7 @@ class DecodeScheduler:
     def _publish(self) -> None:
         self.num_waiting, self.num_running = len(self._waiting), len(self._running)
         self.free_pages = self._rt.allocator.num_available()
+        self.cache.sync_metrics()
 
     def _fail_all(self, err: WorkerError) -> None:
         for req in self._running + list(self._waiting):
@@ -135,9 +157,13 @@ class DecodeScheduler:
         if isinstance(msg, Admit):
             self.admission.offer(msg.ticket)
         elif isinstance(msg, Join):
+            if not msg.req.todo:  # nothing left to compute here: the prompt KV is in place
+                self.cache.prompt_in_place(msg.req)
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):
             self._rt.allocator.release(list(msg.page_ids))
+        elif isinstance(msg, Evicted):
+            self.cache.left_store([k.rpartition("/")[2] for k in msg.keys])
         else:
             raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
@@ -149,9 +175,10 @@ class DecodeScheduler:
             else:  # abandoned at its deadline: nothing writes into its pages any more
                 self._rt.allocator.release(list(load.page_ids))
             return
-        owners, keys, depths, kinds = done.tag
+        owners, keys, depths, kinds, pages = done.tag
         for req in owners:  # the distinct requests of one step's offload
             req.io_pending -= 1
+        self.cache.saved(pages, done.page_ok, done.reason)
         for kind in ("offload", "writeback"):
             written = sum(1 for k, ok in zip(kinds, done.page_ok) if ok and k == kind)
             if written:
@@ -271,6 +298,7 @@ class DecodeScheduler:
         decode.offload_generated_kv (they count as writeback writes, as P's do)."""
         if req.first_pending:
             self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
+        self.cache.prompt_in_place(req)
         for k in req.computed_pages:
             self._queue_write(req, k, kind="writeback")
         req.computed_pages = []
@@ -286,9 +314,9 @@ class DecodeScheduler:
             self._offload_steps.inc()
             self._offload_pages.inc(generated)
         keys = [key for _, key, *_ in filled]
-        tag = (owners, keys, [depth for *_, depth, _ in filled], [kind for *_, kind in filled])
-        self._rt.store_io.submit_save(tag, keys, self._rt.pool.page_addrs([page for _, _, page, *_ in filled]),
-                                      owners=[req for req, *_ in filled])
+        pages = [page for _, _, page, *_ in filled]
+        tag = (owners, keys, [depth for *_, depth, _ in filled], [kind for *_, kind in filled], pages)
+        self._rt.store_io.submit_save(tag, keys, self._rt.pool.page_addrs(pages), owners=[req for req, *_ in filled])
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
@@ -296,15 +324,27 @@ class DecodeScheduler:
         if k is None:
             return
         extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
+        self.cache.page_filled(req, k)
         if self._offload:
             self._queue_write(req, k, kind="offload")
+        else:
+            self.cache.not_written([req.page_ids[k]], "offload_off")
 
     def _queue_write(self, req: DecodeRequest, k: int, kind: str) -> None:
-        """Page k of req (its hash known) joins this step's one store write."""
-        if self._rt.store_io is not None and self._rt.store.enabled:
-            key = store_key(self._rt.fingerprint, req.page_hashes[k])
-            if not any(r is req for r, *_ in self._filled):
-                # NOTE: taken now, not at submission: a request finishing in this very step must
-                # keep its pages until the step's write has read them.
-                req.io_pending += 1
-            self._filled.append((req, key, req.page_ids[k], k, kind))
+        """Page k of req (its hash known) joins this step's one store write, unless the store would
+        remove it at once (the chain evictor's water level; the prefix cache keeps it then)."""
+        page = req.page_ids[k]
+        if self._rt.store_io is None or not self._rt.store.enabled:
+            self.cache.not_written([page], "store_disabled")
+            return
+        evictor = getattr(self._rt, "evictor", None)
+        if evictor is not None and not evictor.should_write(k):
+            self.cache.skipped([page])
+            self._skipped.inc()
+            return
+        key = store_key(self._rt.fingerprint, req.page_hashes[k])
+        if not any(r is req for r, *_ in self._filled):
+            # NOTE: taken now, not at submission: a request finishing in this very step must
+            # keep its pages until the step's write has read them.
+            req.io_pending += 1
+        self._filled.append((req, key, page, k, kind))

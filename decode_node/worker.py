@@ -1,8 +1,10 @@
 """DecodeWorker: runs one Generate request end to end on a handler thread, decoding on the scheduler.
 
     create(job)  validate, register the request (Abort finds it from now on)
-    run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline)
-                 -> Prefill on P (KV lands in our pages, first token back)
+    run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline;
+                 prefix-cache hits taken as they are) -> where the rest of the prompt KV comes from
+                 (decode_node/prompt_kv.py): the store, our own forward, or Prefill on P (KV lands in
+                 our pages, first token back)
                  -> join the continuous batch and stream its events until the final one
 Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
 WorkerErrors; the servicer maps them to gRPC status codes. Any exception before the scheduler owns
@@ -29,7 +31,7 @@ import torch
 
 from decode_node.fence import PageFence
 from decode_node.prefill_client import PrefillClient
-from decode_node.prompt_kv import PrefixLoad, PromptKV
+from decode_node.prompt_kv import PrefixLoad, PromptKV, PromptPlan
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
@@ -37,6 +39,7 @@ from engine.tokenizer import Tokenizer
 from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.protocol import PrefillJob
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
@@ -59,7 +62,10 @@ class DecodeWorker:
         self.tokenizer = Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
-                                         dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens)
+                                         dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
+                                         dc.prefix_cache)
+        if getattr(rt, "evictor", None) is not None:
+            rt.evictor.on_removed = self.scheduler.store_evicted  # the prefix cache keeps what the store dropped
         self.prefill_client = PrefillClient(cfg.grpc)
         self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
@@ -113,23 +119,29 @@ class DecodeWorker:
             return req.cancelled or not is_active()
 
         page_size, n = self.cfg.model.page_size, req.prompt_len
+        # The prompt is hashed once, here: the prefix cache looks it up, P reuses the hashes, and D
+        # continues the chain when it offloads generated pages (decode_node/offload.py).
+        try:
+            req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
+        except BaseException:
+            self.recorder.request_failed(aborted=False)
+            req.done = True
+            raise
         # +1 position: the first decode step feeds the first token at position n (a spare page when
         # the prompt fills its last page exactly).
-        req.page_ids = self.scheduler.admit(req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline,
-                                            cancelled)
+        req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
+            req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline, cancelled,
+            lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]))
         load = None
         try:
-            # The prompt is hashed once, here: P reuses the hashes, and D continues the chain when
-            # it offloads generated pages (decode_node/offload.py).
-            req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
             plan = self.prompt_kv.plan(req)
             load = self.prompt_kv.start_load(req, plan.load)
             if plan.local:  # conditional disaggregation: no prefill worker at all
-                self.prompt_kv.compute_here(req, plan.load, self.prompt_kv.finish_load(req, load), first_pending=True)
+                self.prompt_kv.compute_here(req, plan, self.prompt_kv.finish_load(req, load), first_pending=True)
                 first = None
             else:
-                res = self._prefill(req, cancelled, load)
-                self.prompt_kv.compute_here(req, plan.load, self.prompt_kv.finish_load(req, load), first_pending=False)
+                res = self._prefill(req, cancelled, plan, load)
+                self.prompt_kv.compute_here(req, plan, self.prompt_kv.finish_load(req, load), first_pending=False)
                 first = self._first_token(req, res)
             if first is None or not first.final:
                 # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
@@ -199,10 +211,10 @@ class DecodeWorker:
             time.sleep(DRAIN_POLL_S)
         return len(left)
 
-    def _prefill(self, req: DecodeRequest, cancelled, load: PrefixLoad | None):
-        """Prefill on P into the prompt's pages (but those D reads itself). When it fails and P did
-        not say its write is over, the pages go to the fence (taken out of req.page_ids) instead of
-        back to the pool."""
+    def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan, load: PrefixLoad | None):
+        """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
+        P did not say its writes (and reads) are over, the pages go to the fence (taken out of
+        req.page_ids) instead of back to the pool."""
         page_size, n = self.cfg.model.page_size, req.prompt_len
         timeout_s = req.deadline - time.monotonic()
         if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
@@ -211,7 +223,9 @@ class DecodeWorker:
                          decode_segment=self.rt.segment,
                          dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
                          timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
-                         page_hashes=tuple(req.page_hashes), decode_loaded_pages=load.pages if load else ())
+                         page_hashes=tuple(req.page_hashes),
+                         decode_loaded_pages=tuple(sorted(set(plan.held) | set(load.pages if load else ()))),
+                         decode_cached_pages=plan.held)
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:
@@ -225,6 +239,7 @@ class DecodeWorker:
         """Take P's answer (KV in our pages, first token) and account the first token."""
         n = req.prompt_len
         req.cached = res.cached
+        req.unstored_pages = res.unstored_pages
         if res.sampler_state and req.generator is not None:
             # Continue P's random stream: seeded output equals the single-process engine's.
             state = torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8)
@@ -250,7 +265,7 @@ class DecodeWorker:
         return True
 
     def flush(self) -> int:
-        # D keeps no prefix cache of its own (P owns L1); this drops any cached hashes all the same.
+        """Drop the prefix cache (pages in use by requests stay with them)."""
         return self.scheduler.call(self.rt.allocator.flush)
 
     # ------------------------------------------------------------------------------------ status

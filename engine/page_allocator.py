@@ -16,6 +16,12 @@ left, and every such loss is counted by its reason (`evicted_unpersisted`): "no 
 (DESIGN.md section 4a).
 `check_integrity()` asserts the partition and that the hash maps agree.
 
+Ended conversations leave first: with `stale_after` set (by the owner, from the chain index's learned
+reuse gap: store_client/chain_index.py), a cached page evictable for longer than that is handed out
+before every other tier, oldest first, whatever the store holds. NOTE: without it, under traffic
+where conversations end and new ones begin, the dropped tier (newest first) keeps the pages of
+conversations that never come back and gives up those of the live ones.
+
 Free pages go out as contiguous runs where the pool has them (first fit, else the lowest ids): one
 page-first run is one block of memory, so a P->D push or a store read of it is one transfer
 (store_client/transfer.py merges pages contiguous on both sides).
@@ -24,7 +30,9 @@ page-first run is one block of memory, so a P->D push or a store read of it is o
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 
 UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
 LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
@@ -35,7 +43,7 @@ class OutOfPages(RuntimeError):
 
 
 class PageAllocator:
-    def __init__(self, num_pages: int):
+    def __init__(self, num_pages: int, clock: Callable[[], float] = time.monotonic):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_total = num_pages
@@ -48,6 +56,9 @@ class PageAllocator:
         self._page_to_hash: dict[int, str] = {}
         self._persisted: set[int] = set()  # cached pages the store holds
         self._unpersisted_reason: dict[int, str] = {}  # cached pages whose write failed or was dropped
+        self._clock = clock
+        self._released_at: dict[int, float] = {}  # evictable page -> when it last became evictable
+        self.stale_after: float | None = None  # seconds evictable after which a page goes first; None = never
         self.num_evicted = 0  # cached pages reclaimed by allocate(), for metrics
         self.evicted_unpersisted: Counter[str] = Counter()  # cached pages lost from L1 and store, by reason
 
@@ -83,9 +94,12 @@ class PageAllocator:
         return self._page_to_hash.get(page_id)
 
     def eviction_order(self) -> list[int]:
-        """The pages allocate() would hand out next, in order."""
-        return (list(self._free) + list(self._evictable_persisted) + list(reversed(self._evictable_dropped))
-                + list(self._evictable))
+        """The pages allocate() would hand out next, in order (stale pages: see _victim_tier)."""
+        tiers = list(self._evictable_persisted) + list(reversed(self._evictable_dropped)) + list(self._evictable)
+        limit = self._stale_limit()
+        stale = sorted((p for p in tiers if limit is not None and self._released_at[p] < limit),
+                       key=self._released_at.__getitem__)
+        return list(self._free) + stale + [p for p in tiers if p not in set(stale)]
 
     def lru_unpersisted(self, n: int) -> list[int]:
         """Up to n unpersisted evictable pages, the ones allocate() would drop first."""
@@ -107,17 +121,12 @@ class PageAllocator:
         for page in out:
             self._ref[page] = 1
         for _ in range(n - len(out)):
-            if self._evictable_persisted:
-                page, h = self._evictable_persisted.popitem(last=False)
+            lru, newest = self._victim_tier()
+            page, h = lru.popitem(last=newest)
+            del self._released_at[page]
+            if lru is self._evictable_persisted:
                 self._persisted.discard(page)
             else:
-                # NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come
-                # back round-robin, and LRU would evict exactly the pages asked for next, while
-                # keeping the oldest ones gives the same conversations a hit every round.
-                if self._evictable_dropped:
-                    page, h = self._evictable_dropped.popitem(last=True)
-                else:
-                    page, h = self._evictable.popitem(last=False)
                 self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
             del self._hash_to_page[h], self._page_to_hash[page]
             self.num_evicted += 1
@@ -132,6 +141,7 @@ class PageAllocator:
                 if lru is None:
                     raise ValueError(f"retain of free page {page}")
                 del lru[page]
+                del self._released_at[page]
             self._ref[page] += 1
 
     def release(self, page_ids) -> None:
@@ -151,6 +161,7 @@ class PageAllocator:
                     bisect.insort(self._free, page)
                 else:
                     self._lru_for(page)[page] = h
+                    self._released_at[page] = self._clock()
 
     def match_prefix(self, page_hashes) -> list[int]:
         """Pages of the leading `page_hashes` present in the cache, retained for the caller."""
@@ -230,6 +241,7 @@ class PageAllocator:
             self._free.extend(lru)
             lru.clear()
         self._free.sort()
+        self._released_at.clear()
         self._hash_to_page.clear()
         self._page_to_hash.clear()
         self._persisted.clear()
@@ -246,6 +258,7 @@ class PageAllocator:
         assert self._persisted <= set(self._page_to_hash), "persisted page without a hash"
         assert set(self._unpersisted_reason) <= set(self._page_to_hash) - self._persisted, "stale reason"
         evictable = persisted | dropped | set(self._evictable)
+        assert set(self._released_at) == evictable, "release times of pages that are not evictable"
         used = {p for p in range(self.num_total) if self._ref[p] > 0}
         assert len(free) == len(self._free), f"duplicate page in free list: {list(self._free)}"
         assert not (free & evictable) and not (free & used) and not (evictable & used), "page in two states"
@@ -258,6 +271,33 @@ class PageAllocator:
                    for p, h in d.items()), "evictable hash mismatch"
 
     # -- helpers ------------------------------------------------------------------------------
+    def _stale_limit(self) -> float | None:
+        return None if self.stale_after is None else self._clock() - self.stale_after
+
+    def _victim_tier(self) -> tuple[OrderedDict, bool]:
+        """The tier the next evicted page comes from, and whether from its newest end.
+
+        Stale pages first (the tier whose oldest page is the oldest and stale), then persisted
+        pages, then pages the store dropped, then the other unpersisted ones.
+        NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come back
+        round-robin, and LRU would evict exactly the pages asked for next, while keeping the
+        oldest ones gives the same conversations a hit every round (stale ones aside).
+        """
+        limit = self._stale_limit()
+        if limit is not None:
+            heads = [(self._released_at[next(iter(lru))], i) for i, lru in enumerate(self._tiers()) if lru]
+            oldest = min(heads, default=None)
+            if oldest is not None and oldest[0] < limit:
+                return self._tiers()[oldest[1]], False
+        if self._evictable_persisted:
+            return self._evictable_persisted, False
+        if self._evictable_dropped:
+            return self._evictable_dropped, True
+        return self._evictable, False
+
+    def _tiers(self) -> tuple[OrderedDict, OrderedDict, OrderedDict]:
+        return self._evictable_persisted, self._evictable_dropped, self._evictable
+
     def _take_free(self, n: int) -> list[int]:
         """n free pages: the first contiguous run that holds them all, else the n lowest ids.
 

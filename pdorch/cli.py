@@ -140,7 +140,7 @@ def _serve(args, cfg) -> int:
 
 
 def _status(args, cfg) -> int:
-    from pdorch.status import StatusError, fetch_status, fetch_store, render_status
+    from pdorch.status import StatusError, add_pdorch_evictions, fetch_status, fetch_store, render_status
     host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "") else cfg.router.host
     url = args.url or f"http://{host}:{cfg.router.port}"
     key = args.admin_key if args.admin_key is not None else cfg.router.admin_key
@@ -150,6 +150,7 @@ def _status(args, cfg) -> int:
         print(f"pdorch status: {e}", file=sys.stderr)
         return 1
     status["store"] = fetch_store(cfg.store)
+    add_pdorch_evictions(status)
     print(json.dumps(status, indent=2) if args.json else render_status(status))
     return 0
 

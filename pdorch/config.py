@@ -104,13 +104,17 @@ class DecodeConfig:
     kv_watermark: float = _key(0.95, "Admit a request only while pool usage stays below this fraction",
                                min=0.1, max=1.0)
     offload_generated_kv: bool = _key(True, "Write pages filled during decode to the store (next turn hits)")
+    prefix_cache: bool = _key(True, "Keep the KV of served requests in the pool (the decode worker's own L1 "
+                              "prefix cache): the next turn takes its prefix from there first, and a prefill "
+                              "worker computing a long tail reads the pages held here instead of the store")
     load_prefix_from_store: bool = _key(True, "With the store on: the decode worker reads the prompt pages the "
                                         "store holds into its own pages itself, while the prefill worker computes "
                                         "the rest and pushes only the pages the decode worker lacks")
-    max_local_prefill_tokens: int = _key(256, "Conditional disaggregation, with the store on: when the store holds "
-                                         "the prompt's prefix and at most this many prompt tokens are left to "
-                                         "compute, the decode worker loads the prefix and computes them itself "
-                                         "in its batch, calling no prefill worker; 0 = always call one", min=0)
+    max_local_prefill_tokens: int = _key(256, "Conditional disaggregation: when the decode worker's prefix cache "
+                                         "or the store holds the prompt's prefix and at most this many prompt "
+                                         "tokens are left to compute, the decode worker takes the prefix and "
+                                         "computes them itself in its batch, calling no prefill worker; 0 = "
+                                         "always call one", min=0)
     prefill_timeout_s: float = _key(30.0, "Caps the prefill call for requests that arrive without a deadline of "
                                     "their own (a request's own deadline always governs)", min=0.1)
     request_timeout_s: float = _key(600.0, "Default whole-request deadline when the caller gives none",

@@ -87,7 +87,25 @@ def render_store(store: dict[str, Any] | None) -> list[str]:
         head += (f", {store['fill_ratio']:.1%} of {store['capacity_bytes'] / 2**20:.0f} MiB used, "
                  f"{store['keys']:.0f} keys")
     counters = ", ".join(f"{k} {v:.0f}" for k, v in store["master_eviction"].items()) or "not exported"
-    return [head, f"mooncake_master's own eviction: {counters}"]
+    lines = [head, f"mooncake_master's own eviction: {counters}"]
+    if "pdorch_evicted_pages" in store:
+        lines.append(f"pdorch's chain eviction: {store['pdorch_evicted_pages']:.0f} pages removed "
+                     f"({', '.join(f'{r} {n:.0f}' for r, n in sorted(store['pdorch_evicted_by_role'].items()))})")
+    return lines
+
+
+def add_pdorch_evictions(status: dict[str, Any]) -> None:
+    """Put the workers' chain evictions (from the router's /workers) beside the master's own."""
+    store, by_role = status.get("store"), {}
+    if not store or "error" in store:
+        return
+    for w in status["workers"]:
+        n = (w.get("info") or {}).get("store_evicted_pages")
+        if n is not None:
+            by_role[w.get("role", "?")] = by_role.get(w.get("role", "?"), 0) + n
+    if by_role:
+        store["pdorch_evicted_pages"] = sum(by_role.values())
+        store["pdorch_evicted_by_role"] = by_role
 
 
 def render_status(status: dict[str, Any]) -> str:

@@ -41,3 +41,11 @@ class Pushed:
 
     task: PrefillTask
     error: Exception | None
+
+
+@dataclass(frozen=True)
+class Read:
+    """The pusher thread's read of `task`'s prefix pages from D's pool returned (`error` None: it succeeded)."""
+
+    task: PrefillTask
+    error: Exception | None

@@ -47,6 +47,9 @@ class PersistMetrics:
                              "computed in place (the pages after them were still reused)", registry=registry)
         self.pressure_waits = Counter(p + "persist_waits", "Admissions that waited for store writes of L1 "
                                       "pages instead of dropping them", registry=registry)
+        self.paced = Counter(p + "admissions_paced", "Admissions that waited for the task before them to "
+                             "finish its store I/O (so as to take its pages, not those of queued "
+                             "conversations)", registry=registry)
         self.cancelled = Counter(p + "persist_wait_expired", "Times prefill.persist_wait_s ran out under pool "
                                  "pressure and queued writes were cancelled", registry=registry)
         self._seen: dict[str, int] = {}
@@ -95,6 +98,7 @@ class Persister:
             below = {i for i in computed if not evictor.should_write(i, len(computed))}
             if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
                 alloc.mark_left_store([task.page_ids[i] for i in below], STORE_EVICTED)
+                task.unstored = sorted(below)  # D's prefix cache is told too
                 self.metrics.skipped.inc(len(below))
                 computed = [i for i in computed if i not in below]
                 pages = [task.page_ids[i] for i in computed]

@@ -1,8 +1,10 @@
 """Prefix reuse for one prefill task: L1 lookup + allocation, one store load, the compute plan.
 
 Tiers (DESIGN.md sections 4-4a): every reusable page is looked up in the worker's own L1
-(`PageAllocator.lookup` by page hash), and ALL pages L1 lacks are read with ONE store load
-(`batch_get_into` straight into the task's pool pages, on the I/O thread). A page missing from
+(`PageAllocator.lookup` by page hash); the pages L1 lacks that the decode worker's pool holds
+(`decode_cached_pages`: its own prefix cache) are read from there with one transfer-engine read,
+and ALL the others are read with ONE store load (`batch_get_into` straight into the task's pool
+pages, on the I/O thread). A page missing from
 both is a hole: it costs only itself. The compute plan is then the holes, in order, followed by
 the uncached tail; each range attends to every page before it, whichever tier that page came from.
 
@@ -48,33 +50,50 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     task.device_pages = n_reuse - found[:n_reuse].count(None)
     task.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]
+    on_decode = set(task.job.decode_cached_pages)  # D's pool holds them: read from there (the scheduler)
+    task.reading = [i for i in missing if i in on_decode]
+    missing = [i for i in missing if i not in on_decode]
     touch = getattr(rt, "chain_index", None)
     if touch is not None:  # the store evictor keeps recently used chains, heads longest
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
         touch.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
+    task.loads_left = int(bool(task.reading))
     if missing and rt.store_io is not None and rt.store.enabled:
         keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
         rt.store_io.submit_load(("load", task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
         task.loading = missing
         task.io_pending += 1
+        task.loads_left += 1
+    else:
+        task.missed = missing
+    if task.loads_left:
         task.phase = Phase.LOADING
     else:
         task.plan_compute(missing)
     return True
 
 
-def on_loaded(task: PrefillTask, rt, page_ok, prefix_cache: bool) -> None:
-    """The store load finished: loaded pages join L1 (as persisted), the others become holes."""
+def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False) -> None:
+    """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
+    persisted when read from the store; read from D they are backfilled: the store may lack them),
+    the others become holes once both have finished."""
     alloc = rt.allocator
-    ok = list(page_ok) + [False] * (len(task.loading) - len(page_ok))
-    holes = []
-    for i, good in zip(task.loading, ok):
+    ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
+    for i, good in zip(pages, ok):
         if not good:
-            holes.append(i)
+            task.missed.append(i)
             continue
-        task.store_pages += 1
+        if from_decode:
+            task.decode_pages += 1
+        else:
+            task.store_pages += 1
         if prefix_cache and alloc.cache(task.page_hashes[i], task.page_ids[i]) == task.page_ids[i]:
-            alloc.mark_persisted([task.page_ids[i]])
-    task.loading = []
-    task.plan_compute(holes)
+            if from_decode:  # the store may lack it: written with the write-back (skipped if present)
+                task.backfill.append(i)
+            else:
+                alloc.mark_persisted([task.page_ids[i]])
+    task.loads_left -= 1
+    if task.loads_left <= 0:
+        task.loading, task.reading = [], []
+        task.plan_compute(sorted(task.missed))
 

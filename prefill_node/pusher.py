@@ -1,4 +1,5 @@
-"""KVPusher: writes a finished prompt's pages into the decode worker's pages, off the scheduler thread.
+"""KVPusher: writes a finished prompt's pages into the decode worker's pages, off the scheduler thread
+(and reads the prefix pages the decode worker's pool holds, when this worker lacks them).
 
 One `KVTransfer.write` per request, of the pages D did not read from the store itself (it merges contiguous runs into one batch call and releases
 the GIL), on a small thread pool so a slow or dead decode worker never stalls the scheduler.
@@ -46,6 +47,31 @@ class KVPusher:
             on_done(task, err, nbytes, time.perf_counter() - t0)
         except Exception:
             log.exception("push callback failed for %s", task.request_id)
+
+    def read(self, task, local_addrs: list[int], remote_addrs: list[int], on_done) -> None:
+        """Start reading D's remote_addrs[i] -> local_addrs[i] (prefix pages D's pool holds); `on_done(task,
+        err | None, nbytes, seconds)` runs on a pusher thread. Through the same gate as the push: once
+        the task is answered no read of D's pages starts, and its answer waits for a running one."""
+        self._pool.submit(self._read, task, local_addrs, remote_addrs, on_done)
+
+    def _read(self, task, local_addrs: list[int], remote_addrs: list[int], on_done) -> None:
+        t0 = time.perf_counter()
+        err: Exception | None = None
+        try:
+            if not task.begin_push():
+                raise RuntimeError("request already answered; read skipped")
+            try:
+                self._transfer.read(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
+            finally:
+                task.end_push(last=False)
+        except Exception as e:  # noqa: BLE001 - the pages become holes: computed here instead
+            log.warning("read of %d prefix pages of %s from %s failed: %s", len(local_addrs), task.request_id,
+                        task.job.decode_segment, e)
+            err = e
+        try:
+            on_done(task, err, len(local_addrs) * self._page_nbytes, time.perf_counter() - t0)
+        except Exception:
+            log.exception("read callback failed for %s", task.request_id)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

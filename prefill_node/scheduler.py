@@ -33,7 +33,7 @@ from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.protocol import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
-from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Submit
+from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 
@@ -60,6 +60,11 @@ class PrefillScheduler:
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
                                    rt.store_io, self._on_completion)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
+        self._decode_pool_pages = Counter("pdorch_prefill_decode_pool_pages", "Prefix pages read from the decode "
+                                          "worker's pool (its prefix cache held them; this L1 did not), by outcome "
+                                          "(failed: computed here instead)", ["outcome"], registry=recorder.registry)
+        for outcome in ("read", "failed"):
+            self._decode_pool_pages.labels(outcome)
         self._push_pages = Counter("pdorch_prefill_push_pages", "Prompt pages of finished prefills: pushed to D, "
                                    "or decode_loaded (D read them from the store itself)", ["kind"],
                                    registry=recorder.registry)
@@ -106,6 +111,9 @@ class PrefillScheduler:
         return None
 
     def _iterate(self, now: float) -> bool:
+        index = getattr(self._rt, "chain_index", None)
+        if index is not None:  # ended conversations leave L1 first, as they leave the store
+            self._rt.allocator.stale_after = index.stale_after()
         self._reap(now)
         self._admit()
         worked = self._compute_step()
@@ -136,6 +144,15 @@ class PrefillScheduler:
                 self._maybe_release(task)
         elif isinstance(msg, Evicted):
             self._persist.left_store(list(msg.keys))
+        elif isinstance(msg, Read):
+            task = msg.task
+            task.io_pending -= 1
+            n = len(task.reading)
+            self._decode_pool_pages.labels("failed" if msg.error else "read").inc(n)
+            if not task.finished_phase:
+                prefix.on_loaded(task, self._rt, task.reading, [msg.error is None] * n, self._prefix_cache,
+                                 from_decode=True)
+            self._maybe_release(task)
         elif isinstance(msg, Pushed):
             task = msg.task
             task.io_pending -= 1
@@ -171,7 +188,7 @@ class PrefillScheduler:
         if done.reason != "ok":
             log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
                       done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, done.page_ok, self._prefix_cache)
+        prefix.on_loaded(task, self._rt, task.loading, done.page_ok, self._prefix_cache)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -201,13 +218,56 @@ class PrefillScheduler:
             task = self._waiting[0]
             if not task.finished_phase:
                 now = time.monotonic()
+                if not self._may_admit(task, now):
+                    return  # the task before it still holds its pages (see _may_admit)
                 patient = self._persist.usable and self._prefix_cache and (
                     self._pressure_since is None or now - self._pressure_since < self._persist_wait_s)
                 if not prefix.admit(task, self._rt, self._prefix_cache, allow_loss=not patient):
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
+                if task.reading:
+                    self._read_from_decode(task)
             self._waiting.popleft()
+
+    def _may_admit(self, task: PrefillTask, now: float) -> bool:
+        """Whether the head of the queue may take its pages now.
+
+        NOTE (the L1 a prompt leaves free): when the free pages cannot hold the prompt, admitting it
+        evicts cached pages. Admitted while another task still computes, it would evict the pages
+        of the conversations queued behind it (the L1 would hold two prompts, and none of what the
+        store dropped); admitted once that task is done and written back, it takes that task's
+        pages, in the store by then, first. So while another task holds pages it waits: without
+        bound while that task computes (compute is serial anyway: it would wait for the forward),
+        and at most prefill.persist_wait_s for the others' I/O (store loads and writes, the push: a
+        stalled store must not stall admission)."""
+        alloc, page_size = self._rt.allocator, task.job.page_size
+        if alloc.num_free() >= -(-task.prompt_len // page_size) or not self._prefix_cache:
+            return True
+        others = [t for t in self._tasks if t is not task and t.page_ids]
+        if not others:
+            task.paced_since = None
+            return True
+        if any(t.phase is Phase.COMPUTING for t in others):
+            return False  # woken again when that task's forward ends
+        if task.paced_since is None:
+            task.paced_since = now
+            self._persist.metrics.paced.inc()
+        if now - task.paced_since >= self._persist_wait_s:
+            return True
+        self._loop.wake_at(task.paced_since + self._persist_wait_s)
+        return False
+
+    def _read_from_decode(self, task: PrefillTask) -> None:
+        """Read the prefix pages D's pool holds into ours (off this thread, through the push gate)."""
+        task.io_pending += 1
+        local = self._rt.pool.page_addrs([task.page_ids[i] for i in task.reading])
+        remote = [task.job.dest_page_addrs[i] for i in task.reading]
+        try:
+            self._pusher.read(task, local, remote, lambda t, err, nbytes, s: self._loop.post(Read(t, err)))
+        except BaseException:  # never started (pusher closed): no completion will come
+            task.io_pending -= 1
+            raise
 
     def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
         """The head of the queue lacks pages. Writing a page to the store costs ~1 ms, recomputing it
@@ -293,7 +353,7 @@ class PrefillScheduler:
                 task.succeed(PrefillResult(
                     request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
                     cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
-                    sampler_state=task.sampler_state))
+                    sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored)))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
 

@@ -10,8 +10,9 @@ A task holds references on its pages from allocation until it is DONE or FAILED 
 (store load/save, transfer) still reads or writes them; only then does the scheduler release them.
 
 The push gate (pusher thread vs gRPC handler threads) guards D's pages, not ours: once
-`stop_pushes()` ran no push of the task can start, and it returns True only when none is running,
-so no write into D's pages can land any more (docs/workers.md, "Fencing D's pages").
+`stop_pushes()` ran no transfer of the task can start (the push into D's pages, or a read of the
+prefix pages D holds), and it returns True only when none is running, so nothing touches D's
+pages any more (docs/workers.md, "Fencing D's pages").
 """
 
 from __future__ import annotations
@@ -50,18 +51,24 @@ class PrefillTask:
     todo: list[list[int]] = field(default_factory=list)
     device_pages: int = 0  # reusable pages found in L1
     store_pages: int = 0  # reusable pages loaded from the store
+    decode_pages: int = 0  # reusable pages read from the decode worker's pool (its prefix cache)
     holes: list[int] = field(default_factory=list)  # reusable pages neither tier had: recomputed
     loading: list[int] = field(default_factory=list)  # page indexes of the store load in flight
+    reading: list[int] = field(default_factory=list)  # page indexes of the read from D's pool in flight
+    loads_left: int = 0  # of those two, the ones not completed yet
+    missed: list[int] = field(default_factory=list)  # pages the completed ones could not give
     backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
+    unstored: list[int] = field(default_factory=list)  # computed pages not written (the store would evict them)
     pages_short: int = 0  # when admission failed: pages missing without dropping unpersisted ones
+    paced_since: float | None = None  # when it began waiting for another task's store I/O to admit
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1
     sampler_state: bytes = b""
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
     gate: threading.Condition = field(default_factory=threading.Condition)
-    pushing: bool = False  # the KV push into D's pages is running (under `gate`)
-    pushes_over: bool = False  # no push can start any more (under `gate`)
+    transfers: int = 0  # transfers touching D's pages running now: the push, a read (under `gate`)
+    pushes_over: bool = False  # no transfer can start any more (under `gate`)
 
     @property
     def request_id(self) -> str:
@@ -73,8 +80,10 @@ class PrefillTask:
 
     @property
     def cached(self) -> CachedTokens:
+        """NOTE: pages read from D's pool count as `device`: they come from a device KV pool (D's)."""
         page_size = self.job.page_size
-        return CachedTokens(device=self.device_pages * page_size, host=0, store=self.store_pages * page_size)
+        return CachedTokens(device=(self.device_pages + self.decode_pages) * page_size, host=0,
+                            store=self.store_pages * page_size)
 
     def computed_full_pages(self) -> list[int]:
         """Indexes of the full pages computed here: the holes, then the tail's full page if any."""
@@ -84,7 +93,7 @@ class PrefillTask:
     @property
     def computed_tokens(self) -> int:
         """Prompt tokens computed here (holes + tail)."""
-        reused = self.device_pages + self.store_pages
+        reused = self.device_pages + self.store_pages + self.decode_pages
         return self.prompt_len - reused * self.job.page_size
 
     def plan_compute(self, holes: list[int]) -> None:
@@ -107,34 +116,36 @@ class PrefillTask:
                 pass
 
     def begin_push(self) -> bool:
-        """Pusher thread: may the push start? Not once the task was answered or its pushes stopped."""
+        """Pusher thread: may a transfer touching D's pages (the push, or a read) start? Not once the
+        task was answered or its pushes stopped."""
         with self.gate:
             if self.pushes_over or self.future.done():
                 return False
-            self.pushing = True
+            self.transfers += 1
             return True
 
-    def end_push(self) -> None:
-        """Pusher thread: the one push of this task returned (succeeded or failed)."""
+    def end_push(self, last: bool = True) -> None:
+        """Pusher thread: a transfer begun by begin_push returned (succeeded or failed). `last`: it was
+        the push, after which nothing of this task touches D's pages again."""
         with self.gate:
-            self.pushing = False
-            self.pushes_over = True
+            self.transfers -= 1
+            self.pushes_over = self.pushes_over or last
             self.gate.notify_all()
 
     def stop_pushes(self, timeout_s: float) -> bool:
-        """No push starts from now on; True once none is running (waits up to timeout_s for it).
+        """No transfer starts from now on; True once none is running (waits up to timeout_s for it).
 
-        NOTE: a push is one synchronous `batch_transfer_sync_write`: when it has returned, every
-        byte of it has landed or never will, so "returned" is what D may rely on."""
+        NOTE: a transfer is one synchronous batch call: when it has returned, every byte of it has
+        landed or never will, so "returned" is what D may rely on."""
         with self.gate:
             self.pushes_over = True
-            return self.gate.wait_for(lambda: not self.pushing, timeout_s)
+            return self.gate.wait_for(lambda: self.transfers == 0, timeout_s)
 
     @property
     def writes_over(self) -> bool:
-        """True when no write into D's pages can still land (the push ended or will never start)."""
+        """True when nothing of this task can still touch D's pages (its transfers ended or never will)."""
         with self.gate:
-            return self.pushes_over and not self.pushing
+            return self.pushes_over and self.transfers == 0
 
     def succeed(self, result: PrefillResult) -> bool:
         """Answer with `result` unless the task already failed (e.g. aborted during the push)."""

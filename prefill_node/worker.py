@@ -81,6 +81,10 @@ class PrefillWorker:
         if list(loaded) != sorted(set(loaded)) or (loaded and not 0 <= loaded[0] <= loaded[-1] < n_reuse):
             raise InvalidRequest(f"request {job.request_id}: decode_loaded_pages must be ascending distinct indexes "
                                  f"of reusable pages (< {n_reuse})")
+        held = job.decode_cached_pages
+        if list(held) != sorted(set(held)) or not set(held) <= set(loaded):
+            raise InvalidRequest(f"request {job.request_id}: decode_cached_pages must be ascending distinct indexes "
+                                 "among decode_loaded_pages")
 
     def prefill(self, job: PrefillJob) -> PrefillResult:
         return self.wait(self.start(job))

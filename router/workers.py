@@ -76,7 +76,7 @@ class Worker:
                 "free_pages": info.free_pages, "queued_requests": info.queued_requests,
                 "running_requests": info.running_requests, "store_enabled": info.store_enabled,
                 "max_context_tokens": info.max_context_tokens, "kv_dtype": info.kv_dtype, "dtype": info.dtype,
-                "model_family": info.model_family},
+                "model_family": info.model_family, "store_evicted_pages": info.store_evicted_pages},
         }
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ MASTER_EVICTION_COUNTERS = {
 }
 
 REMOVE_BATCH = 256  # keys per batch_remove call: bounds one call, and how late stop() is noticed
+# make_room() reads the master again when its last reading is older than this (one GET, ~0.5 ms):
+# every worker writes (prefill write-backs, decode offloads and local prefills), and a reading
+# plus only this worker's own writes since misses the others' writes.
+FRESH_S = 0.02
 _ABSENT, _LEASED = -704, -706
 _METRICS_TIMEOUT_S = 1.0
 
@@ -123,7 +128,8 @@ def pages_to_remove(fill: MasterFill, index_pages: int, page_nbytes: int, low_wa
 class StoreEvictor:
     """One daemon thread; start() / stop(timeout_s). run_once() is one pass (tests call it directly)."""
 
-    def __init__(self, store: KVStore, index: ChainIndex, cfg: StoreConfig, master_metrics_url: str):
+    def __init__(self, store: KVStore, index: ChainIndex, cfg: StoreConfig, master_metrics_url: str,
+                 fresh_s: float = FRESH_S):
         if not cfg.evict_low_watermark < cfg.evict_high_watermark:
             raise ValueError(f"store.evict_low_watermark ({cfg.evict_low_watermark}) must be below "
                              f"store.evict_high_watermark ({cfg.evict_high_watermark})")
@@ -135,11 +141,14 @@ class StoreEvictor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._forgotten_seen = 0  # index.forgotten already added to the counter
+        self.removed_total = 0  # pages removed since start (pdorch_store_evicted_pages_total, as a number)
         # The store's fill as last read, plus what this worker wrote since: make_room() acts on it
         # between two passes (a request's write-back can be tens of MB, faster than a pass).
         self._lock = threading.Lock()  # one removal at a time (the pass, or a writer's make_room)
         self._capacity = 0.0
         self._estimate = 0.0  # bytes
+        self._read_at = float("-inf")  # when the master's fill was last read
+        self.fresh_s = fresh_s
         # Told the keys that left the store (removed or found absent), from the evictor's threads:
         # the prefill worker keeps such pages in L1 longer (L1 then holds what the store lacks).
         self.on_removed = None
@@ -186,7 +195,7 @@ class StoreEvictor:
             return 0
         self.metrics.fill_ratio.set(fill.ratio)
         with self._lock:
-            self._capacity, self._estimate = fill.capacity_bytes, fill.allocated_bytes
+            self._take_reading(fill)
             if fill.ratio <= self.cfg.evict_high_watermark:
                 return 0
             share = pages_to_remove(fill, len(self.index), self.store.page_nbytes, self.cfg.evict_low_watermark)
@@ -198,12 +207,23 @@ class StoreEvictor:
         return removed
 
     def make_room(self, n_pages: int) -> int:
-        """Called by a writer (an I/O thread) before it puts n_pages: when the fill as last read plus
-        this worker's writes since would pass the high watermark, remove this worker's lowest
-        pages down to the low watermark first, so a burst of writes never reaches the master's own
-        (chain-blind) eviction. Returns the pages removed."""
+        """Called by a writer (an I/O thread) before it puts n_pages: when the fill (read afresh when
+        the last reading is older than `fresh_s`, else as last read plus this worker's writes since)
+        would pass the high watermark, remove this worker's lowest pages down to the low watermark
+        first, so a burst of writes never reaches the master's own (chain-blind) eviction. Returns
+        the pages removed.
+
+        NOTE: every worker writes, so a reading of the master's fill goes stale with the others'
+        writes too: a decode step's offload and a prefill write-back landing between two passes
+        could otherwise together pass the master's watermark, which is close above ours."""
         page = self.store.page_nbytes
+        fresh = None
+        if time.monotonic() - self._read_at > self.fresh_s and self.store.enabled:
+            text = fetch_text(self.url)
+            fresh = master_fill(text) if text is not None else None
         with self._lock:
+            if fresh is not None and fresh.capacity_bytes > 0:
+                self._take_reading(fresh)
             if self._capacity <= 0:
                 return 0  # no fill read yet: the next pass decides
             after = self._estimate + n_pages * page
@@ -212,6 +232,10 @@ class StoreEvictor:
                 removed = self._remove_lowest(math.ceil((after - self.cfg.evict_low_watermark * self._capacity) / page))
             self._estimate = after - removed * page
         return removed
+
+    def _take_reading(self, fill: MasterFill) -> None:
+        """(lock held) The master's fill as just read replaces the estimate."""
+        self._capacity, self._estimate, self._read_at = fill.capacity_bytes, fill.allocated_bytes, time.monotonic()
 
     def should_write(self, depth: int, n_pages: int = 1) -> bool:
         """Whether a page at `depth`, touched now, is worth writing: always while the store has room
@@ -262,6 +286,7 @@ class StoreEvictor:
         if gone and self.on_removed is not None:
             self.on_removed(gone)
         self.metrics.evicted_pages.inc(removed)
+        self.removed_total += removed
         self.metrics.evicted_stale_pages.inc(sum(1 for k, c in zip(keys, codes) if c == 0 and k in stale))
         self.metrics.evict_skipped.labels("absent").inc(absent)
         self.metrics.evict_skipped.labels("leased").inc(len(leased))

@@ -1,4 +1,4 @@
-"""Prefill -> decode KV push over the Mooncake transfer engine (P2P handshake, TCP here, RDMA in prod).
+"""Prefill <-> decode KV transfer over the Mooncake transfer engine (P2P handshake, TCP here, RDMA in prod).
 
 Each side registers its KV pool once. The prefill side writes a request's pages straight into the
 decode side's pool pages: one `batch_transfer_sync_write` per request, with runs of pages that are
@@ -7,7 +7,8 @@ contiguous on both sides merged into one entry (page-first pool layout, so a pag
     local  [p3][p4][p5]   [p9]        -> entries: (p3, d10, 3 pages), (p9, d20, 1 page)
     remote [d10][d11][d12] [d20]
 
-The batch call releases the GIL, so the scheduler thread keeps running while bytes move; callers
+`read` is the same in the other direction: a prefill worker reads prefix pages a decode worker
+holds in its pool (its own prefix cache) into its pages. The batch call releases the GIL, so the scheduler thread keeps running while bytes move; callers
 that must not wait run `write` on an I/O thread.
 """
 
@@ -108,17 +109,29 @@ class KVTransfer:
         Raises TransferError when the peer is dead/unreachable (fails in about a millisecond once
         the connection is refused) or an address is outside the peer's registered memory.
         """
+        return self._batch("write", segment, local_addrs, remote_addrs, page_nbytes)
+
+    def read(self, segment: str, local_addrs: Sequence[int], remote_addrs: Sequence[int],
+             page_nbytes: int) -> int:
+        """Read pages segment:remote_addrs[i] -> local_addrs[i] (a prefill worker reading prefix pages
+        a decode worker holds in its pool); returns bytes read. Raises TransferError as write() does."""
+        return self._batch("read", segment, local_addrs, remote_addrs, page_nbytes)
+
+    def _batch(self, op: str, segment: str, local_addrs: Sequence[int], remote_addrs: Sequence[int],
+               page_nbytes: int) -> int:
         if not segment or ":" not in segment:
             raise ValueError(f"segment must be 'host:port' as returned by the peer's start(), got {segment!r}")
         engine = self._require_engine()
         if not local_addrs:
             return 0
         local, remote, lengths = merge_runs(local_addrs, remote_addrs, page_nbytes)
-        rc = engine.batch_transfer_sync_write(segment, local, remote, lengths)
+        call = engine.batch_transfer_sync_write if op == "write" else engine.batch_transfer_sync_read
+        rc = call(segment, local, remote, lengths)
         if rc != 0:
-            raise TransferError(f"write of {len(local_addrs)} pages ({len(lengths)} runs, "
-                                f"{sum(lengths)} bytes) to {segment} failed with {rc}: peer dead, "
-                                "unreachable, or a remote address outside its registered memory")
+            raise TransferError(f"{op} of {len(local_addrs)} pages ({len(lengths)} runs, "
+                                f"{sum(lengths)} bytes) {'to' if op == 'write' else 'from'} {segment} failed "
+                                f"with {rc}: peer dead, unreachable, or a remote address outside its "
+                                "registered memory")
         return sum(lengths)
 
     def close(self) -> None:

@@ -60,6 +60,7 @@ def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:
         decode_segment=msg.decode_segment, dest_page_addrs=tuple(msg.dest_page_addrs),
         timeout_s=float(msg.timeout_s), page_size=int(msg.page_size), model_fingerprint=msg.model_fingerprint,
         page_hashes=tuple(msg.page_hashes), decode_loaded_pages=tuple(msg.decode_loaded_pages),
+        decode_cached_pages=tuple(msg.decode_cached_pages),
     )
 
 
@@ -68,7 +69,7 @@ def job_to_proto(job: PrefillJob) -> pb.PrefillRequest:
         request_id=job.request_id, token_ids=list(job.token_ids), sampling=sampling_to_proto(job.params),
         decode_segment=job.decode_segment, dest_page_addrs=list(job.dest_page_addrs), timeout_s=job.timeout_s,
         page_size=job.page_size, model_fingerprint=job.model_fingerprint, page_hashes=list(job.page_hashes),
-        decode_loaded_pages=list(job.decode_loaded_pages),
+        decode_loaded_pages=list(job.decode_loaded_pages), decode_cached_pages=list(job.decode_cached_pages),
     )
 
 
@@ -76,7 +77,7 @@ def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
     return pb.PrefillResponse(
         request_id=res.request_id, first_token_id=res.first_token_id, prompt_tokens=res.prompt_tokens,
         cached=cached_to_proto(res.cached), transfer_bytes=res.transfer_bytes, transfer_s=res.transfer_s,
-        compute_s=res.compute_s, sampler_state=res.sampler_state,
+        compute_s=res.compute_s, sampler_state=res.sampler_state, unstored_pages=list(res.unstored_pages),
     )
 
 
@@ -84,5 +85,5 @@ def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
     return PrefillResult(
         request_id=msg.request_id, first_token_id=msg.first_token_id, prompt_tokens=msg.prompt_tokens,
         cached=cached_from_proto(msg.cached), transfer_bytes=msg.transfer_bytes, transfer_s=msg.transfer_s,
-        compute_s=msg.compute_s, sampler_state=msg.sampler_state,
+        compute_s=msg.compute_s, sampler_state=msg.sampler_state, unstored_pages=tuple(msg.unstored_pages),
     )

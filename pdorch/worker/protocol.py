@@ -42,7 +42,8 @@ class PrefillJob:
     page_size: int
     model_fingerprint: str
     page_hashes: tuple[str, ...] = ()  # the prompt's full pages, hashed once by D; () = P hashes them
-    decode_loaded_pages: tuple[int, ...] = ()  # pages D reads from the store itself: P does not push them
+    decode_loaded_pages: tuple[int, ...] = ()  # pages D holds or reads from the store itself: P does not push them
+    decode_cached_pages: tuple[int, ...] = ()  # of those, pages already in D's pool: P may read them from it
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,4 @@ class PrefillResult:
     transfer_s: float = 0.0
     compute_s: float = 0.0
     sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)
+    unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)

@@ -103,9 +103,8 @@ def max_forward_tokens(cfg: Config) -> int:
 def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False) -> WorkerRuntime:
     """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
 
-    `evict`: run the chain evictor here (prefill workers: they see every prompt's whole chain, the
-    decode worker's offloaded pages included once the next turn arrives; a decode worker sees only
-    the pages it generated, so ranking those alone would remove mid-chain pages before deep ones).
+    `evict`: run the chain evictor here, so this worker's store writes make room through the chain
+    policy (both roles: each touches the whole chain of every prompt it sees).
     """
     from engine.arch import ModelArch
     from engine.cuda_graphs import graph_memory_bytes

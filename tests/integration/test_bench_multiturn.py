@@ -65,3 +65,21 @@ def test_openai_through_the_pdorch_command(tmp_path, tiny_model_dir):
         assert r["tier_source"] == "metrics" and sum(r["tier_tokens"].values()) == r["prompt_tokens"]
         assert 0 <= r["ideal_tokens"] <= r["prompt_tokens"]
     assert rounds[0]["ideal_tokens"] == 0 and rounds[2]["ideal_tokens"] > rounds[1]["ideal_tokens"] > 0
+
+
+def test_sweep_of_one_shape(tmp_path, tiny_model_dir):
+    res = run_bench([sys.executable, "-m", "bench.multiturn", "--sweep", "--shapes", "c4-t64-l1x1-s0.3"], tmp_path,
+                    tiny_model_dir)
+    assert res["bench"] == "multiturn_sweep" and [s["shape"] for s in res["shapes"]] == ["c4-t64-l1x1-s0.3"]
+    shape = res["shapes"][0]
+    # 4 clients, 64-token turns and first turns, 16-token answers, 3 rounds: the last prompt is
+    # 64 + 2 x (16 + 64) = 224 tokens = 14 pages, and the L1 is one of them
+    assert (shape["clients"], shape["turn_tokens"], shape["output_tokens"], shape["l1_pages"]) == (4, 64, 16, 14)
+    assert shape["store_capacity_mib"] == 32.0  # the 16 MiB floor on both segments (tiny pages)
+    assert [r["round"] for r in shape["rounds"]] == [0, 1, 2] and shape["failed_requests"] == 0
+    for r in shape["rounds"][1:]:
+        assert 0 < r["free_l1_capacity_ideal_hit_rate"] <= r["ideal_hit_rate"]
+        assert set(r["reads"]) == {"prefill_l1", "prefill_from_decode", "prefill_store", "decode_l1", "decode_store"}
+    assert shape["worst_hit_over_free_l1_capacity_ideal"] is not None
+    assert res["worst_hit_over_free_l1_capacity_ideal"] == shape["worst_hit_over_free_l1_capacity_ideal"]
+    assert shape["store_pages_evicted"] is not None and shape["store_pages_evicted_by_pdorch"] is not None

@@ -37,4 +37,8 @@ def test_soak_json(tmp_path, tiny_model_dir):
     assert res["rss_max_growth"] is not None and len(res["rss_series"]) >= 10
     # conversations of 2 rounds: every second turn carries the first turn + answer, so it hits
     assert 0 < res["hit_rate"] <= res["ideal_hit_rate"] + 1e-9 and len(res["hit_rate_by_window"]) == 6
+    # the warm-up and 5 windows after it, each with both evictors' counts read at its edges
+    assert [w["warmup"] for w in res["windows"]] == [True] + [False] * 5
+    assert all(w["master_evicted"] is not None and w["pdorch_evicted"] is not None for w in res["windows"])
+    assert res["master_eviction_share"] is not None and res["worst_hit_over_ideal_after_warmup"] is not None
     assert Path(res["plot"]).is_file()

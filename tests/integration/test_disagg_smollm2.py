@@ -39,7 +39,9 @@ def cluster(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("smollm2_cluster"), smollm2_dir, with_store=True,
                       prefill={"num_pages": 512},
                       # 16 concurrent prompts queue on one P sharing 2 busy cores: allow for the queueing.
-                      decode={"num_pages": 512, "offload_generated_kv": True, "prefill_timeout_s": 240.0})
+                      # NOTE: no prefix cache on D: these tests read the store (test_decode_prefix_cache.py: with it)
+                      decode={"num_pages": 512, "offload_generated_kv": True, "prefill_timeout_s": 240.0,
+                              "prefix_cache": False})
     yield c
     c.stop()
 

@@ -60,8 +60,9 @@ def keys_of(fingerprint: str, token_ids) -> list[str]:
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("reuse_smol"), smollm2_dir, with_store=True,
-                      # P's hole handling: D reads the stored pages itself but always calls P
-                      decode={"offload_generated_kv": False, "max_local_prefill_tokens": 0})
+                      # P's hole handling: D reads the stored pages itself but always calls P (and keeps
+                      # no prefix cache, which would give P the pages instead of the store)
+                      decode={"offload_generated_kv": False, "max_local_prefill_tokens": 0, "prefix_cache": False})
     reader = StoreReader(c.master)
     yield c, reader
     reader.close()

@@ -34,7 +34,9 @@ def _choices(url: str) -> dict[str, float]:
 
 
 def test_a_stored_prefix_goes_to_the_least_loaded_prefill_worker(tmp_path, tiny_model_dir):
-    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, num_prefill=2, prefill={"chunk_tokens": 1})
+    # NOTE: the decode worker's prefix cache off: it would serve turn 2 itself (the store is what is routed on)
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, num_prefill=2, prefill={"chunk_tokens": 1},
+                            decode={"prefix_cache": False})
     router = start_router(cluster, tiny_model_dir, policy="cache_aware")
     try:
         conv = prompt(4 * PAGE, seed=3)

@@ -25,8 +25,11 @@ PAGE_NBYTES = 30 * 2 * 3 * P * 64 * 4  # SmolLM2-135M fp32: layers x K,V x kv he
 def cluster(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("store_to_decode"), smollm2_dir, with_store=True,
                       prefill={"num_pages": 512},
+                      # NOTE: the decode worker's own prefix cache off: with it, D would hold these prompts
+                      # itself and never read the store (tests/integration/test_decode_prefix_cache.py)
                       decode={"num_pages": 512, "offload_generated_kv": True, "load_prefix_from_store": True,
-                              "max_local_prefill_tokens": 256, "prefill_timeout_s": 240.0})
+                              "max_local_prefill_tokens": 256, "prefill_timeout_s": 240.0,
+                              "prefix_cache": False})
     yield c
     c.stop()
 

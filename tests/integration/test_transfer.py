@@ -34,7 +34,7 @@ def local_transfer():
     t.close()
 
 
-def test_write_between_processes_then_dead_peer_fails_fast(peers, local_transfer):
+def test_write_and_read_between_processes_then_dead_peer_fails_fast(peers, local_transfer):
     transfer, src = local_transfer
     target = peers("transfer-target", nbytes=PAGES * PAGE)
     seg, base = target.ready["segment"], target.ready["ptr"]
@@ -46,6 +46,16 @@ def test_write_between_processes_then_dead_peer_fails_fast(peers, local_transfer
     assert target.ask(f"digest {5 * PAGE} {3 * PAGE}")["digest"] == digest(src[0:3])
     assert target.ask(f"digest 0 {PAGE}")["digest"] == digest(src[4])
     assert target.ask(f"digest {PAGE} {PAGE}")["digest"] == digest(np.zeros(PAGE, np.uint8))  # untouched
+
+    # And back: the peer's pages 5,6,7 (= our 0,1,2) read into our pages 5,6,7 (a prefill worker
+    # reading prefix pages a decode worker holds).
+    want = digest(src[0:3])
+    assert digest(src[5:8]) != want
+    back = [src.ctypes.data + i * PAGE for i in (5, 6, 7)]
+    assert transfer.read(seg, back, remote[:3], PAGE) == 3 * PAGE
+    assert digest(src[5:8]) == want
+    with pytest.raises(TransferError, match="read of 1 pages"):
+        transfer.read(seg, back[:1], [base + PAGES * PAGE], PAGE)
 
     # Outside the peer's registered memory: refused, not silently written.
     with pytest.raises(TransferError, match="failed"):

@@ -32,7 +32,8 @@ def tok(smollm2_dir):
 @pytest.fixture(scope="module")
 def module_cluster(tmp_path_factory, smollm2_dir):
     c = start_cluster(tmp_path_factory.mktemp("fault_cluster"), smollm2_dir, with_store=True, num_prefill=2,
-                      decode={"offload_generated_kv": False})
+                      # NOTE: no prefix cache on D: these tests read the store (offload off: the prompt only)
+                      decode={"offload_generated_kv": False, "prefix_cache": False})
     yield c
     c.stop()
 

@@ -4,6 +4,7 @@ pages against the idle baseline, and how each HTTP outcome is counted."""
 from __future__ import annotations
 
 from bench.overload import classify, gate, load_summary
+from bench.soak import window_edges, windows_of
 from bench.soak_report import leaked_pages, rss_drift
 
 
@@ -51,3 +52,20 @@ def test_outcomes_are_counted_never_dropped():
     assert s["outcomes"]["other"] == 1 and s["outcomes"]["client_timeout"] == 1
     assert s["rejected_by"] == {"router": 1} and s["reject_p50_s"] == 0.01 and s["e2e_p50_s"] == 2.0
     assert s["examples"] == ["HTTP 500: boom"]
+
+
+def test_windows_after_the_warm_up_with_hit_over_ideal_and_evictions_by_evictor():
+    assert window_edges(100.0, 0.2, 4) == [0.0, 20.0, 40.0, 60.0, 80.0, 100.0]
+    def req(t, prompt, cached, ideal, error=None):
+        return {"start_s": t, "prompt_tokens": prompt, "cached_tokens": cached, "ideal_tokens": ideal, "error": error}
+    results = [req(5, 100, 0, 0), req(25, 100, 48, 64), req(30, 100, 64, 64), req(35, 100, 0, 64, error="HTTP 503"),
+               req(55, 200, 96, 96)]
+    marks = [(0.0, {"master": 0, "pdorch": 0}), (20.0, {"master": 3, "pdorch": 10}),
+             (40.0, {"master": 3, "pdorch": 30}), (60.0, {"master": 4, "pdorch": None})]
+    w = windows_of(results, marks)
+    assert [x["warmup"] for x in w] == [True, False, False]
+    assert w[0]["hit_over_ideal"] is None and w[0]["master_evicted"] == 3 and w[0]["pdorch_evicted"] == 10
+    # 20-40 s: the failed request does not count; 112 cached of 128 ideal, of 200 prompt tokens
+    assert (w[1]["requests"], w[1]["hit_rate"], w[1]["ideal_hit_rate"], w[1]["hit_over_ideal"]) == (2, 0.56, 0.64, 0.875)
+    assert (w[1]["master_evicted"], w[1]["pdorch_evicted"]) == (0, 20)
+    assert w[2]["hit_over_ideal"] == 1.0 and w[2]["pdorch_evicted"] is None  # a scrape failed: unknown, not 0

@@ -24,11 +24,11 @@ def never():
 def make():
     made = []
 
-    def _make(num_pages: int, max_queued: int, watermark: float) -> DecodeScheduler:
+    def _make(num_pages: int, max_queued: int, watermark: float, prefix_cache: bool = False) -> DecodeScheduler:
         rt = SimpleNamespace(allocator=PageAllocator(num_pages), store_io=None, chain_index=None, max_context=64,
                              cfg=SimpleNamespace(model=SimpleNamespace(page_size=4)))
         sched = DecodeScheduler(rt, max_running=4, offload=False, recorder=WorkerRecorder("decode"),
-                                max_queued=max_queued, watermark=watermark)
+                                max_queued=max_queued, watermark=watermark, prefix_cache=prefix_cache)
         sched.start()
         made.append(sched)
         return sched
@@ -96,3 +96,23 @@ def test_request_larger_than_the_pool_is_rejected(make):
     sched = make(4, max_queued=1, watermark=1.0)
     with pytest.raises(InvalidRequest, match="decode.num_pages"):
         sched.admit("x", 5, time.monotonic() + 1, never)
+
+
+def test_prefix_cache_hits_are_taken_as_they_are_and_only_the_rest_is_allocated(make):
+    sched = make(10, max_queued=1, watermark=1.0, prefix_cache=True)
+    alloc = sched._rt.allocator
+    first = sched.admit("a", 4, time.monotonic() + 1, never)  # [0, 1, 2, 3]
+    sched.call(lambda: [alloc.cache(h, p) for h, p in zip(("h0", "h1", "h2"), first)])  # served: cached
+    sched.release(first)  # evictable now, still matchable
+    # The next turn: pages 0 and 2 of its prompt are cached ("h1" is not its page 1), 5 pages in all.
+    pages, hits = sched.admit_prompt("b", 5, time.monotonic() + 1, never, lookup=("h0", "x1", "h2"))
+    assert hits == (0, 2)
+    assert (pages[0], pages[2]) == (first[0], first[2])  # shared, not copied
+    assert pages[1] not in first[:3] and len(set(pages)) == 5
+    assert sched.call(lambda: [alloc.ref_count(p) for p in pages]) == [1] * 5
+    assert sched.cache.hits._value.get() == 2  # pdorch_decode_l1_hit_pages_total
+    # The cache off: the same call allocates everything
+    off = make(10, max_queued=1, watermark=1.0)
+    pages, hits = off.admit_prompt("c", 3, time.monotonic() + 1, never, lookup=("h0",))
+    assert hits == () and len(pages) == 3
+    sched.call(alloc.check_integrity)

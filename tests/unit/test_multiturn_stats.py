@@ -8,6 +8,7 @@ import pytest
 from bench.multiturn_stats import (
     RequestResult,
     capacity_factor,
+    free_l1_usable_pages,
     ideal_cached_tokens,
     percentile,
     rss_growth_ratio,
@@ -102,6 +103,18 @@ def test_summarize_round_by_hand():
     assert row["tier_tokens"] == {"device": 40, "host": 0, "store": 36, "computed": 74}
     assert (row["store_pages_read"], row["store_pages_written"], row["store_pages_evicted"]) == (9, 12, 3)
     assert row["rss_mb"] == {"prefill-0": 100.0}
+    assert row["free_l1_capacity_ideal_hit_rate"] is None  # not asked for
+
+
+def test_free_l1_capacity_ideal_counts_only_the_l1_the_longest_prompt_leaves_free():
+    a = _req(100, 60, 64, 20)  # 100 tokens = 7 pages of 16
+    b = _req(50, 16, 32, 10)   # 4 pages
+    # store 10 pages at its watermark + L1 12 pages - the longest prompt's 7 = 15 of a 30-page working set
+    row = summarize_round(1, [a, b], usable_pages=22, wall_s=1.0, capacity=(10, 12, 16))
+    assert row["longest_prompt_pages"] == 7
+    assert row["capacity_factor"] == pytest.approx(22 / 30)
+    assert row["free_l1_capacity_ideal_hit_rate"] == pytest.approx(96 * 0.5 / 150)
+    assert free_l1_usable_pages(10, 5, 7) == 10  # a prompt larger than L1 leaves nothing free
 
 
 def _round(i, hit, ideal, cap, ttft, rss):
@@ -121,6 +134,7 @@ def test_run_summary_fields():
     # after the last round over after round 2: p 150/120 = 1.25, d 100/80 = 1.25 -> 1.25
     assert s["rss_growth_ratio"] == pytest.approx(1.25)
     assert s["failed_requests"] == 0
+    assert s["worst_hit_over_free_l1_capacity_ideal"] is None  # no round has it
 
 
 def test_rss_growth_uses_the_last_round_when_there_are_fewer_than_three():

@@ -108,3 +108,4 @@ def test_preset_sizes_by_hand():
     # 16 final pages + 2 clients x (ceil(40 / 16) + 2 = 5) + 16 = 42
     assert fits["prefill.num_pages"] == "42" and "store.global_segment_size_mb" not in fits
     assert preset_overrides("none", w, cfg, 1024) == []
+    assert preset_overrides("sglang", w, cfg, 1024) == ["decode.prefill_timeout_s=600"]  # the default sizes

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.page_allocator import OutOfPages, PageAllocator
+from engine.page_allocator import LEFT_STORE, OutOfPages, PageAllocator
 
 
 @pytest.fixture
@@ -183,3 +183,27 @@ def test_pages_the_store_dropped_leave_l1_newest_first(alloc):
     assert alloc.allocate(2) == [2, 1]
     assert alloc.evicted_unpersisted == {"store_evicted": 2}
     alloc.release(pages[3:] + [2, 1])
+
+
+def test_pages_unused_for_longer_than_stale_after_go_before_every_tier():
+    now = [0.0]
+    alloc = PageAllocator(6, clock=lambda: now[0])
+    pages = alloc.allocate(6)
+    for i, p in enumerate(pages):
+        alloc.cache(f"h{i}", p)
+    alloc.release(pages[:2])  # t=0: an ended conversation's pages (unpersisted)
+    now[0] = 100.0
+    alloc.mark_persisted(pages[2:4])
+    alloc.release(pages[2:4])  # t=100: the store holds these
+    alloc.mark_left_store(pages[4:], LEFT_STORE)
+    alloc.release(pages[4:])  # t=100: a live conversation's pages the store dropped
+    assert alloc.allocate(1) == [pages[3]]  # no bound: persisted first (released tail first), as before
+    alloc.stale_after = 60.0
+    now[0] = 120.0
+    # pages[0:2] have been unused for 120 s > 60 s: they go first, oldest first, although the store
+    # lacks them; the live conversation's pages stay
+    assert alloc.eviction_order()[:2] == [pages[1], pages[0]]
+    assert sorted(alloc.allocate(2)) == sorted(pages[:2])
+    assert alloc.evicted_unpersisted["not_written"] == 2
+    assert alloc.allocate(1) == [pages[2]]  # then the usual order
+    alloc.check_integrity()

@@ -289,9 +289,10 @@ def test_under_pressure_a_request_waits_for_writes_instead_of_dropping_pages():
     try:
         submit(sched, list(range(500, 513)), "a").future.result(5)  # 4 pages, 3 full: saved (held)
         late = submit(sched, list(range(600, 613)), "b")  # needs 4 pages: only 2 free, 3 pinned by a's save
-        waits = sched._persist.metrics.pressure_waits
+        metrics = sched._persist.metrics
         deadline = time.monotonic() + 5
-        while waits._value.get() == 0:  # the scheduler saw b and chose to wait for a's writes
+        # the scheduler saw b and chose to wait for a's writes (before admitting it: a holds pages)
+        while metrics.pressure_waits._value.get() + metrics.paced._value.get() == 0:
             assert time.monotonic() < deadline, "b was never held back for a's writes"
             time.sleep(0.01)
         assert not late.future.done()
@@ -353,5 +354,33 @@ def test_the_page_hashes_d_sent_are_used_not_recomputed():
         task.future.result(5)
         assert io.loads == [[store_key("fp", h) for h in sent]]
         settle(sched, rt)
+    finally:
+        sched.stop()
+
+
+def test_a_queued_prompt_waits_for_the_one_before_it_rather_than_evict_what_the_store_dropped():
+    io = FakeStoreIO()
+    sched, rt, _ = make(num_pages=9, store_io=io)
+    sched._persist_wait_s = 30.0
+    try:
+        kept = list(range(100, 109))  # 9 tokens: 2 full pages cached, then dropped by the store
+        submit(sched, kept, "x").future.result(5)
+        settle(sched, rt)
+        sched.store_evicted([store_key("fp", h) for h in page_hashes(kept, P)])  # L1 is now their only home
+        io.hold_saves.set()  # a's write-back stays in flight
+        a = submit(sched, list(range(200, 213)), "a")  # 4 pages of the 7 free
+        b = submit(sched, list(range(300, 313)), "b")  # 4 more: 3 free + 1 of x's
+        a.future.result(5)
+        paced = sched._persist.metrics.paced
+        deadline = time.monotonic() + 5
+        while paced._value.get() == 0:  # b waits for a's pages instead of taking one of x's
+            assert time.monotonic() < deadline, "b was admitted while a still held its pages"
+            time.sleep(0.01)
+        assert not b.future.done()
+        io.release()  # a's pages are in the store now: b takes them
+        b.future.result(5)
+        settle(sched, rt)
+        assert len(sched.call(lambda: rt.allocator.pages_of(page_hashes(kept, P)[:2]))) == 2  # x kept both
+        assert not rt.allocator.evicted_unpersisted
     finally:
         sched.stop()

@@ -47,3 +47,18 @@ def test_render_shows_the_store_and_the_masters_own_evictions():
     assert "store: eviction chain, 84.0% of 512 MiB used, 412 keys" in text
     assert "mooncake_master's own eviction: evicted_keys 0, put_no_space 3" in text
     assert render_status({"url": "http://r", "workers": [], "tokens": {}, "store": None}).endswith("store: off")
+
+
+def test_pdorch_evictions_are_shown_beside_the_masters():
+    from pdorch.status import add_pdorch_evictions
+
+    store = {"url": "http://m/metrics", "eviction": "chain", "master_eviction": {"evicted_keys": 2}}
+    workers = [{"role": "prefill", "info": {"store_evicted_pages": 30}},
+               {"role": "decode", "info": {"store_evicted_pages": 12}},
+               {"role": "decode", "info": {"store_evicted_pages": 5}}, {"role": "decode", "info": None}]
+    status = {"url": "http://r", "workers": workers, "tokens": {}, "store": store}
+    add_pdorch_evictions(status)
+    assert store["pdorch_evicted_pages"] == 47
+    text = render_status(status)
+    assert "mooncake_master's own eviction: evicted_keys 2" in text
+    assert "pdorch's chain eviction: 47 pages removed (decode 17, prefill 30)" in text

@@ -201,7 +201,7 @@ def test_thread_evicts_every_interval_and_stops(server):
 def test_make_room_removes_before_a_burst_of_writes_would_pass_the_high_watermark(server):
     store, idx = FakeStore(), _index_of_90_pages()
     server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
-    ev = StoreEvictor(store, idx, _cfg(), server.url)
+    ev = StoreEvictor(store, idx, _cfg(), server.url, fresh_s=float("inf"))  # the estimate alone
     assert ev.make_room(50) == 0  # no fill read yet: nothing to act on
     assert ev.run_once() == 0  # 0.70 full: below the high watermark
     assert ev.make_room(10) == 0  # 0.70 + 10 pages = 0.80: fits
@@ -211,10 +211,27 @@ def test_make_room_removes_before_a_burst_of_writes_would_pass_the_high_watermar
     assert ev.make_room(1) == 0  # the estimate now counts the removal: 0.81
 
 
+def test_make_room_reads_the_master_again_and_sees_the_other_writers_pages(server):
+    store, idx = FakeStore(), _index_of_90_pages()
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
+    ev = StoreEvictor(store, idx, _cfg(), server.url, fresh_s=0.0)  # read before every write
+    assert ev.make_room(10) == 0  # read at once (no pass yet): 0.70 + 10 pages = 0.80 fits
+    # Another worker wrote 10 pages meanwhile: the master says 0.80, so 10 more would reach 0.90.
+    # Counting only its own writes this worker would believe 0.80 and write into the master's eviction.
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 80000")
+    assert ev.make_room(10) == 10
+    assert store.calls == [[f"c0p{i}" for i in range(9, -1, -1)]]
+    stale = StoreEvictor(FakeStore(), _index_of_90_pages(), _cfg(), server.url, fresh_s=float("inf"))
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
+    stale.run_once()
+    server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 80000")
+    assert stale.make_room(10) == 0  # the control: without reading again it misses the other writer
+
+
 def test_should_write_skips_pages_eviction_would_remove_at_once(server):
     store, idx = FakeStore(), _index_of_90_pages()
     server.text = MASTER_TEXT.replace("master_allocated_bytes 90000", "master_allocated_bytes 70000")
-    ev = StoreEvictor(store, idx, _cfg(), server.url)
+    ev = StoreEvictor(store, idx, _cfg(), server.url, fresh_s=float("inf"))
     assert ev.should_write(10**6, 50)  # no fill read yet, no cutoff: write
     ev.run_once()
     assert ev.make_room(10) == 0 and ev.make_room(10) == 10  # removes chain 0: the cutoff is its head's priority

@@ -39,7 +39,7 @@ class CachedTokens(_message.Message):
     def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages")
+    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class PrefillRequest(_message.Message):
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     DECODE_LOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -60,10 +61,11 @@ class PrefillRequest(_message.Message):
     model_fingerprint: str
     page_hashes: _containers.RepeatedScalarFieldContainer[str]
     decode_loaded_pages: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+    decode_cached_pages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ..., decode_cached_pages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state")
+    __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state", "unstored_pages")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +74,7 @@ class PrefillResponse(_message.Message):
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_STATE_FIELD_NUMBER: _ClassVar[int]
+    UNSTORED_PAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token_id: int
     prompt_tokens: int
@@ -80,7 +83,8 @@ class PrefillResponse(_message.Message):
     transfer_s: float
     compute_s: float
     sampler_state: bytes
-    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., transfer_bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., sampler_state: _Optional[bytes] = ...) -> None: ...
+    unstored_pages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., transfer_bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., sampler_state: _Optional[bytes] = ..., unstored_pages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -109,7 +113,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "kv_dtype", "dtype", "model_family")
+    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "kv_dtype", "dtype", "model_family", "store_evicted_pages")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +129,7 @@ class WorkerInfo(_message.Message):
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FAMILY_FIELD_NUMBER: _ClassVar[int]
+    STORE_EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     role: str
     worker_id: str
     model: str
@@ -140,7 +145,8 @@ class WorkerInfo(_message.Message):
     kv_dtype: str
     dtype: str
     model_family: str
-    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., dtype: _Optional[str] = ..., model_family: _Optional[str] = ...) -> None: ...
+    store_evicted_pages: int
+    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., dtype: _Optional[str] = ..., model_family: _Optional[str] = ..., store_evicted_pages: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
