@@ -11,7 +11,6 @@ import torch
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.router import RouterThread, router_config, wait_until
 from tests.fixtures.workers import start_cluster
 
@@ -64,9 +63,7 @@ def test_a_bfloat16_cluster_serves_on_cpu_with_the_store(tmp_path, tiny_model_di
         llm = LLM(tiny_model_dir, num_pages=64, page_size=16, dtype=torch.bfloat16, torch_threads=1)
         assert first.token_ids == llm.generate([ids], SamplingParams(temperature=0, max_tokens=8,
                                                                      ignore_eos=True))[0]
-        cluster.wait_idle("decode")
-        cluster.wait_idle("prefill")
-        cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=30)
+        cluster.flush_l1()  # every L1, D's own too: the prefix can only come from the store now
         second = cluster.generate(ids + first.token_ids + ids[:20], max_tokens=4)
         assert second.cached.store >= (len(ids) // 16) * 16 > 0
         cluster.assert_pools_sound()

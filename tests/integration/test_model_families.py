@@ -13,7 +13,6 @@ import torch
 
 from bench.hf_checkpoints import build_checkpoint
 from engine.tokenizer import Tokenizer
-from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.workers import start_cluster
 
@@ -82,9 +81,7 @@ def test_two_turns_equal_transformers_and_the_second_reads_the_store(fc):
     # Turn 2 continues turn 1's ids (the hash chain of decode's offloaded pages stays continuous).
     turn2 = turn1 + out1["output_ids"] + fc.tok.encode("\nAnd the green ones?", add_special_tokens=False)
     c = fc.cluster
-    c.wait_idle("decode")
-    c.wait_idle("prefill")
-    c.prefill_stub().Flush(pb.FlushRequest(), timeout=30)  # the prefix can only come from the store now
+    c.flush_l1()  # every L1, D's own too: the prefix can only come from the store now
     loaded_before = c.stats("prefill").store_pages_loaded + c.stats("decode").store_pages_loaded
     out2 = generate(fc, turn2)
     assert out2["output_ids"] == transformers_greedy(fc.hf, turn2)

@@ -70,6 +70,14 @@ def test_rendered_chart_runs_across_network_namespaces(tiny_model_dir, tmp_path)
         assert one["usage"]["completion_tokens"] > 0
         second = first + [{"role": "assistant", "content": answer},
                           {"role": "user", "content": "And what about bridges?"}]
+
+        def written_back() -> float:
+            return sum(scrape(p.url("metrics") + "/metrics").get("pdorch_store_pages_written_total", 0)
+                       for p in cluster.of("prefill"))
+        wait("turn 1's write-back", lambda: written_back() > 0, 30, pods)
+        # Every worker's L1 goes (the decode worker's own cache too): turn 2 can only find its prefix in the store.
+        flushed = httpx.post(f"{url}/flush_cache", timeout=30, headers={"Authorization": "Bearer multihost-admin-key"})
+        assert flushed.status_code == 200, flushed.text
         two = _chat(url, second)
         cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= 16, two["usage"]
