@@ -138,7 +138,10 @@ def test_chain_eviction_keeps_every_head_and_refuses_no_write_back(runs):
     # (a) pdorch kept the store below the master's watermark: the master evicted nothing itself.
     assert chain.max_fill < chain.cfg.master_eviction_high_watermark, chain.max_fill
     assert chain.master_evicted_keys() == 0
-    assert master.master_evicted_keys() > 0
+    # The control overflowed the store too (twice its size): the master evicted or refused writes.
+    # NOTE: which of the two, and how much, is the master's timing (it evicts on its own clock, only
+    # keys whose lease expired): CI once saw 0 evictions and only refused writes.
+    assert master.master_evicted_keys() + master.failed_writes() > 0
     evicted = chain.metric("pdorch_store_evicted_pages_total")
     assert evicted > CAPACITY_PAGES  # the working set is twice the store
     assert chain.metric("pdorch_store_fill_ratio") <= chain.cfg.evict_high_watermark + 0.05
@@ -154,10 +157,11 @@ def test_chain_eviction_keeps_every_head_and_refuses_no_write_back(runs):
     assert min(kept) >= 0.5 * fair, kept  # every conversation still has its head pages
     assert sum(kept) <= chain.cfg.evict_high_watermark * CAPACITY_PAGES
 
-    # (c) over the last rounds a prefix reader finds at least as much with chain eviction, and always
-    # about what the store holds at pdorch's low watermark. NOTE: not "strictly more": the master
-    # evicts on its own clock and refuses the writes that come before it has made room, which
-    # keeps older (head) pages by chance: 192 hits a round in most runs here, 216 (= ours) on CI once.
+    # (c) over the last rounds a prefix reader always finds about what the store holds at pdorch's
+    # low watermark. NOTE: no comparison with the master's run is asserted: the master refuses the
+    # writes that come before it has made room, which keeps older (head) pages by chance, so its
+    # hits here range from below ours (192 a round) to above them (253 against 216) run to run.
+    # What chain eviction guarantees and the master does not is (b), (d) and this floor.
     chain_last = sum(sum(h) for h in chain_hits[-LAST_ROUNDS:])
     master_last = sum(sum(h) for h in master_hits[-LAST_ROUNDS:])
     ideal_last = sum(r * GROW * CHAINS for r in range(ROUNDS - LAST_ROUNDS, ROUNDS))
@@ -166,7 +170,6 @@ def test_chain_eviction_keeps_every_head_and_refuses_no_write_back(runs):
           f"\nlast {LAST_ROUNDS} rounds: chain {chain_last}, master {master_last}, ideal {ideal_last}; "
           f"pages kept per chain at the end {kept}; pdorch removed {evicted:.0f}, "
           f"the master evicted {master.master_evicted_keys():.0f}")
-    assert chain_last >= master_last
     floor = 0.9 * chain.cfg.evict_low_watermark * CAPACITY_PAGES
     assert all(sum(h) >= floor for h in chain_hits[-LAST_ROUNDS:]), (floor, chain_hits)
     assert min(min(h) for h in chain_hits[-LAST_ROUNDS:]) > 0  # no conversation collapsed to 0 hits
