@@ -13,7 +13,7 @@ before P is called:
           WHILE P works; P may read the held pages from D's pool for its own attention
 
 A page D fails to read after all (evicted since the check) D computes itself: it costs only itself.
-NOTE: the existence check takes a read lease on the pages it finds (mooncake.md); they are the
+NOTE: the existence check takes a read lease on the pages it finds (docs/design.md section 9); they are the
 pages read right after, by D and by P.
 """
 

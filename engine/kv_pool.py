@@ -1,4 +1,4 @@
-"""KVPool: the one pre-allocated KV tensor of a worker, in page-first layout (DESIGN.md section 3).
+"""KVPool: the one pre-allocated KV tensor of a worker, in page-first layout (docs/design.md section 3).
 
     tensor[page, layer, 0=K|1=V, kv_head, slot, head_dim]
 

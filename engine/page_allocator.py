@@ -13,7 +13,7 @@ pages (the store can give them back), then pages the store's eviction dropped on
 (LEFT_STORE: kept so L1 holds what the store lacks; newest first, see allocate()), then other
 unpersisted ones; the others least recently released first. So a page leaves L1 without being in the store only when nothing else is
 left, and every such loss is counted by its reason (`evicted_unpersisted`): "no self-made holes"
-(DESIGN.md section 4a).
+(docs/design.md section 4).
 `check_integrity()` asserts the partition and that the hash maps agree.
 
 Ended conversations leave first: with `stale_after` set (by the owner, from the chain index's learned

@@ -1,4 +1,4 @@
-"""Sequence: one request's state inside an engine (DESIGN.md section 10: the request object owns
+"""Sequence: one request's state inside an engine (docs/design.md section 10: the request object owns
 its token ids, num_computed_tokens, page ids and page hashes). Torch-free."""
 
 from __future__ import annotations

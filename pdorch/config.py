@@ -1,4 +1,4 @@
-"""The configuration schema: one frozen dataclass per YAML section (DESIGN.md section 7).
+"""The configuration schema: one frozen dataclass per YAML section (docs/design.md section 7).
 
 This module only declares the keys, their types and defaults. Loading YAML, validating ranges
 and applying CLI / env overrides lives in `pdorch/config_loader.py`. No torch import here: the

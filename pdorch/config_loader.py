@@ -1,4 +1,4 @@
-"""Load the YAML configuration into the frozen schema of `pdorch/config.py` (DESIGN.md section 7).
+"""Load the YAML configuration into the frozen schema of `pdorch/config.py` (docs/design.md section 7).
 
 Precedence, lowest first:  dataclass defaults < YAML file < env PDORCH_<SECTION>_<KEY> < --set flags.
 

@@ -1,6 +1,6 @@
 """Keeping L1 pages in the store: write-back, backfill, write-before-evict (no self-made holes).
 
-DESIGN.md section 4a: a page leaves L1 only once the store holds it, or with a counted reason.
+docs/design.md section 4: a page leaves L1 only once the store holds it, or with a counted reason.
 
     computed here ----write-back----\\
     L1 hit, store lacks it --backfill-+--> one submit_save per request --> completion:

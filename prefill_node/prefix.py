@@ -1,6 +1,6 @@
 """Prefix reuse for one prefill task: L1 lookup + allocation, one store load, the compute plan.
 
-Tiers (DESIGN.md sections 4-4a): every reusable page is looked up in the worker's own L1
+Tiers (docs/design.md section 4): every reusable page is looked up in the worker's own L1
 (`PageAllocator.lookup` by page hash); the pages L1 lacks that the decode worker's pool holds
 (`decode_cached_pages`: its own prefix cache) are read from there with one transfer-engine read,
 and ALL the others are read with ONE store load (`batch_get_into` straight into the task's pool

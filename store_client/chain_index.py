@@ -1,5 +1,5 @@
 """ChainIndex: which store pages this worker knows, how deep each sits in its conversation, when it
-was last used; and which should leave the store first (DESIGN.md section 4a, "tails before heads").
+was last used; and which should leave the store first (docs/design.md section 4, "tails before heads").
 
     priority(page) = last_use - depth * depth_weight_s        lowest priority leaves first
 

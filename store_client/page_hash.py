@@ -1,4 +1,4 @@
-"""Chained page hashes and store keys (DESIGN.md section 3). Pure functions, no torch.
+"""Chained page hashes and store keys (docs/design.md section 3). Pure functions, no torch.
 
     page i covers token_ids[i*P : (i+1)*P]            (P = page_size; full pages only)
     h_0 = sha256(bytes.fromhex(parent) || le32(page 0))    parent = "" for a prompt's first page

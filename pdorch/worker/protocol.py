@@ -18,7 +18,7 @@ WRITES_OVER_KEY = "pdorch-writes-over"
 
 @dataclass(frozen=True)
 class CachedTokens:
-    """Prompt tokens reused instead of computed, per tier (DESIGN.md section 4)."""
+    """Prompt tokens reused instead of computed, per tier (docs/design.md section 4)."""
 
     device: int = 0
     host: int = 0

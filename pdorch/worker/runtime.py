@@ -75,7 +75,7 @@ class WorkerRuntime:
 
 
 def default_torch_threads(local_workers: int = 2) -> int:
-    """Cores divided among the local workers (DESIGN.md section 9), at least 1."""
+    """Cores divided among the local workers (docs/design.md section 8), at least 1."""
     return max(1, (os.cpu_count() or 1) // local_workers)
 
 

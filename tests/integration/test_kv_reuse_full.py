@@ -1,4 +1,4 @@
-"""KV reuse when caches are full (DESIGN.md section 4a), against a real mooncake_master and real workers:
+"""KV reuse when caches are full (docs/design.md section 4), against a real mooncake_master and real workers:
 
 (a) a page missing from the store costs only itself (SmolLM2: output equals the uncached run),
 (b) a prefill pool under pressure with a slowed store (the master stopped for a while) loses no page

@@ -1,4 +1,4 @@
-"""store_client must never import torch (DESIGN.md section 1): the router and small images use it; nor
+"""store_client must never import torch (docs/design.md section 1): the router and small images use it; nor
 anything of pdorch (it is a library the workers, the router and tests use on its own)."""
 
 from __future__ import annotations
