@@ -3,7 +3,7 @@ requests to one target, timing the first token (TTFT) and the whole stream.
 
 Two client implementations, chosen per run (`--client`):
   lean     (default) a minimal HTTP/1.1 client on asyncio streams (one request per connection
-           unless keep-alive) and the router's own lean gRPC client (router/grpc_stream.py) for
+           unless keep-alive) and the router's own lean gRPC client (router/grpc/stream.py) for
            the direct gRPC baseline. The client shares the machine's cores with the routers and
            stand-ins, so the cheaper it is, the less of its own queueing ends up in "overhead".
   aiohttp  aiohttp for HTTP and grpc.aio for gRPC: what earlier rounds measured with.
@@ -78,7 +78,7 @@ async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
                                   sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0))
     if target.startswith("grpc://") and client == "lean":
         from router.dispatch import GENERATE_PATH
-        from router.grpc_stream import Channel
+        from router.grpc.stream import Channel
 
         channel, data = Channel(target[len("grpc://"):]), grpc_req.SerializeToString()
 

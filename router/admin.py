@@ -17,7 +17,7 @@ from proto.pdorch.v1 import worker_pb2
 from router import formats
 from router.auth import Auth
 from router.errors import APIError, bad_request, unavailable, upstream_error
-from router.generation import json_response
+from router.formats import json_response
 from router.metrics import RouterMetrics
 from router.service import RouterService
 from router.workers import WorkerPool
@@ -148,7 +148,7 @@ async def clear_store(cfg: Config) -> dict:
         raise APIError(501, "store.enabled is false: there is no store to clear", "not_implemented")
     s = cfg.store
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "router.store_flush", s.master_address, s.metadata_server, s.protocol,
+        sys.executable, "-m", "store_client.clear_all", s.master_address, s.metadata_server, s.protocol,
         s.device_name, s.local_hostname, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), STORE_FLUSH_TIMEOUT_S)

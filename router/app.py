@@ -22,7 +22,8 @@ from router.auth import Auth
 from router.discovery import make_discovery
 from router.errors import APIError
 from router.fastpath import FastPath
-from router.generation import GenerationHandlers, json_response
+from router.formats import json_response
+from router.generation import GenerationHandlers
 from router.kv_layout import KVLayout
 from router.metrics import RouterMetrics
 from router.openapi import document_bodies

@@ -3,7 +3,7 @@ resume on another D when D dies mid-stream.
 
     pick P (policy) + D (least load) --> D.Generate(token ids, prefill_address=P) --> chunks
 
-- The Generate stream runs on router/grpc_stream.py (the event loop reads the worker's socket
+- The Generate stream runs on router/grpc/stream.py (the event loop reads the worker's socket
   itself); chunks that arrive together are handed on together, so they cost one client write.
 
 - One deadline per request, end to end: `Job.deadline` is fixed when the job is made (the request's
@@ -34,7 +34,7 @@ import grpc
 from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.failover import MAX_FAILOVERS, Resumption
-from router.grpc_stream import RpcError, StreamCall
+from router.grpc.stream import RpcError, StreamCall
 from router.metrics import RouterMetrics
 from router.policies import Policy, RouteContext, SessionAffinity
 from router.workers import Worker, WorkerPool

@@ -7,6 +7,8 @@ and streams end with `data: [DONE]`.
 
 from __future__ import annotations
 
+from starlette.responses import Response
+
 try:
     import orjson
 
@@ -19,6 +21,10 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json is the fa
         return json.dumps(obj, separators=(",", ":")).encode()
 
 DONE = b"data: [DONE]\n\n"
+
+
+def json_response(obj, status: int = 200) -> Response:
+    return Response(dumps(obj), status_code=status, media_type="application/json")
 
 
 def sse(obj) -> bytes:

@@ -60,10 +60,6 @@ class SSEResponse:
             await self.finalize()
 
 
-def json_response(obj, status: int = 200) -> Response:
-    return Response(formats.dumps(obj), status_code=status, media_type="application/json")
-
-
 class GenerationHandlers:
     def __init__(self, cfg: Config, svc: RouterService, auth: Auth):
         self.cfg = cfg
@@ -173,7 +169,7 @@ async def _collect(run, final) -> Response:
         raise upstream_error(str(e)) from None
     finally:
         await run.aclose()
-    return json_response(final())
+    return formats.json_response(final())
 
 
 def completion_prompt(prompt, svc: RouterService) -> list[int]:

@@ -21,7 +21,7 @@ from pdorch.config import GrpcConfig
 from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
-from router.grpc_stream import Channel
+from router.grpc.stream import Channel
 from router.kv_layout import KVLayout
 
 log = logging.getLogger("pdorch.router")
@@ -48,7 +48,7 @@ class Worker:
     breaker: CircuitBreaker
     channel: grpc.aio.Channel | None = None  # Info / Flush / health checks
     stub: object = None
-    calls: Channel | None = None  # the Generate streams (router/grpc_stream.py: the hot path)
+    calls: Channel | None = None  # the Generate streams (router/grpc/stream.py: the hot path)
     healthy: bool = False
     checked: bool = False  # at least one health check finished
     info: worker_pb2.WorkerInfo | None = None

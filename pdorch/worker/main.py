@@ -37,7 +37,7 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
     # The ping policy, explicit (grpc-core's default permits a client ping every 5 minutes and
     # answers GOAWAY "too_many_pings" after 2 strikes, which would cut a long silent prefill).
-    # Our clients ping at most every 10 s (router/grpc_stream.py, the router's grpc.aio channels)
+    # Our clients ping at most every 10 s (router/grpc/stream.py, the router's grpc.aio channels)
     # or 5 s (decode_node/prefill_client.py); 4 s leaves them margin. With calls open or not.
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 4000),

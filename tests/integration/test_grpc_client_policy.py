@@ -1,4 +1,4 @@
-"""The router's lean gRPC client (router/grpc_stream.py) against real grpc-core servers over time
+"""The router's lean gRPC client (router/grpc/stream.py) against real grpc-core servers over time
 (issue 14, hazard 4): idle connections, silent streams, the server's ping policy, its
 MAX_CONCURRENT_STREAMS, GOAWAY and message sizes. Each case ends in a served call or a clear error,
 never a hang or a stream dropped without one.
@@ -21,9 +21,9 @@ import pytest
 
 from pdorch.worker import main as worker_main
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
-from router import grpc_stream
+from router.grpc import stream as grpc_stream
 from router.dispatch import GENERATE_PATH
-from router.grpc_stream import Channel, RpcError
+from router.grpc.stream import Channel, RpcError
 from tests.fixtures.processes import free_port
 
 SCALE = 0.05  # 1/20: the router's 10 s keepalive becomes 0.5 s

@@ -1,4 +1,4 @@
-"""Frames a worker sends at chosen moments, against the router's lean gRPC client (router/grpc_conn.py):
+"""Frames a worker sends at chosen moments, against the router's lean gRPC client (router/grpc/conn.py):
 
 - GOAWAY's last-stream-id: a call above it was never processed and fails at once with UNAVAILABLE
   (retryable elsewhere); a call at or below it goes on to its end; the connection closes after its
@@ -20,8 +20,8 @@ from hpack import Encoder
 
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch import GENERATE_PATH
-from router.grpc_stream import Channel, RpcError
-from router.http2 import (
+from router.grpc.stream import Channel, RpcError
+from router.grpc.http2 import (
     ACK,
     DATA,
     END_HEADERS,

@@ -1,4 +1,4 @@
-"""router/grpc_stream.py against real grpc.aio servers (the stand-in worker): same messages as
+"""router/grpc/stream.py against real grpc.aio servers (the stand-in worker): same messages as
 grpc.aio's client, flow control on large requests, status codes, deadlines, cancellation,
 unreachable and restarted workers, many calls on one connection."""
 
@@ -13,7 +13,7 @@ import pytest
 from bench.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch import GENERATE_PATH
-from router.grpc_stream import Channel, RpcError
+from router.grpc.stream import Channel, RpcError
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import wait_until
 

@@ -1,11 +1,11 @@
-"""router/http2.py: the remembering HPACK decoder decodes exactly like a plain hpack Decoder."""
+"""router/grpc/http2.py: the remembering HPACK decoder decodes exactly like a plain hpack Decoder."""
 
 from __future__ import annotations
 
 import pytest
 from hpack import Decoder, Encoder
 
-from router.http2 import HeaderDecoder
+from router.grpc.http2 import HeaderDecoder
 
 
 def test_remembered_blocks_decode_like_a_fresh_decoder_as_the_table_changes():

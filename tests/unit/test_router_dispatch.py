@@ -187,7 +187,7 @@ def test_completed_requests_are_not_cancelled_on_the_worker(pd_router):
 
 
 def test_worker_call_past_its_deadline_is_a_504_and_stopped_on_the_worker(standins, make_router):
-    # NOTE: guards the router's own Generate client (router/grpc_stream.py): the per-call
+    # NOTE: guards the router's own Generate client (router/grpc/stream.py): the per-call
     # deadline must be enforced and propagated to the worker (grpc-timeout).
     p = standins("prefill")
     d = standins("decode", first_token_delay_s=5.0)

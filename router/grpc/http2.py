@@ -1,4 +1,4 @@
-"""HTTP/2 framing and HPACK, as much as the router's lean gRPC client needs (router/grpc_stream.py).
+"""HTTP/2 framing and HPACK, as much as the router's lean gRPC client needs (router/grpc/stream.py).
 
 Frames are built by hand (RFC 7540 section 4); request headers are HPACK literals without
 indexing (RFC 7541 6.2.2), so the client keeps no encoder state; response headers are decoded

@@ -1,9 +1,9 @@
-"""One server-streaming call of the router's lean gRPC client (router/grpc_stream.py).
+"""One server-streaming call of the router's lean gRPC client (router/grpc/stream.py).
 
     StreamCall.next_batch()  every message received so far (at least one), [] at a clean end
     StreamCall.cancel()      RST_STREAM(CANCEL): the worker sees the call cancelled
 
-The connection (router/grpc_conn.py) feeds it DATA payloads and header blocks; errors arrive as
+The connection (router/grpc/conn.py) feeds it DATA payloads and header blocks; errors arrive as
 `grpc-status`/`grpc-message` trailers and raise RpcError with the same `code()` / `details()` as
 grpc.aio's.
 """
@@ -16,10 +16,10 @@ from urllib.parse import unquote
 
 import grpc
 
-from router.http2 import CANCEL
+from router.grpc.http2 import CANCEL
 
 if TYPE_CHECKING:
-    from router.grpc_conn import Connection
+    from router.grpc.conn import Connection
 
 _STATUS_BY_NUMBER = {s.value[0]: s for s in grpc.StatusCode}
 

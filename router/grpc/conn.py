@@ -1,7 +1,7 @@
 """One HTTP/2 connection of the router's lean gRPC client, driven by the event loop.
 
 `data_received` parses frames in place and hands DATA and header blocks to the calls
-(router/grpc_call.py). What the connection owes the worker's gRPC server (grpc-core):
+(router/grpc/call.py). What the connection owes the worker's gRPC server (grpc-core):
 
 - Keepalive: ping only while calls are open and nothing was read for `keepalive_s`, at most one
   ping in flight, the next one at least `keepalive_s` after its answer. grpc-core counts a ping
@@ -26,9 +26,9 @@ import socket
 
 import grpc
 
-from router.grpc_call import StreamCall
-from router.grpc_slots import StreamSlots
-from router.http2 import (
+from router.grpc.call import StreamCall
+from router.grpc.slots import StreamSlots
+from router.grpc.http2 import (
     ACK,
     CONTINUATION,
     DATA,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import grpc
 
-from router.grpc_call import RpcError
+from router.grpc.call import RpcError
 
 
 class StreamSlots:

@@ -14,9 +14,9 @@ It speaks standard gRPC over HTTP/2 (PROTOCOL-HTTP2.md): `grpc-timeout` carries 
 (also enforced here), errors arrive as `grpc-status`/`grpc-message` trailers and raise RpcError
 with the same `code()` / `details()` as grpc.aio's. No compression, no server push.
 
-    router/grpc_stream.py  Channel: connecting, the header block, which connection a call goes on
-    router/grpc_conn.py    Connection: frames, flow control, keepalive, stream limit, GOAWAY
-    router/grpc_call.py    StreamCall, RpcError: one call's messages and status
+    router/grpc/stream.py  Channel: connecting, the header block, which connection a call goes on
+    router/grpc/conn.py    Connection: frames, flow control, keepalive, stream limit, GOAWAY
+    router/grpc/call.py    StreamCall, RpcError: one call's messages and status
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 import grpc
 
-from router.grpc_call import RpcError, StreamCall, grpc_timeout
-from router.grpc_conn import Connection
-from router.http2 import ENHANCE_YOUR_CALM, literal, literal_indexed_name
+from router.grpc.call import RpcError, StreamCall, grpc_timeout
+from router.grpc.conn import Connection
+from router.grpc.http2 import ENHANCE_YOUR_CALM, literal, literal_indexed_name
 
 __all__ = ["KEEPALIVE_S", "MAX_MESSAGE_BYTES", "Channel", "RpcError", "StreamCall"]
 
