@@ -53,10 +53,9 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     on_decode = set(task.job.decode_cached_pages)  # D's pool holds them: read from there (the scheduler)
     task.reading = [i for i in missing if i in on_decode]
     missing = [i for i in missing if i not in on_decode]
-    touch = getattr(rt, "chain_index", None)
-    if touch is not None:  # the store evictor keeps recently used chains, heads longest
+    if rt.chain_index is not None:  # the store evictor keeps recently used chains, heads longest
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
-        touch.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
+        rt.chain_index.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
     task.loads_left = int(bool(task.reading))
     if missing and rt.store_io is not None and rt.store.enabled:
         keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]

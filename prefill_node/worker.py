@@ -47,7 +47,7 @@ class PrefillWorker:
         self._scheduler = PrefillScheduler(rt, pc.chunk_tokens, pc.prefix_cache, cfg.store.write_back,
                                            self._pusher, self.recorder, pc.persist_wait_s)
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
-        if getattr(rt, "evictor", None) is not None:
+        if rt.evictor is not None:
             rt.evictor.on_removed = self._scheduler.store_evicted  # L1 keeps what the store dropped
         self._scheduler.start()
 

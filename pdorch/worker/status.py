@@ -25,7 +25,7 @@ def worker_info(rt, role: str, worker_id: str, load: WorkerLoad) -> pb.WorkerInf
         queued_requests=load.queued, running_requests=load.running, transfer_segment=rt.segment,
         store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=max_ctx,
         kv_dtype=rt.dtypes.kv, dtype=rt.dtypes.compute, model_family=arch.family,
-        store_evicted_pages=getattr(getattr(rt, "evictor", None), "removed_total", 0),
+        store_evicted_pages=rt.evictor.removed_total if rt.evictor is not None else 0,
     )
 
 

@@ -27,7 +27,6 @@ import socket
 import grpc
 
 from router.grpc.call import StreamCall
-from router.grpc.slots import StreamSlots
 from router.grpc.http2 import (
     ACK,
     CONTINUATION,
@@ -49,6 +48,7 @@ from router.grpc.http2 import (
     HeaderDecoder,
     frame,
 )
+from router.grpc.slots import StreamSlots
 
 # NOTE: large receive windows, so a worker never waits on us; topped up when half is used.
 _RECV_WINDOW = 1 << 24

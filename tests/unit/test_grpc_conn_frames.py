@@ -20,7 +20,6 @@ from hpack import Encoder
 
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch import GENERATE_PATH
-from router.grpc.stream import Channel, RpcError
 from router.grpc.http2 import (
     ACK,
     DATA,
@@ -34,6 +33,7 @@ from router.grpc.http2 import (
     SETTINGS,
     frame,
 )
+from router.grpc.stream import Channel, RpcError
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, int, int, bytes]:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
-from engine.page_allocator import PageAllocator
-from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from pdorch.config_loader import load_config
 from pdorch.worker.errors import Aborted, DeadlineExceeded
@@ -19,6 +16,7 @@ from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.protocol import PrefillJob
 from prefill_node import worker as prefill_worker
 from prefill_node.worker import PrefillWorker
+from tests.fixtures.runtime import stand_in_runtime
 from tests.fixtures.threads import in_thread
 from tests.unit.test_prefill_scheduler import FakeRunner, make, settle, submit
 
@@ -45,13 +43,10 @@ class GatedTransfer:
 @pytest.fixture
 def worker_and_transfer():
     transfer = GatedTransfer()
-    rt = SimpleNamespace(allocator=PageAllocator(16), runner=FakeRunner(), sampler=Sampler(), transfer=transfer,
-                         pool=SimpleNamespace(page_addrs=lambda ids: [1000 + 100 * i for i in ids], page_nbytes=100),
-                         fingerprint="fp", store_io=None, store=SimpleNamespace(enabled=False), evictor=None,
-                         arch=SimpleNamespace(vocab_size=8, max_position_embeddings=256), close=lambda: None)
     cfg = load_config(None)
     cfg = replace(cfg, model=replace(cfg.model, page_size=P, max_context_tokens=256),
                   store=replace(cfg.store, write_back=False))
+    rt = stand_in_runtime(FakeRunner(), 16, P, cfg=cfg, transfer=transfer)
     w = PrefillWorker(rt, cfg, "p-test", WorkerRecorder("prefill"))
     yield w, transfer, rt
     transfer.go.set()

@@ -11,8 +11,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.page_allocator import PageAllocator
-from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from pdorch.worker.errors import Aborted, PeerFailed
 from pdorch.worker.metrics import WorkerRecorder
@@ -22,6 +20,7 @@ from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
+from tests.fixtures.runtime import stand_in_runtime
 
 P = 4
 FIRST_TOKEN = 3
@@ -111,9 +110,7 @@ class FakeStoreIO:
 
 
 def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True):
-    rt = SimpleNamespace(allocator=PageAllocator(num_pages), runner=FakeRunner(), sampler=Sampler(),
-                         pool=SimpleNamespace(page_addrs=lambda ids: [1000 + 100 * i for i in ids], page_nbytes=100),
-                         fingerprint="fp", store_io=store_io, store=SimpleNamespace(enabled=store_io is not None))
+    rt = stand_in_runtime(FakeRunner(), num_pages, P, store_io=store_io)
     transfer = transfer or FakeTransfer()
     sched = PrefillScheduler(rt, chunk_tokens, prefix_cache=True, write_back=True,
                              pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"))
