@@ -1,13 +1,13 @@
 """Generated-KV offload: pages filled during decode go to the store, continuing the prompt's hash chain.
 
-Positions and pages (page_size P, prompt of n tokens, generated tokens g0 g1 ...):
+Positions and pages (S = page_size, prompt of n tokens, generated tokens g0 g1 ...):
 
-    token_ids = prompt[0..n-1] g0 g1 g2 ...      g0 comes from P; D feeds g0 at position n, g1 at n+1 ...
-    feeding position p writes its K/V into page p // P; when (p + 1) % P == 0 that page is full.
-    page k's hash = sha256(hash(page k-1) || token_ids[kP:(k+1)P])  (store_client.page_hash chain)
+    token_ids = prompt[0..n-1] g0 g1 g2 ...      g0 comes from the prefill worker; D feeds g0 at position n, g1 at n+1 ...
+    feeding position p writes its K/V into page p // S; when (p + 1) % S == 0 that page is full.
+    page k's hash = sha256(hash(page k-1) || token_ids[kS:(k+1)S])  (store_client.page_hash chain)
 
-So page k's key is exactly the key a later prompt whose first (k+1)P token ids equal
-token_ids[:(k+1)P] computes for its own page k: the next turn's prefill finds these pages in the
+So page k's key is exactly the key a later prompt whose first (k+1)S token ids equal
+token_ids[:(k+1)S] computes for its own page k: the next turn's prefill finds these pages in the
 store as long as the tokenization condition holds:
 
     turn-2 prompt ids must START WITH turn-1 prompt ids + the generated ids, exactly.

@@ -1,13 +1,13 @@
 """ModelRunner: one forward pass over a mixed batch of chunks, with K/V kept in the paged pool.
 
 A Chunk is `len(token_ids)` new tokens of one sequence at positions start_pos..end-1. Its
-`page_ids` cover positions 0..end-1 (page i holds positions i*P .. i*P+P-1):
+`page_ids` cover positions 0..end-1 (page i holds positions i*S .. i*S+S-1, S = page_size):
 
-    positions   0 ........ P-1 | P ....... 2P-1 | 2P .. end-1
+    positions   0 ........ S-1 | S ....... 2S-1 | 2S .. end-1
     page_ids    [   p0         |    p1          |    p2       ]
-                 cached earlier (start_pos = P+3)^  new tokens ^end
+                 cached earlier (start_pos = S+3)^  new tokens ^end
 
-Per layer: the new K/V are written into (page, slot) = (page_ids[pos // P], pos % P), then each
+Per layer: the new K/V are written into (page, slot) = (page_ids[pos // S], pos % S), then each
 query attends to every key at positions <= its own, read from the pool by the attention backend
 (engine/attention/), so prefill on top of cached pages, chunked prefill and decode share one code
 path. The batch layout goes to the device in one copy (engine/attention/batch.py); a batch of

@@ -1,6 +1,6 @@
 """Chained page hashes and store keys (docs/design.md section 3). Pure functions, no torch.
 
-    page i covers token_ids[i*P : (i+1)*P]            (P = page_size; full pages only)
+    page i covers token_ids[i*S : (i+1)*S]            (S = page_size; full pages only)
     h_0 = sha256(bytes.fromhex(parent) || le32(page 0))    parent = "" for a prompt's first page
     h_i = sha256(bytes.fromhex(h_{i-1}) || le32(page i))
     key_i = f"{fingerprint}/{h_i}"

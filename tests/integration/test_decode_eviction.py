@@ -16,7 +16,7 @@ import pytest
 from store_client.evictor import master_eviction_counters, master_fill
 from tests.fixtures.workers import start_cluster, worker_metric
 
-P = 16
+PAGE_SIZE = 16
 TURNS, ANSWER = 4, 32
 TOPICS = ("a lighthouse keeper", "a river barge", "a mountain village", "an old clock maker", "a desert well")
 
@@ -59,7 +59,7 @@ def tok(smollm2_dir):
 
 def test_decode_writes_make_room_so_the_masters_eviction_never_runs(tmp_path, smollm2_dir, tok):
     chain = run_traffic(tmp_path / "chain", smollm2_dir, tok, "chain")
-    capacity_pages = chain["fill"].capacity_bytes // (30 * 2 * 3 * P * 64 * 4)
+    capacity_pages = chain["fill"].capacity_bytes // (30 * 2 * 3 * PAGE_SIZE * 64 * 4)
     assert chain["local"] >= len(TOPICS) * (TURNS - 1) - 1  # the later turns: the decode worker alone
     # It had more pages to place than the store holds (some it did not write: they would have been
     # the next victims, its prefix cache keeps them), wrote about a store's worth, and made room itself.

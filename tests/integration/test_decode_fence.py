@@ -22,7 +22,7 @@ from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from tests.fixtures.processes import free_port
 from tests.fixtures.workers import WorkerCluster, make_config
 
-P = 16
+PAGE_SIZE = 16
 
 
 class StuckPrefill(pb_grpc.PrefillServiceServicer):

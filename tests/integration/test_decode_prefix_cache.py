@@ -21,7 +21,7 @@ from tests.fixtures.workers import start_cluster, worker_metric
 from tests.integration.test_disagg_smollm2 import reference, tok  # noqa: F401 - fixtures
 from tests.integration.test_store_to_decode import PAGE_NBYTES
 
-P = 16
+PAGE_SIZE = 16
 MAX_TOKENS = 12
 
 
@@ -80,7 +80,7 @@ def held_pages(context: list[int], prompt: list[int]) -> int:
     every full page it fed (the last answer token is never fed), where the prompt continues it."""
     fed = len(context) - 1
     same = next((i for i, (a, b) in enumerate(zip(context, prompt)) if a != b), min(len(context), len(prompt)))
-    return min(min(fed, same) // P, reusable_pages(len(prompt), P))
+    return min(min(fed, same) // PAGE_SIZE, reusable_pages(len(prompt), PAGE_SIZE))
 
 
 def test_pages_computed_on_the_decode_worker_are_reused_after_the_store_dropped_them(cluster, tok, reference):  # noqa: F811
@@ -92,7 +92,7 @@ def test_pages_computed_on_the_decode_worker_are_reused_after_the_store_dropped_
     turn2 = tok.encode_chat(history)
     assert turn2[:len(turn1) + len(out1)] == turn1 + out1  # the tokenization condition (decode_node/offload.py)
     held = held_pages(turn1 + out1, turn2)
-    assert held > len(turn1) // P  # pages the decode worker generated itself are among them
+    assert held > len(turn1) // PAGE_SIZE  # pages the decode worker generated itself are among them
 
     # 1. The store lost every page and P's L1 is empty: only the decode worker's own cache has the prefix.
     drop_every_store_key(cluster)
@@ -101,8 +101,8 @@ def test_pages_computed_on_the_decode_worker_are_reused_after_the_store_dropped_
     d = delta(before, counters(cluster))
     assert d["local"] == 1 and d["p_requests"] == 0  # served by D alone
     assert d["d_hits"] == held and d["d_read"] == 0
-    assert (got2.cached.device, got2.cached.store) == (held * P, 0)
-    assert d["local_tokens"] == len(turn2) - held * P  # D computed the new turn itself
+    assert (got2.cached.device, got2.cached.store) == (held * PAGE_SIZE, 0)
+    assert d["local_tokens"] == len(turn2) - held * PAGE_SIZE  # D computed the new turn itself
     assert got2.token_ids == reference([turn2])[0]
 
     # 2. A long next turn: P computes it, reading the prefix from D's pool. The store lost everything
@@ -113,16 +113,16 @@ def test_pages_computed_on_the_decode_worker_are_reused_after_the_store_dropped_
     turn3 = tok.encode_chat(history)
     assert turn3[:len(turn2) + len(got2.token_ids)] == turn2 + got2.token_ids
     held3 = held_pages(turn2 + got2.token_ids, turn3)
-    assert held3 * P > len(turn2) - P and len(turn3) - held3 * P > 256  # D's own pages; a long tail
+    assert held3 * PAGE_SIZE > len(turn2) - PAGE_SIZE and len(turn3) - held3 * PAGE_SIZE > 256  # D's own pages; a long tail
     drop_every_store_key(cluster)
     before = counters(cluster)
     got3 = cluster.generate(turn3, max_tokens=MAX_TOKENS)
     d = delta(before, counters(cluster))
-    num_pages = -(-len(turn3) // P)
+    num_pages = -(-len(turn3) // PAGE_SIZE)
     assert d["long_tail"] == 1 and d["p_requests"] == 1 and d["d_hits"] == held3
     assert d["p_from_decode"] == held3 and d["p_store_loaded"] == 0 and d["d_read"] == 0
-    assert d["p_computed"] == len(turn3) - held3 * P  # only the new tail was computed
-    assert (got3.cached.device, got3.cached.store) == (held3 * P, 0)
+    assert d["p_computed"] == len(turn3) - held3 * PAGE_SIZE  # only the new tail was computed
+    assert (got3.cached.device, got3.cached.store) == (held3 * PAGE_SIZE, 0)
     assert d["pushed"] == num_pages - held3 and d["transfer_bytes"] == (num_pages - held3) * PAGE_NBYTES
     assert got3.token_ids == reference([turn3])[0]
     cluster.assert_pools_sound()
@@ -136,11 +136,11 @@ def test_a_flushed_decode_cache_sends_the_next_turn_to_the_store(cluster, tok): 
     cluster.wait_idle("decode")
     cluster.wait_idle("prefill")
     freed = cluster.decode_stub().Flush(pb.FlushRequest(), timeout=30).pages_freed
-    assert freed >= len(prompt) // P  # the prompt's full pages (and the generated ones) were held
+    assert freed >= len(prompt) // PAGE_SIZE  # the prompt's full pages (and the generated ones) were held
     before = counters(cluster)
     again = cluster.generate(prompt, max_tokens=4)
     d = delta(before, counters(cluster))
-    n_reuse = reusable_pages(len(prompt), P)
+    n_reuse = reusable_pages(len(prompt), PAGE_SIZE)
     assert d["d_hits"] == 0 and d["local"] == 1 and d["d_read"] == n_reuse  # from the store now
-    assert (again.cached.device, again.cached.store) == (0, n_reuse * P)
+    assert (again.cached.device, again.cached.store) == (0, n_reuse * PAGE_SIZE)
     cluster.assert_pools_sound()

@@ -16,7 +16,7 @@ from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.workers import start_cluster
 
-P = 16
+PAGE_SIZE = 16
 MAX_TOKENS = 12
 
 
@@ -49,7 +49,7 @@ def cluster(tmp_path_factory, smollm2_dir):
 @pytest.fixture(scope="module")
 def reference(smollm2_dir):
     """Single-process engine output (greedy), computed once per prompt."""
-    llm = LLM(smollm2_dir, num_pages=256, page_size=P, torch_threads=2)
+    llm = LLM(smollm2_dir, num_pages=256, page_size=PAGE_SIZE, torch_threads=2)
     cache: dict = {}
 
     def ref(prompts: list[list[int]], max_tokens: int | list[int] = MAX_TOKENS) -> list[list[int]]:
@@ -94,7 +94,7 @@ def test_long_prefix_comes_back_from_the_store_after_flushing_l1(cluster, tok, r
     flushed = cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=30).pages_freed
     assert flushed > 0
     got = cluster.generate(second, max_tokens=MAX_TOKENS)
-    assert got.cached.store == shared // P * P
+    assert got.cached.store == shared // PAGE_SIZE * PAGE_SIZE
     assert got.cached.device == 0
     assert got.token_ids == reference([second])[0]
     cluster.assert_pools_sound()
@@ -105,8 +105,8 @@ def test_multiturn_offload_makes_turn_two_hit_prompt_and_answer(cluster, tok, re
                                            "Give the story a title.")
     got = cluster.generate(turn2, max_tokens=MAX_TOKENS)
     fed = len(turn1) + len(out1) - 1  # the last generated token is never fed, so never stored
-    expected = min(fed // P, reusable_pages(len(turn2), P)) * P
-    assert expected > len(turn1) // P * P  # the answer's pages count, not just the turn-1 prompt
+    expected = min(fed // PAGE_SIZE, reusable_pages(len(turn2), PAGE_SIZE)) * PAGE_SIZE
+    assert expected > len(turn1) // PAGE_SIZE * PAGE_SIZE  # the answer's pages count, not just the turn-1 prompt
     assert got.cached.store == expected and got.cached.device == 0
     assert got.token_ids == reference([turn2])[0]
     cluster.assert_pools_sound()

@@ -25,7 +25,7 @@ from store_client.master import MasterProcess
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.workers import WorkerCluster, make_config
 
-P = 16  # page size of the cluster (tests/fixtures/workers.py)
+PAGE_SIZE = 16  # page size of the cluster (tests/fixtures/workers.py)
 KILL_AFTER = 20  # streamed tokens before the kill
 MAX_TOKENS = 64
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}
@@ -122,8 +122,8 @@ def check_resumed_from_store(router, before: dict) -> None:
     after = resume_counters(router)
     assert after["resumed"] - before["resumed"] == 1
     assert after["failed"] == before["failed"]
-    assert after["computed"] - before["computed"] <= 2 * P - 1, (before, after)
-    assert after["store"] - before["store"] >= KILL_AFTER - P, (before, after)
+    assert after["computed"] - before["computed"] <= 2 * PAGE_SIZE - 1, (before, after)
+    assert after["store"] - before["store"] >= KILL_AFTER - PAGE_SIZE, (before, after)
 
 
 def resume_counters(router) -> dict:

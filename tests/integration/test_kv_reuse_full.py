@@ -25,7 +25,7 @@ from tests.fixtures.workers import start_cluster
 from tests.fixtures.workers import worker_metric as metric
 from tests.integration.test_disagg_smollm2 import long_document
 
-P = 16
+PAGE_SIZE = 16
 
 
 
@@ -53,7 +53,7 @@ class StoreReader:
 
 
 def keys_of(fingerprint: str, token_ids) -> list[str]:
-    return [store_key(fingerprint, h) for h in page_hashes(list(token_ids), P)]
+    return [store_key(fingerprint, h) for h in page_hashes(list(token_ids), PAGE_SIZE)]
 
 
 # --------------------------------------------------------------------------- (a) SmolLM2
@@ -75,7 +75,7 @@ def test_a_missing_middle_page_costs_one_page_and_output_is_unchanged(smol, smol
     cluster, reader = smol
     prompt = Tokenizer.from_dir(smollm2_dir).encode_chat(
         [{"role": "user", "content": long_document(8) + " Which town trades honey?"}])
-    n_reuse = reusable_pages(len(prompt), P)
+    n_reuse = reusable_pages(len(prompt), PAGE_SIZE)
     assert n_reuse >= 8
     uncached = cluster.generate(prompt, max_tokens=12)
     assert (uncached.cached.device, uncached.cached.store) == (0, 0)
@@ -90,7 +90,7 @@ def test_a_missing_middle_page_costs_one_page_and_output_is_unchanged(smol, smol
 
     again = cluster.generate(prompt, max_tokens=12)
     assert again.token_ids == uncached.token_ids
-    assert (again.cached.device, again.cached.store) == (0, (n_reuse - 1) * P)
+    assert (again.cached.device, again.cached.store) == (0, (n_reuse - 1) * PAGE_SIZE)
     assert metric(cluster.prefill, "pdorch_prefill_hole_pages_recomputed_total") - holes_before == 1
     assert metric(cluster.prefill, "pdorch_store_hole_pages_total") >= n_reuse - hole - 1
     cluster.wait_idle("prefill")
@@ -115,7 +115,7 @@ def tiny(tmp_path_factory, tiny_model_dir):
 
 def _conversations(n: int, pages: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(5, 250) for _ in range(pages * P + 5)] for _ in range(n)]
+    return [[rng.randrange(5, 250) for _ in range(pages * PAGE_SIZE + 5)] for _ in range(n)]
 
 
 def _start_all(cluster, prompts, prefill=None, max_tokens=4):
@@ -154,7 +154,7 @@ def _stalled_store_turns(cluster, prompts, wp) -> None:
         while cluster.stats("prefill", wp).info.running_requests < len(prompts):
             assert time.monotonic() < deadline, "turn 1 never reached the prefill worker"
             time.sleep(0.05)
-        join2 = _start_all(cluster, [p + [7] * P for p in prompts], prefill=wp)
+        join2 = _start_all(cluster, [p + [7] * PAGE_SIZE for p in prompts], prefill=wp)
         while metric(wp, "pdorch_prefill_persist_waits_total") < 1:
             assert time.monotonic() < deadline, "no pool pressure"
             time.sleep(0.05)
@@ -179,7 +179,7 @@ def test_pool_pressure_with_a_stalled_store_waits_for_writes_and_loses_nothing(t
     _stalled_store_turns(cluster, prompts, cluster.prefill)
     cluster.wait_idle("prefill")
     assert _dropped(cluster.prefill) == 0
-    assert _all_pages_in_store(cluster, reader, [p + [7] * P for p in prompts])
+    assert _all_pages_in_store(cluster, reader, [p + [7] * PAGE_SIZE for p in prompts])
     cluster.assert_pools_sound()
 
 
@@ -191,13 +191,13 @@ def test_past_the_wait_bound_drops_are_counted_and_repaired_once_pressure_ends(t
     _stalled_store_turns(cluster, prompts, impatient)
     cluster.wait_idle("prefill", wp=impatient)
     fingerprint = cluster.prefill_stub(impatient).Info(pb.InfoRequest(), timeout=10).model_fingerprint
-    turn2 = [p + [7] * P for p in prompts]
+    turn2 = [p + [7] * PAGE_SIZE for p in prompts]
     missing = sum(not ok for p in turn2 for ok in reader.present(keys_of(fingerprint, p)))
     unpersisted = metric(impatient, "pdorch_prefill_l1_unpersisted_pages")
     # every page the store lacks is still in L1 (unpersisted, gauged) or was dropped with a counted reason
     assert missing <= unpersisted + _dropped(impatient)
     # pressure over: one more turn of each conversation writes holes back and backfills L1 hits
-    turn3 = [p + [11] * P for p in turn2]
+    turn3 = [p + [11] * PAGE_SIZE for p in turn2]
     _send_all(cluster, turn3, prefill=impatient)
     cluster.wait_idle("prefill", wp=impatient)
     assert _all_pages_in_store(cluster, reader, turn3, wp=impatient)
@@ -215,7 +215,7 @@ def test_decode_offload_writes_once_per_step(tiny):
     calls = metric(d, "pdorch_store_op_seconds_count", op="save") - calls0
     steps = metric(d, "pdorch_decode_offload_steps_total") - steps0
     pages = metric(d, "pdorch_decode_offload_pages_total") - pages0
-    assert pages == 8 * ((len(prompts[0]) + 70 - 1) // P - 2)  # every filled page of every request
+    assert pages == 8 * ((len(prompts[0]) + 70 - 1) // PAGE_SIZE - 2)  # every filled page of every request
     assert 0 < calls <= steps  # one store write call per step (at most 8 pages: one save chunk)
     assert steps < pages  # requests that filled pages in the same step shared one write
     cluster.assert_pools_sound()

@@ -15,7 +15,7 @@ from tests.fixtures.processes import stop_process
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.workers import start_cluster
 
-P = 16
+PAGE_SIZE = 16
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_openai_chat_matches_the_workers_own_output(cluster, client, model_name,
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == direct.text
     assert chunks[-1].usage.completion_tokens == 6
     # Same prompt again: cache_aware picks the P that computed it, which reuses every full page.
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // P * P
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // PAGE_SIZE * PAGE_SIZE
 
 
 def test_openai_completions_stream_and_non_stream_agree(client, model_name):
@@ -99,7 +99,7 @@ def test_generate_stream_schema_and_cached_tokens_on_the_second_turn(router):
         ids_seen = [c["output_ids"] for c in chunks]
         assert all(ids_seen[i] == ids_seen[-1][:len(ids_seen[i])] for i in range(len(ids_seen)))  # cumulative
     assert first[0]["meta_info"]["cached_tokens"] == 0
-    assert second[0]["meta_info"]["cached_tokens"] == (70 - 1) // P * P
+    assert second[0]["meta_info"]["cached_tokens"] == (70 - 1) // PAGE_SIZE * PAGE_SIZE
     assert second[-1]["output_ids"] == first[-1]["output_ids"] and second[-1]["text"] == first[-1]["text"]
 
 

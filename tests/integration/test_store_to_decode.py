@@ -16,9 +16,9 @@ from pdorch.worker.prompt_pages import reusable_pages
 from tests.fixtures.workers import start_cluster, worker_metric
 from tests.integration.test_disagg_smollm2 import chat, long_document, reference, tok  # noqa: F401 - fixtures
 
-P = 16
+PAGE_SIZE = 16
 MAX_TOKENS = 12
-PAGE_NBYTES = 30 * 2 * 3 * P * 64 * 4  # SmolLM2-135M fp32: layers x K,V x kv heads x tokens x head dim
+PAGE_NBYTES = 30 * 2 * 3 * PAGE_SIZE * 64 * 4  # SmolLM2-135M fp32: layers x K,V x kv heads x tokens x head dim
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +60,21 @@ def test_with_the_prefix_in_the_store_p_pushes_only_the_pages_d_lacks(cluster, t
                      for i in range(30))
     second = chat(tok, doc + "\n\n" + rules + "\n\nWhich rule is the most expensive?")
     shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
-    in_store = shared // P  # first's full pages were written back; second's pages inside the shared part match
-    assert in_store > 60 and len(second) - in_store * P > 256  # a long new tail: P is called
+    in_store = shared // PAGE_SIZE  # first's full pages were written back; second's pages inside the shared part match
+    assert in_store > 60 and len(second) - in_store * PAGE_SIZE > 256  # a long new tail: P is called
     cluster.generate(first, max_tokens=2)
     cluster.wait_idle("prefill")  # its write-back finished
     before = counters(cluster)
     got = cluster.generate(second, max_tokens=MAX_TOKENS)
     d = delta(before, counters(cluster))
-    num_pages = -(-len(second) // P)
+    num_pages = -(-len(second) // PAGE_SIZE)
     assert d["long_tail"] == 1 and d["local"] == 0
     assert (d["d_read"], d["d_read_failed"]) == (in_store, 0)
     assert d["decode_loaded"] == in_store
     assert d["pushed"] == num_pages - in_store
     assert d["transfer_bytes"] == (num_pages - in_store) * PAGE_NBYTES  # only the uncached pages moved P->D
     # P still had the prefix for its own attention (its L1 here): nothing of it was computed again
-    assert got.cached.device + got.cached.store == in_store * P
+    assert got.cached.device + got.cached.store == in_store * PAGE_SIZE
     assert got.token_ids == reference([second])[0]
     cluster.assert_pools_sound()
 
@@ -83,15 +83,15 @@ def test_a_short_follow_up_turn_is_served_without_a_prefill_call(cluster, tok, r
     turn1, out1, turn2 = cluster.two_turns(tok, "Tell me a short story about a lighthouse keeper.",
                                            "Give the story a title.")
     fed = len(turn1) + len(out1) - 1  # the last generated token is never fed, so never stored
-    in_store = min(fed // P, reusable_pages(len(turn2), P))
-    assert len(turn2) - in_store * P <= 256
+    in_store = min(fed // PAGE_SIZE, reusable_pages(len(turn2), PAGE_SIZE))
+    assert len(turn2) - in_store * PAGE_SIZE <= 256
     before = counters(cluster)
     got = cluster.generate(turn2, max_tokens=MAX_TOKENS)
     d = delta(before, counters(cluster))
     assert d["local"] == 1
     assert d["p_requests"] == 0 and d["pushed"] == 0  # no Prefill call reached the prefill worker
     assert d["d_read"] == in_store
-    assert d["local_tokens"] == len(turn2) - in_store * P
-    assert got.cached.store == in_store * P and got.cached.device == 0
+    assert d["local_tokens"] == len(turn2) - in_store * PAGE_SIZE
+    assert got.cached.store == in_store * PAGE_SIZE and got.cached.device == 0
     assert got.token_ids == reference([turn2])[0]
     cluster.assert_pools_sound()

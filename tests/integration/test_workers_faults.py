@@ -21,7 +21,7 @@ from tests.fixtures.threads import in_thread
 from tests.fixtures.workers import start_cluster, worker_metric
 from tests.integration.test_disagg_smollm2 import long_document
 
-P = 16
+PAGE_SIZE = 16
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +70,16 @@ def wait_running(cluster, wp, timeout_s: float = 60.0) -> None:
 def test_multiturn_with_offload_off_hits_only_the_turn_one_prompt(cluster, tok):
     turn1, out1, turn2 = cluster.two_turns(tok, "Describe a lighthouse at night in three sentences.",
                                            "Now make it rhyme.")
-    assert (len(turn1) + len(out1) - 1) // P > len(turn1) // P  # the answer filled at least one page
+    assert (len(turn1) + len(out1) - 1) // PAGE_SIZE > len(turn1) // PAGE_SIZE  # the answer filled at least one page
     local = worker_metric(cluster.decode, "pdorch_decode_prompt_plans_total", where="local")
     got = cluster.generate(turn2, max_tokens=4)
-    assert got.cached.store == min(len(turn1) // P, reusable_pages(len(turn2), P)) * P
+    assert got.cached.store == min(len(turn1) // PAGE_SIZE, reusable_pages(len(turn2), PAGE_SIZE)) * PAGE_SIZE
     assert got.cached.device == 0
     # D wrote no generated page; it served turn 2 itself (a short new message) and wrote the full
     # prompt pages it computed, as a prefill worker writes back what it computed
     assert worker_metric(cluster.decode, "pdorch_decode_prompt_plans_total", where="local") == local + 1
     cluster.wait_idle("decode")
-    assert cluster.stats("decode").store_pages_written == len(turn2) // P - len(turn1) // P
+    assert cluster.stats("decode").store_pages_written == len(turn2) // PAGE_SIZE - len(turn1) // PAGE_SIZE
     cluster.assert_pools_sound()
 
 

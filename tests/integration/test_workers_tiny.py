@@ -18,7 +18,7 @@ from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.processes import stop_process
 from tests.fixtures.workers import start_cluster
 
-P = 16
+PAGE_SIZE = 16
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_same_prompt_again_reuses_l1_pages_and_gives_the_same_tokens(cluster):
     first = cluster.generate(ids, max_tokens=5, ignore_eos=True)
     second = cluster.generate(ids, max_tokens=5, ignore_eos=True)
     assert first.cached.device == 0
-    assert second.cached.device == (75 - 1) // P * P == 64
+    assert second.cached.device == (75 - 1) // PAGE_SIZE * PAGE_SIZE == 64
     assert second.token_ids == first.token_ids
     cluster.assert_pools_sound()
 
@@ -129,7 +129,7 @@ def test_requests_beyond_the_decode_pool_wait_for_pages_instead_of_failing(clust
 
 
 def test_greedy_and_seeded_sampling_equal_the_single_process_engine(cluster, tiny_model_dir):
-    llm = LLM(tiny_model_dir, num_pages=64, page_size=P, torch_threads=1)
+    llm = LLM(tiny_model_dir, num_pages=64, page_size=PAGE_SIZE, torch_threads=1)
     prompts = [prompt(23, seed=60), prompt(48, seed=61)]
     for kwargs in ({"temperature": 0.0}, {"temperature": 0.9, "top_k": 50, "seed": 1234}):
         want = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True, **kwargs))

@@ -17,11 +17,11 @@ from tests.unit.test_decode_scheduler import (
     start_scheduler,
 )
 
-P = 4
+PAGE_SIZE = 4
 
 
 def test_filled_page_positions():
-    assert [filled_page(p, P) for p in range(9)] == [None, None, None, 0, None, None, None, 1, None]
+    assert [filled_page(p, PAGE_SIZE) for p in range(9)] == [None, None, None, 0, None, None, None, 1, None]
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +53,11 @@ def test_offloaded_pages_are_the_next_turn_prompt_pages(model):
 
 def test_extend_rejects_gaps_and_partial_pages():
     with pytest.raises(ValueError, match="cannot append page 2"):
-        extend_hash_chain([], [1] * 12, 2, P)
+        extend_hash_chain([], [1] * 12, 2, PAGE_SIZE)
     with pytest.raises(ValueError, match="not a full page"):
-        extend_hash_chain([], [1, 2], 0, P)
+        extend_hash_chain([], [1, 2], 0, PAGE_SIZE)
 
 
 @pytest.mark.parametrize("n,expected", [(1, 0), (4, 0), (5, 1), (8, 1), (9, 2), (40, 9)])
 def test_reusable_pages_never_include_the_last_prompt_token(n, expected):
-    assert reusable_pages(n, P) == expected
+    assert reusable_pages(n, PAGE_SIZE) == expected

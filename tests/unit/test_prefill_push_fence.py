@@ -20,7 +20,7 @@ from tests.fixtures.runtime import stand_in_runtime
 from tests.fixtures.threads import in_thread
 from tests.unit.test_prefill_scheduler import FakeRunner, make, settle, submit
 
-P = 4
+PAGE_SIZE = 4
 
 
 class GatedTransfer:
@@ -44,9 +44,9 @@ class GatedTransfer:
 def worker_and_transfer():
     transfer = GatedTransfer()
     cfg = load_config(None)
-    cfg = replace(cfg, model=replace(cfg.model, page_size=P, max_context_tokens=256),
+    cfg = replace(cfg, model=replace(cfg.model, page_size=PAGE_SIZE, max_context_tokens=256),
                   store=replace(cfg.store, write_back=False))
-    rt = stand_in_runtime(FakeRunner(), 16, P, cfg=cfg, transfer=transfer)
+    rt = stand_in_runtime(FakeRunner(), 16, PAGE_SIZE, cfg=cfg, transfer=transfer)
     w = PrefillWorker(rt, cfg, "p-test", WorkerRecorder("prefill"))
     yield w, transfer, rt
     transfer.go.set()
@@ -55,7 +55,7 @@ def worker_and_transfer():
 
 def job(rid: str, timeout_s: float, n: int = 10) -> PrefillJob:
     return PrefillJob(rid, tuple(i % 7 + 1 for i in range(n)), SamplingParams(temperature=0.0), "10.0.0.1:9",
-                      tuple(50_000 + 100 * i for i in range(-(-n // P))), timeout_s, P, "fp")
+                      tuple(50_000 + 100 * i for i in range(-(-n // PAGE_SIZE))), timeout_s, PAGE_SIZE, "fp")
 
 
 def answer_in_thread(w, j):

@@ -22,7 +22,7 @@ from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.runtime import stand_in_runtime
 
-P = 4
+PAGE_SIZE = 4
 FIRST_TOKEN = 3
 
 
@@ -110,7 +110,7 @@ class FakeStoreIO:
 
 
 def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True):
-    rt = stand_in_runtime(FakeRunner(), num_pages, P, store_io=store_io)
+    rt = stand_in_runtime(FakeRunner(), num_pages, PAGE_SIZE, store_io=store_io)
     transfer = transfer or FakeTransfer()
     sched = PrefillScheduler(rt, chunk_tokens, prefix_cache=True, write_back=True,
                              pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"))
@@ -120,9 +120,9 @@ def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True)
 
 
 def submit(sched, tokens, rid="r", dest=None):
-    n_pages = -(-len(tokens) // P)
+    n_pages = -(-len(tokens) // PAGE_SIZE)
     job = PrefillJob(rid, tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
-                     dest or tuple(range(50_000, 50_000 + n_pages * 100, 100)), 10.0, P, "fp")
+                     dest or tuple(range(50_000, 50_000 + n_pages * 100, 100)), 10.0, PAGE_SIZE, "fp")
     task = PrefillTask(job=job, deadline=time.monotonic() + 10)
     sched.submit(task)
     return task
@@ -159,7 +159,7 @@ def test_l1_reuse_computes_only_the_tail_and_pushes_every_page():
 
 def test_store_pages_load_into_the_pool_and_new_pages_are_written_back():
     tokens = list(range(30, 43))  # 13 tokens: 3 full pages, reusable 3
-    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    keys = [store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)]
     io = FakeStoreIO(present=keys[:2])
     sched, rt, _ = make(store_io=io)
     try:
@@ -174,7 +174,7 @@ def test_store_pages_load_into_the_pool_and_new_pages_are_written_back():
 
 def test_abort_during_store_load_answers_at_once_but_frees_pages_after_the_load():
     tokens = list(range(50, 62))
-    io = FakeStoreIO(present=[store_key("fp", h) for h in page_hashes(tokens, P)])
+    io = FakeStoreIO(present=[store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)])
     io.hold.set()
     sched, rt, _ = make(store_io=io)
     try:
@@ -237,7 +237,7 @@ def test_a_retried_request_id_is_served_while_the_old_task_still_writes_back():
 
 def test_a_missing_store_page_costs_only_itself():
     tokens = list(range(300, 318))  # 18 tokens: 4 full pages, all reusable, tail = page 4 (2 tokens)
-    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    keys = [store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)]
     io = FakeStoreIO(present=[keys[0], keys[1], keys[3]])  # page 2 is a hole
     sched, rt, _ = make(store_io=io)
     try:
@@ -255,7 +255,7 @@ def test_a_missing_store_page_costs_only_itself():
 
 def test_an_l1_hit_the_store_lacks_is_backfilled():
     tokens = list(range(400, 413))  # 3 full pages, 3 reusable
-    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    keys = [store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)]
     sched, rt, _ = make(store_io=None)  # first turn without a store: L1 pages are unpersisted
     try:
         submit(sched, tokens, "a").future.result(5)
@@ -321,7 +321,7 @@ def test_past_the_wait_bound_pages_are_dropped_with_a_counted_reason():
 
 def test_pages_the_store_evictor_removed_stay_in_l1_and_are_not_written_again():
     tokens = list(range(900, 913))  # 3 full pages
-    keys = [store_key("fp", h) for h in page_hashes(tokens, P)]
+    keys = [store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)]
     io = FakeStoreIO()
     sched, rt, _ = make(store_io=io)
     try:
@@ -345,7 +345,7 @@ def test_the_page_hashes_d_sent_are_used_not_recomputed():
     sched, rt, _ = make(store_io=io)
     try:
         job = PrefillJob("h", tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
-                         tuple(range(50_000, 50_400, 100)), 10.0, P, "fp", page_hashes=sent)
+                         tuple(range(50_000, 50_400, 100)), 10.0, PAGE_SIZE, "fp", page_hashes=sent)
         task = PrefillTask(job=job, deadline=time.monotonic() + 10)
         sched.submit(task)
         task.future.result(5)
@@ -363,7 +363,7 @@ def test_a_queued_prompt_waits_for_the_one_before_it_rather_than_evict_what_the_
         kept = list(range(100, 109))  # 9 tokens: 2 full pages cached, then dropped by the store
         submit(sched, kept, "x").future.result(5)
         settle(sched, rt)
-        sched.store_evicted([store_key("fp", h) for h in page_hashes(kept, P)])  # L1 is now their only home
+        sched.store_evicted([store_key("fp", h) for h in page_hashes(kept, PAGE_SIZE)])  # L1 is now their only home
         io.hold_saves.set()  # a's write-back stays in flight
         a = submit(sched, list(range(200, 213)), "a")  # 4 pages of the 7 free
         b = submit(sched, list(range(300, 313)), "b")  # 4 more: 3 free + 1 of x's
@@ -377,7 +377,7 @@ def test_a_queued_prompt_waits_for_the_one_before_it_rather_than_evict_what_the_
         io.release()  # a's pages are in the store now: b takes them
         b.future.result(5)
         settle(sched, rt)
-        assert len(sched.call(lambda: rt.allocator.pages_of(page_hashes(kept, P)[:2]))) == 2  # x kept both
+        assert len(sched.call(lambda: rt.allocator.pages_of(page_hashes(kept, PAGE_SIZE)[:2]))) == 2  # x kept both
         assert not rt.allocator.evicted_unpersisted
     finally:
         sched.stop()
