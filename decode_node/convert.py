@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from decode_node.request import DecodeEvent, GenerateJob
 from pdorch.worker.convert import cached_to_proto, sampling_from_proto
-from pdorch.worker.protocol import CachedTokens
+from pdorch.worker.prefill_rpc import CachedTokens
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

@@ -25,7 +25,7 @@ import grpc
 from pdorch.config import GrpcConfig
 from pdorch.worker import convert
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded, PeerFailed
-from pdorch.worker.protocol import WRITES_OVER_KEY, PrefillJob, PrefillResult
+from pdorch.worker.prefill_rpc import WRITES_OVER_KEY, PrefillJob, PrefillResult
 from pdorch.worker.rpc import CallerTokens, client_channel
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc

@@ -29,8 +29,8 @@ from prometheus_client import Counter
 
 from decode_node.request import DecodeRequest
 from pdorch.worker.errors import PeerFailed
+from pdorch.worker.prefill_rpc import CachedTokens
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
-from pdorch.worker.protocol import CachedTokens
 from store_client.page_hash import store_key
 
 LOAD_GRACE_S = 2.0  # D waits this long past its bound for its own store read before abandoning it

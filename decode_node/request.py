@@ -11,7 +11,7 @@ import queue
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
-from pdorch.worker.protocol import CachedTokens
+from pdorch.worker.prefill_rpc import CachedTokens
 
 
 @dataclass(frozen=True)

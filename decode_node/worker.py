@@ -39,8 +39,8 @@ from engine.tokenizer import Tokenizer
 from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.prefill_rpc import PrefillJob
 from pdorch.worker.prompt_pages import reusable_pages
-from pdorch.worker.protocol import PrefillJob
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require

@@ -29,8 +29,8 @@ from prometheus_client import Counter
 from engine.model_runner import Chunk
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.loop import SchedulerLoop
+from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.prompt_pages import consume, take_ranges
-from pdorch.worker.protocol import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
 from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Read, Submit

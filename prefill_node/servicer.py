@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pdorch.worker import convert
 from pdorch.worker.errors import grpc_errors
-from pdorch.worker.protocol import WRITES_OVER_KEY
+from pdorch.worker.prefill_rpc import WRITES_OVER_KEY
 from pdorch.worker.rpc import WorkerServicer
 from prefill_node.worker import PrefillWorker
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc

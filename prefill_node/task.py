@@ -23,8 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
-from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
 
 
 class Phase(enum.Enum):

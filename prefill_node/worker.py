@@ -19,8 +19,8 @@ import time
 from pdorch.config import Config
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
+from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import reusable_pages
-from pdorch.worker.protocol import PrefillJob, PrefillResult
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require

@@ -1,7 +1,9 @@
 """The router's HTTP API (FastAPI): OpenAI + SGLang-native routes, health, metrics, admin.
 
-Handlers parse the body (router/protocol.py), ask RouterService for a Job, and format the
-stream (router/formats.py). Errors of every kind leave through `APIError` -> OpenAI-shaped
+This module assembles the app: FastAPI declares every route (the OpenAPI document), while
+`FastPath` (router/fastpath.py) answers the generation routes first, outside FastAPI's stack.
+The handlers (router/generation.py, router/admin.py) parse the body (router/bodies.py), ask
+RouterService for a Job, and format the stream (router/formats.py). Errors of every kind leave through `APIError` -> OpenAI-shaped
 JSON; unexpected exceptions are logged and answered 500 without a stack trace.
 """
 
@@ -19,6 +21,7 @@ from starlette.responses import Response
 from pdorch.config import Config
 from router import admin
 from router.auth import Auth
+from router.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.discovery import make_discovery
 from router.errors import APIError
 from router.fastpath import FastPath
@@ -28,7 +31,6 @@ from router.kv_layout import KVLayout
 from router.metrics import RouterMetrics
 from router.openapi import document_bodies
 from router.policies import make_policy
-from router.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.service import RouterService
 from router.workers import WorkerPool
 

@@ -50,8 +50,11 @@ class StreamFailed(Exception):
     """The request failed after tokens were already streamed to the client."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
+    """One request as the router dispatches it: fixed once made (a retry or a failover reads it,
+    never changes it; what changes per attempt lives in `_Attempt`)."""
+
     request_id: str
     token_ids: list[int]
     sampling: worker_pb2.SamplingParams
@@ -62,7 +65,7 @@ class Job:
 
     def __post_init__(self):
         if not self.deadline:
-            self.deadline = time.monotonic() + self.timeout_s
+            object.__setattr__(self, "deadline", time.monotonic() + self.timeout_s)
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()

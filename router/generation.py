@@ -16,9 +16,7 @@ from starlette.responses import Response
 from pdorch.config import Config
 from router import formats
 from router.auth import Auth
-from router.dispatch import StreamFailed
-from router.errors import APIError, stream_error_event, upstream_error
-from router.protocol import (
+from router.bodies import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
@@ -26,6 +24,8 @@ from router.protocol import (
     sampling_from_openai,
     sampling_from_sglang,
 )
+from router.dispatch import StreamFailed
+from router.errors import APIError, stream_error_event, upstream_error
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -84,8 +84,7 @@ class GenerationHandlers:
         else:
             ids = completion_prompt(req.prompt, svc)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param)
-        job.deadline = arrived + job.timeout_s  # NOTE: one deadline from arrival: tokenizing counts too
+        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived)
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
@@ -134,8 +133,7 @@ class GenerationHandlers:
         sampling, max_tokens = sampling_from_sglang(req.sampling_params)
         ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
         job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
-                           max_tokens_param="sampling_params.max_new_tokens")
-        job.deadline = arrived + job.timeout_s
+                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived)
         progress, _, run = await svc.start(job, "/generate", t0)
         if not req.stream:
             return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))

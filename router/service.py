@@ -1,6 +1,8 @@
 """What the HTTP handlers share: model identity, tokenization, limits, admission, job runs.
 
-The handlers in app.py parse bodies and format responses; everything between (token ids,
+The handlers (router/generation.py for the generation routes, which router/fastpath.py answers
+before FastAPI sees them; router/admin.py for the others) parse bodies and format responses
+(router/formats.py); everything between (token ids,
 context checks, the 429 / 503 gates, timing metrics, client-disconnect handling) is here.
 """
 
@@ -103,7 +105,9 @@ class RouterService:
 
     def make_job(self, token_ids: list[int], sampling: worker_pb2.SamplingParams, max_tokens: int | None,
                  default_max_tokens: int | None, request: Request, request_id: str | None = None,
-                 max_tokens_param: str = "max_tokens") -> Job:
+                 max_tokens_param: str = "max_tokens", arrived: float | None = None) -> Job:
+        """The dispatch job of a validated prompt. `arrived` (time.monotonic() when the request came
+        in) starts its one deadline, so tokenizing counts too; None = from now."""
         n = len(token_ids)
         prompt_param = _PROMPT_PARAM.get(request.scope.get("path", ""), "prompt")
         if n == 0:
@@ -133,8 +137,9 @@ class RouterService:
             hashes = page_hashes(token_ids, self.cfg.model.page_size)
         header = self.cfg.router.session_affinity_header
         session = request.headers.get(header) if header else None
-        return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, self.cfg.router.request_timeout_s,
-                   session)
+        timeout_s = self.cfg.router.request_timeout_s
+        return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
+                   deadline=arrived + timeout_s if arrived is not None else 0.0)
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:

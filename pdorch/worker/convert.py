@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.sampling_params import SamplingParams
 from pdorch.worker.errors import InvalidRequest
-from pdorch.worker.protocol import CachedTokens, PrefillJob, PrefillResult
+from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
 
 

@@ -19,7 +19,7 @@ from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
 from pdorch.ports import free_port
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.protocol import PrefillResult
+from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.runtime import build_runtime
 from tests.fixtures.workers import make_config
 

@@ -13,7 +13,7 @@ from engine.sampling_params import SamplingParams
 from pdorch.config_loader import load_config
 from pdorch.worker.errors import Aborted, DeadlineExceeded
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.protocol import PrefillJob
+from pdorch.worker.prefill_rpc import PrefillJob
 from prefill_node import worker as prefill_worker
 from prefill_node.worker import PrefillWorker
 from tests.fixtures.runtime import stand_in_runtime

@@ -14,7 +14,7 @@ import torch
 from engine.sampling_params import SamplingParams
 from pdorch.worker.errors import Aborted, PeerFailed
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.protocol import PrefillJob
+from pdorch.worker.prefill_rpc import PrefillJob
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
