@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention.batch import ForwardBatch, kv_rows_of
+from engine.page_allocator import pages_for
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need a KV pool with a scratch page (KVPool(scratch_page=True))")
         self.runner, self.pool = runner, pool
         self.buckets = batch_buckets(max_batch)
-        self.width = -(-max_context // pool.page_size)
+        self.width = pages_for(max_context, pool.page_size)
         dev = runner.device
         size = staging_size(self.buckets[-1], self.width)
         self.host = torch.zeros(size, dtype=torch.int32).pin_memory()

@@ -21,7 +21,7 @@ import torch
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
-from engine.page_allocator import PageAllocator
+from engine.page_allocator import PageAllocator, pages_for
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -112,7 +112,7 @@ class LLM:
 
     # -- internals -------------------------------------------------------------------------------
     def _pages_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.page_size)
+        return pages_for(n_tokens, self.page_size)
 
     @staticmethod
     def _chunk(seq: Sequence, n: int) -> Chunk:

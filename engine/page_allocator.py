@@ -38,6 +38,13 @@ UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to wri
 LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
 
 
+def pages_for(num_tokens: int, page_size: int) -> int:
+    """Pages that hold `num_tokens` tokens (the last one may be partial): ceil(num_tokens / page_size).
+    The one place this is written; the prompt-level rules (which pages are reusable, what is left to
+    compute) build on it in pdorch/worker/prompt_pages.py."""
+    return -(-num_tokens // page_size)
+
+
 class OutOfPages(RuntimeError):
     """Not enough free or evictable pages for an allocation."""
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.page_allocator import pages_for
+
 MARGIN_BYTES = 512 << 20  # NOTE: the CUDA context, cuBLAS workspaces and allocator fragmentation
 
 
@@ -82,7 +84,7 @@ def profile_activation_bytes(model, arch, page_size: int, kv_dtype, max_tokens: 
     from engine.model_runner import Chunk, ModelRunner
 
     dev = model.device
-    pages = -(-max_tokens // page_size)
+    pages = pages_for(max_tokens, page_size)
     pool = KVPool(arch, pages, page_size, kv_dtype, dev)
     runner = ModelRunner(model, arch, pool, attention)
     torch.cuda.synchronize(dev)

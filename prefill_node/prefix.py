@@ -20,6 +20,7 @@ Functions run on the scheduler thread only (they touch the allocator).
 
 from __future__ import annotations
 
+from engine.page_allocator import pages_for
 from pdorch.worker.prompt_pages import reusable_pages
 from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask
@@ -33,7 +34,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     allow_loss=False: only free pages and pages the store also holds may be reclaimed from L1.
     """
     alloc, page_size = rt.allocator, task.job.page_size
-    num_pages = -(-task.prompt_len // page_size)
+    num_pages = pages_for(task.prompt_len, page_size)
     n_reuse = reusable_pages(task.prompt_len, page_size)
     # D hashed the prompt once and sent the hashes (validated count); older callers did not.
     task.page_hashes = list(task.job.page_hashes) or page_hashes(list(task.job.token_ids), page_size)

@@ -27,6 +27,7 @@ import torch
 from prometheus_client import Counter
 
 from engine.model_runner import Chunk
+from engine.page_allocator import pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prefill_rpc import PrefillResult
@@ -242,7 +243,7 @@ class PrefillScheduler:
         and at most prefill.persist_wait_s for the others' I/O (store loads and writes, the push: a
         stalled store must not stall admission)."""
         alloc, page_size = self._rt.allocator, task.job.page_size
-        if alloc.num_free() >= -(-task.prompt_len // page_size) or not self._prefix_cache:
+        if alloc.num_free() >= pages_for(task.prompt_len, page_size) or not self._prefix_cache:
             return True
         others = [t for t in self._tasks if t is not task and t.page_ids]
         if not others:
@@ -301,7 +302,7 @@ class PrefillScheduler:
                 batch.append((task, start, end))
                 budget -= end - start
         page_size = batch[0][0].job.page_size
-        chunks = [Chunk(page_ids=task.page_ids[:-(-end // page_size)], start_pos=start,
+        chunks = [Chunk(page_ids=task.page_ids[:pages_for(end, page_size)], start_pos=start,
                         token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
         t0 = time.perf_counter()
         with torch.inference_mode():

@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 import time
 
+from engine.page_allocator import pages_for
 from pdorch.config import Config
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
@@ -67,7 +68,7 @@ class PrefillWorker:
         if job.model_fingerprint and job.model_fingerprint != rt.fingerprint:
             raise InvalidRequest(f"request {job.request_id}: model_fingerprint {job.model_fingerprint!r} != "
                                  f"this worker's {rt.fingerprint!r} (different model, dtype or layout)")
-        num_pages = -(-len(job.token_ids) // page_size)
+        num_pages = pages_for(len(job.token_ids), page_size)
         if len(job.dest_page_addrs) != num_pages:
             raise InvalidRequest(f"request {job.request_id}: {len(job.dest_page_addrs)} dest_page_addrs for "
                                  f"{len(job.token_ids)} tokens; expected {num_pages} (page_size {page_size})")

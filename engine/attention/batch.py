@@ -10,9 +10,9 @@ A chunk is `n` new tokens of one sequence at positions start..end-1, its page ta
 
 Where a token's K/V goes, as a row of the pool seen as [num_rows, head_dim] (KVPool.rows):
 
-    row(page, layer, kv, head, slot) = (((page * L + layer) * 2 + kv) * Hkv + head) * P + slot
+    row(page, layer, kv, head, slot) = (((page * L + layer) * 2 + kv) * Hkv + head) * S + slot   (S = page_size)
 
-`kv_rows` holds layer 0's rows [T, 2, Hkv]; layer l adds l * 2 * Hkv * P (KVPool.layer_row_stride).
+`kv_rows` holds layer 0's rows [T, 2, Hkv]; layer l adds l * 2 * Hkv * S (KVPool.layer_row_stride).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from engine.page_allocator import pages_for
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class PrefillChunk:
     rows: slice                 # rows of the flattened batch
     start: int                  # first new position (> 0: attends to a cached prefix too)
     end: int                    # one past the last position
-    table: torch.Tensor         # [ceil(end / P)] page ids (device, int64)
+    table: torch.Tensor         # [ceil(end / S)] page ids (device, int64)
 
 
 @dataclass
@@ -77,9 +79,9 @@ def stage(arrays: dict[str, list[int]], device: torch.device, dtype=torch.int64)
 
 def kv_rows_of(pages: torch.Tensor, slots: torch.Tensor, pool) -> torch.Tensor:
     """Layer-0 pool rows [T, 2, Hkv] of tokens at (page, slot)."""
-    L, H, P = pool.arch.num_layers, pool.arch.num_kv_heads, pool.page_size
-    base = pages * (L * 2 * H * P) + slots                                  # [T]
-    offs = (torch.arange(2, device=pages.device)[:, None] * H + torch.arange(H, device=pages.device)) * P
+    L, H, S = pool.arch.num_layers, pool.arch.num_kv_heads, pool.page_size
+    base = pages * (L * 2 * H * S) + slots                                  # [T]
+    offs = (torch.arange(2, device=pages.device)[:, None] * H + torch.arange(H, device=pages.device)) * S
     return base[:, None, None] + offs                                       # [T, 2, H]
 
 
@@ -87,7 +89,7 @@ def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardB
     """The batch layout of `chunks`; raises ValueError for a chunk the pool cannot hold."""
     if not chunks:
         raise ValueError("forward() needs at least one chunk")
-    P = pool.page_size
+    S = pool.page_size
     ids: list[int] = []
     pos: list[int] = []
     pages: list[int] = []
@@ -100,7 +102,7 @@ def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardB
         n = len(c.token_ids)
         if n == 0 or c.start_pos < 0:
             raise ValueError(f"bad chunk: {n} tokens at start_pos {c.start_pos}")
-        need = -(-c.end // P)
+        need = pages_for(c.end, S)
         if len(c.page_ids) < need:
             raise ValueError(f"chunk ending at position {c.end} needs {need} pages, got {len(c.page_ids)}")
         table = list(c.page_ids[:need])
@@ -109,7 +111,7 @@ def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardB
         row = len(ids)
         ids.extend(c.token_ids)
         pos.extend(range(c.start_pos, c.end))
-        pages.extend(table[p // P] for p in range(c.start_pos, c.end))
+        pages.extend(table[p // S] for p in range(c.start_pos, c.end))
         if n == 1:
             decode_rows.append(row)
             decode_tables.append(table)
@@ -131,7 +133,7 @@ def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardB
                 for i, (rows, start, end, _) in enumerate(prefill_specs)]
     return ForwardBatch(
         input_ids=dev["ids"], positions=positions, logit_rows=dev["ends"],
-        kv_rows=kv_rows_of(dev["pages"], positions % P, pool), prefills=prefills,
+        kv_rows=kv_rows_of(dev["pages"], positions % S, pool), prefills=prefills,
         decode_rows=dev.get("decode_rows"),
         decode_table=dev["decode_table"].view(len(decode_rows), width).int() if decode_rows else None,
         decode_lens=dev["decode_lens"].int() if decode_rows else None,
