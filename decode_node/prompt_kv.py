@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
+from decode_node.messages import PrefixRead
 from decode_node.request import DecodeRequest
 from pdorch.worker.errors import PeerFailed
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
@@ -177,7 +178,7 @@ class PromptKV:
             return None
         load = PrefixLoad(pages, tuple(req.page_ids[i] for i in pages))
         keys = [store_key(self.rt.fingerprint, req.page_hashes[i]) for i in pages]
-        self.rt.store_io.submit_load(("prefix", load), keys, self.rt.pool.page_addrs(list(load.page_ids)))
+        self.rt.store_io.submit_load(PrefixRead(load), keys, self.rt.pool.page_addrs(list(load.page_ids)))
         return load
 
     def finish_load(self, req: DecodeRequest, load: PrefixLoad | None) -> tuple[bool, ...]:
