@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from decode_node.admission import AdmitTicket
 from decode_node.request import DecodeRequest
 
-if TYPE_CHECKING:  # prompt_kv.py builds PrefixRead tags itself
-    from decode_node.prompt_kv import PrefixLoad
+if TYPE_CHECKING:  # prefix_load.py builds PrefixRead tags itself
+    from decode_node.prefix_load import PrefixLoad
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Evicted:
 
 @dataclass(frozen=True, eq=False)
 class PrefixRead:
-    """A handler's own store read of prompt pages (decode_node/prompt_kv.py): the scheduler passes
+    """A handler's own store read of prompt pages (decode_node/prefix_load.py): the scheduler passes
     the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
 
     load: PrefixLoad

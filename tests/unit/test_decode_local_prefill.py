@@ -1,4 +1,4 @@
-"""The decode scheduler computing prompt KV itself (decode_node/prompt_kv.py): a whole local
+"""The decode scheduler computing prompt KV itself (decode_node/prompt_plan.py): a whole local
 prefill with its first token, chunked by the per-step budget, and a page D could not read filled in
 after P answered. Tiny random-weights model: it repeats one token, so besides the engine's greedy
 output the KV itself is compared with one plain forward over the whole prompt."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode_node.prompt_kv import computed_full_pages
+from decode_node.prompt_plan import computed_full_pages
 from decode_node.request import DecodeRequest
 from decode_node.stopping import check_stop
 from engine.llm import LLM

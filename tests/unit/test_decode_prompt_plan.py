@@ -3,7 +3,7 @@ arithmetic it uses (pdorch/worker/prompt_pages.py): hand-computed cases."""
 
 from __future__ import annotations
 
-from decode_node.prompt_kv import LOCAL, PREFILL, computed_full_pages, plan_prompt
+from decode_node.prompt_plan import LOCAL, PREFILL, computed_full_pages, plan_prompt
 from pdorch.worker.prompt_pages import compute_ranges, consume, reusable_pages, take_ranges
 
 P = 16
@@ -82,7 +82,7 @@ def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
     req = DecodeRequest(job=GenerateJob("r", tuple(prompt), SamplingParams(), "-", 10.0), deadline=0.0,
                         own_deadline=True, stopper=None, page_hashes=page_hashes(prompt, P))
     try:
-        plan = kv.plan(req)  # returns after PROBE_TIMEOUT_S, not when the store answers
+        plan = kv.prepare(req)  # returns after PROBE_TIMEOUT_S, not when the store answers
         assert (plan.where, plan.reason, plan.load) == (PREFILL, "store_slow", ())
         assert not release.is_set()
     finally:
