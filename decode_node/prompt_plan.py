@@ -22,11 +22,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from decode_node.prefix_load import PrefixLoad
 from decode_node.request import DecodeRequest
 from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
 from pdorch.worker.protocol import CachedTokens
+
+if TYPE_CHECKING:  # the plan only carries the read; prefix_load.py runs it
+    from decode_node.prefix_load import PrefixLoad
 
 LOCAL = "local"
 PREFILL = "prefill"
