@@ -1,11 +1,16 @@
-"""What other threads tell the decode scheduler (through SchedulerLoop.post; `Call` is the loop's own)."""
+"""What other threads tell the decode scheduler (through SchedulerLoop.post; `Call` is the loop's own),
+and the tags its store I/O completions carry."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from decode_node.admission import AdmitTicket
 from decode_node.request import DecodeRequest
+
+if TYPE_CHECKING:  # prefix_load.py builds PrefixRead tags itself
+    from decode_node.prefix_load import PrefixLoad
 
 
 @dataclass(frozen=True)
@@ -34,3 +39,34 @@ class Evicted:
     """The store evictor removed these keys: the prefix cache keeps their pages longer."""
 
     keys: tuple[str, ...]
+
+
+# What the store I/O thread hands back with a completion (IOCompletion.tag). eq=False: a tag is
+# one submission, compared by identity.
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixRead:
+    """A handler's own store read of prompt pages (decode_node/prefix_load.py): the scheduler passes
+    the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
+
+    load: PrefixLoad
+
+
+@dataclass(frozen=True, eq=False)
+class PageWrite:
+    """One page of this step's store write (the scheduler's step buffer)."""
+
+    req: DecodeRequest
+    key: str
+    page: int  # page id in the pool
+    depth: int  # its index in the request's hash chain
+    kind: str  # "offload" (generated) or "writeback" (a prompt page computed here)
+
+
+@dataclass(frozen=True, eq=False)
+class StepSaved:
+    """One step's store write of every page that filled in it (decode_node/scheduler.py)."""
+
+    owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding one io_pending for it
+    writes: tuple[PageWrite, ...]

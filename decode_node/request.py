@@ -53,9 +53,10 @@ class DecodeRequest:
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
     done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
     io_pending: int = 0  # offload saves still reading page_ids
-    # Prompt KV D computes itself before decoding (decode_node/prompt_kv.py): token ranges [start,
-    # end) in order, the full pages among them (written to the store), and whether the first token
-    # is still to sample (local prefill) or came from P (D only fills pages it failed to read).
+    # Prompt KV D computes itself before decoding (PromptPlan.apply, decode_node/prompt_plan.py):
+    # token ranges [start, end) in order, the full pages among them (written to the store), and
+    # whether the first token is still to sample (local prefill) or came from P (D only fills pages
+    # it failed to read).
     l1_pages: tuple[int, ...] = ()  # reusable prompt pages found in this worker's own prefix cache
     unstored_pages: tuple[int, ...] = ()  # pages P pushed but does not write to the store
     todo: list[list[int]] = field(default_factory=list)

@@ -24,17 +24,16 @@ import torch
 from prometheus_client import Counter
 
 from decode_node.admission import Admission, AdmitTicket
-from decode_node.messages import Admit, Evicted, Join, Release
+from decode_node.messages import Admit, Evicted, Join, PageWrite, PrefixRead, Release, StepSaved
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.prefix_cache import DecodePrefixCache
 from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
-from engine.page_allocator import OutOfPages
+from engine.page_allocator import OutOfPages, pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
-from store_client.io_thread import LOAD
 from store_client.page_hash import store_key
 
 log = logging.getLogger(__name__)
@@ -58,9 +57,8 @@ class DecodeScheduler:
         self._waiting: collections.deque[DecodeRequest] = collections.deque()
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
-        # This step's store writes: (request, key, page id, depth, kind): "offload" for generated
-        # pages, "writeback" for the prompt pages this worker computed itself.
-        self._filled: list[tuple[DecodeRequest, str, int, int, str]] = []
+        # This step's store writes: generated pages and the prompt pages this worker computed itself.
+        self._filled: list[PageWrite] = []
         self._offload_steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
                                       "(each submits ONE store write for all of them)", registry=recorder.registry)
         self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
@@ -168,26 +166,26 @@ class DecodeScheduler:
             raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
     def _on_completion(self, done) -> None:
-        if done.op == LOAD:  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
-            load = done.tag[1]
+        if isinstance(done.tag, PrefixRead):  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
+            load = done.tag.load
             if load.future.set_running_or_notify_cancel():
                 load.future.set_result(done)
             else:  # abandoned at its deadline: nothing writes into its pages any more
                 self._rt.allocator.release(list(load.page_ids))
             return
-        owners, keys, depths, kinds, pages = done.tag
-        for req in owners:  # the distinct requests of one step's offload
+        saved: StepSaved = done.tag
+        for req in saved.owners:  # the distinct requests of one step's offload
             req.io_pending -= 1
-        self.cache.saved(pages, done.page_ok, done.reason)
+        self.cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
         for kind in ("offload", "writeback"):
-            written = sum(1 for k, ok in zip(kinds, done.page_ok) if ok and k == kind)
+            written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)
             if written:
                 self._rec.count_store_written(written, kind=kind)
         index = getattr(self._rt, "chain_index", None)
         if index is not None:  # in the store now: the evictor ranks them by depth in their chain
-            for key, depth, ok in zip(keys, depths, done.page_ok):
+            for w, ok in zip(saved.writes, done.page_ok):
                 if ok:
-                    index.touch([key], first_depth=depth)
+                    index.touch([w.key], first_depth=w.depth)
 
     def _release_drained(self) -> None:
         still = []
@@ -242,7 +240,7 @@ class DecodeScheduler:
             if req.todo:  # prompt KV computed here first (chunked within the step's budget)
                 for start, end in take_ranges(req.todo, budget):
                     rows.append((req, end))
-                    chunks.append(Chunk(page_ids=req.page_ids[:-(-end // page_size)], start_pos=start,
+                    chunks.append(Chunk(page_ids=req.page_ids[:pages_for(end, page_size)], start_pos=start,
                                         token_ids=req.token_ids[start:end]))
                     budget -= end - start
                 continue
@@ -308,15 +306,14 @@ class DecodeScheduler:
         filled, self._filled = self._filled, []
         if not filled:
             return
-        owners = tuple(dict.fromkeys(req for req, *_ in filled))  # io_pending taken in _queue_write
-        generated = sum(1 for *_, kind in filled if kind == "offload")
+        owners = tuple(dict.fromkeys(w.req for w in filled))  # io_pending taken in _queue_write
+        generated = sum(1 for w in filled if w.kind == "offload")
         if generated:
             self._offload_steps.inc()
             self._offload_pages.inc(generated)
-        keys = [key for _, key, *_ in filled]
-        pages = [page for _, _, page, *_ in filled]
-        tag = (owners, keys, [depth for *_, depth, _ in filled], [kind for *_, kind in filled], pages)
-        self._rt.store_io.submit_save(tag, keys, self._rt.pool.page_addrs(pages), owners=[req for req, *_ in filled])
+        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled)), [w.key for w in filled],
+                                      self._rt.pool.page_addrs([w.page for w in filled]),
+                                      owners=[w.req for w in filled])
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
@@ -343,8 +340,8 @@ class DecodeScheduler:
             self._skipped.inc()
             return
         key = store_key(self._rt.fingerprint, req.page_hashes[k])
-        if not any(r is req for r, *_ in self._filled):
+        if not any(w.req is req for w in self._filled):
             # NOTE: taken now, not at submission: a request finishing in this very step must
             # keep its pages until the step's write has read them.
             req.io_pending += 1
-        self._filled.append((req, key, page, k, kind))
+        self._filled.append(PageWrite(req, key, page, k, kind))

@@ -2,9 +2,10 @@
 
     create(job)  validate, register the request (Abort finds it from now on)
     run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline;
-                 prefix-cache hits taken as they are) -> where the rest of the prompt KV comes from
-                 (decode_node/prompt_kv.py): the store, our own forward, or Prefill on P (KV lands in
-                 our pages, first token back)
+                 prefix-cache hits taken as they are) -> the prompt plan: where the rest of the
+                 prompt KV comes from (decode_node/prompt_plan.py): the store, our own forward, or
+                 Prefill on P (KV lands in our pages, first token back); PromptKV.prepare makes it
+                 and starts our own store read, PromptKV.finish waits for that read and applies it
                  -> join the continuous batch and stream its events until the final one
 Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
 WorkerErrors; the servicer maps them to gRPC status codes. Any exception before the scheduler owns
@@ -31,10 +32,12 @@ import torch
 
 from decode_node.fence import PageFence
 from decode_node.prefill_client import PrefillClient
-from decode_node.prompt_kv import PrefixLoad, PromptKV, PromptPlan
+from decode_node.prompt_kv import PromptKV
+from decode_node.prompt_plan import PromptPlan
 from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
+from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
@@ -64,7 +67,7 @@ class DecodeWorker:
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
                                          dc.prefix_cache)
-        if getattr(rt, "evictor", None) is not None:
+        if rt.evictor is not None:
             rt.evictor.on_removed = self.scheduler.store_evicted  # the prefix cache keeps what the store dropped
         self.prefill_client = PrefillClient(cfg.grpc)
         self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry, self.recorder.count_store_loaded)
@@ -130,19 +133,15 @@ class DecodeWorker:
         # +1 position: the first decode step feeds the first token at position n (a spare page when
         # the prompt fills its last page exactly).
         req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
-            req.request_id, (n + 1 + page_size - 1) // page_size, req.deadline, cancelled,
+            req.request_id, pages_for(n + 1, page_size), req.deadline, cancelled,
             lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]))
-        load = None
+        plan = None
         try:
-            plan = self.prompt_kv.plan(req)
-            load = self.prompt_kv.start_load(req, plan.load)
-            if plan.local:  # conditional disaggregation: no prefill worker at all
-                self.prompt_kv.compute_here(req, plan, self.prompt_kv.finish_load(req, load), first_pending=True)
-                first = None
-            else:
-                res = self._prefill(req, cancelled, plan, load)
-                self.prompt_kv.compute_here(req, plan, self.prompt_kv.finish_load(req, load), first_pending=False)
-                first = self._first_token(req, res)
+            plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts
+            # conditional disaggregation: a local plan calls no prefill worker at all
+            res = None if plan.local else self._prefill(req, cancelled, plan)
+            self.prompt_kv.finish(req, plan)  # D's own read landed: what D still computes is in req
+            first = None if res is None else self._first_token(req, res)
             if first is None or not first.final:
                 # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
                 # the scheduler already owns the request and reaps it (cancelled) with its pages.
@@ -150,7 +149,7 @@ class DecodeWorker:
         except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
             # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
-            self.prompt_kv.settle_load(req, load)
+            self._settle_read(req, plan)
             pages, req.page_ids = req.page_ids, []
             self.scheduler.release(pages)
             self.recorder.request_failed(aborted=req.cancelled)
@@ -211,7 +210,13 @@ class DecodeWorker:
             time.sleep(DRAIN_POLL_S)
         return len(left)
 
-    def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan, load: PrefixLoad | None):
+    def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None) -> None:
+        """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left
+        req.page_ids, the scheduler frees them once Mooncake stops writing into them)."""
+        if plan is not None and plan.read is not None:
+            plan.read.settle(req, self.cfg.store.op_timeout_s)
+
+    def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
         P did not say its writes (and reads) are over, the pages go to the fence (taken out of
         req.page_ids) instead of back to the pool."""
@@ -221,15 +226,15 @@ class DecodeWorker:
             timeout_s = min(timeout_s, self.cfg.decode.prefill_timeout_s)
         job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
                          decode_segment=self.rt.segment,
-                         dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:-(-n // page_size)])),
+                         dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:pages_for(n, page_size)])),
                          timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
                          page_hashes=tuple(req.page_hashes),
-                         decode_loaded_pages=tuple(sorted(set(plan.held) | set(load.pages if load else ()))),
+                         decode_loaded_pages=plan.not_from_prefill(),
                          decode_cached_pages=plan.held)
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:
-            self.prompt_kv.settle_load(req, load)  # NOTE: before the fence: no freed page may still be written
+            self._settle_read(req, plan)  # NOTE: before the fence: no freed page may still be written
             if not getattr(e, "writes_over", False):
                 pages, req.page_ids = req.page_ids, []
                 self.fence.hold(req.job.prefill_address, req.request_id, pages)

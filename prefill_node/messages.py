@@ -49,3 +49,34 @@ class Read:
 
     task: PrefillTask
     error: Exception | None
+
+
+# What the store I/O thread hands back with a completion (IOCompletion.tag). eq=False: a tag is
+# one submission, compared by identity (its lists are not hashable).
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixLoaded:
+    """A task's store read of the prefix pages L1 lacked (prefill_node/prefix.py)."""
+
+    task: PrefillTask
+
+
+@dataclass(frozen=True, eq=False)
+class TaskSaved:
+    """A task's write-back (and backfill) of its pages (prefill_node/persistence.py); the task keeps
+    its pages until it completes. Without L1, `pages` is empty: there is no persistence to track."""
+
+    task: PrefillTask
+    pages: list[int]  # the L1 pages written, each whose persistence the completion settles
+    keys: list[str]
+    depths: list  # per page, its index in its chain (the evictor ranks stored pages by it)
+
+
+@dataclass(frozen=True, eq=False)
+class EvictSaved:
+    """A write-before-evict: L1 pages retained until the store holds them, released on completion."""
+
+    pages: list[int]
+    keys: list[str]
+    depths: list  # all None: the chain position of an evicted page is not known

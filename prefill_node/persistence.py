@@ -17,9 +17,12 @@ Runs on the scheduler thread only (it touches the allocator).
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import Counter, Gauge
 
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
+from prefill_node.messages import EvictSaved, TaskSaved
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
@@ -89,7 +92,7 @@ class Persister:
                 return False
             self.metrics.written.labels("writeback").inc(len(pages))
             keys = [store_key(self._rt.fingerprint, task.page_hashes[i]) for i in computed]
-            self._rt.store_io.submit_save(("save", task, [], [], []), keys, self._rt.pool.page_addrs(pages))
+            self._rt.store_io.submit_save(TaskSaved(task, [], [], []), keys, self._rt.pool.page_addrs(pages))
             return True
         for i in computed:
             alloc.cache(task.page_hashes[i], task.page_ids[i])
@@ -108,7 +111,7 @@ class Persister:
         backfill = [task.page_ids[i] for i in task.backfill]
         self.metrics.written.labels("writeback").inc(len(pages))
         self.metrics.written.labels("backfill").inc(len(backfill))
-        return self._submit(("save", task), pages + backfill, computed + task.backfill)
+        return self._submit(partial(TaskSaved, task), pages + backfill, computed + task.backfill)
 
     def write_before_evict(self, n: int) -> int:
         """Retain up to n unpersisted evictable pages and write them; they are released (and become
@@ -122,12 +125,13 @@ class Persister:
             return 0
         self._rt.allocator.retain(pages)
         self.metrics.written.labels("evict").inc(len(pages))
-        self._submit(("evict", None), pages, [None] * len(pages))
+        self._submit(EvictSaved, pages, [None] * len(pages))
         return len(pages)
 
     def on_saved(self, done) -> None:
         """Apply a save completion: which pages the store now holds, and why the others are not."""
-        alloc, (_, _, pages, keys, depths) = self._rt.allocator, done.tag
+        alloc, tag = self._rt.allocator, done.tag
+        pages, keys, depths = tag.pages, tag.keys, tag.depths
         ok = list(done.page_ok) + [False] * (len(pages) - len(done.page_ok))
         alloc.mark_persisted([p for p, good in zip(pages, ok) if good])
         alloc.mark_unpersisted([p for p, good in zip(pages, ok) if not good],
@@ -145,7 +149,8 @@ class Persister:
         alloc = self._rt.allocator
         alloc.mark_left_store(alloc.pages_of([k.rpartition("/")[2] for k in keys]), STORE_EVICTED)
 
-    def _submit(self, tag, pages: list[int], depths: list) -> bool:
+    def _submit(self, make_tag, pages: list[int], depths: list) -> bool:
+        """`make_tag(pages, keys, depths)`: the completion tag (TaskSaved or EvictSaved)."""
         alloc, rt = self._rt.allocator, self._rt
         # NOTE: a page whose hash was already cached on another page is not cached itself; the
         # other page is the one L1 keeps (and the one persistence is tracked on).
@@ -155,5 +160,5 @@ class Persister:
         pages, depths = [p for p, _ in kept], [d for _, d in kept]
         alloc.mark_unpersisted(pages, PENDING)
         keys = [store_key(rt.fingerprint, alloc.page_hash(p)) for p in pages]
-        rt.store_io.submit_save((*tag, pages, keys, depths), keys, rt.pool.page_addrs(pages))
+        rt.store_io.submit_save(make_tag(pages, keys, depths), keys, rt.pool.page_addrs(pages))
         return True

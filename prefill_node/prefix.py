@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from engine.page_allocator import pages_for
 from pdorch.worker.prompt_pages import reusable_pages
+from prefill_node.messages import PrefixLoaded
 from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask
 from store_client.page_hash import page_hashes, store_key
@@ -60,7 +61,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     task.loads_left = int(bool(task.reading))
     if missing and rt.store_io is not None and rt.store.enabled:
         keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
-        rt.store_io.submit_load(("load", task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
+        rt.store_io.submit_load(PrefixLoaded(task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
         task.loading = missing
         task.io_pending += 1
         task.loads_left += 1

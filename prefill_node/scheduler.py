@@ -34,7 +34,7 @@ from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
-from prefill_node.messages import Abort, Cancel, Evicted, Pushed, Read, Submit
+from prefill_node.messages import Abort, Cancel, Evicted, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.task import Phase, PrefillTask
 
@@ -169,18 +169,18 @@ class PrefillScheduler:
             raise TypeError(f"prefill scheduler: unknown message {msg!r}")
 
     def _on_completion(self, done) -> None:
-        op, task = done.tag[0], done.tag[1]
-        if op == "load":
-            task.io_pending -= 1
-            self._on_loaded(task, done)
+        tag = done.tag
+        if isinstance(tag, PrefixLoaded):
+            tag.task.io_pending -= 1
+            self._on_loaded(tag.task, done)
         else:
             self._persist.on_saved(done)
             self._rec.count_store_written(done.pages_ok, kind="writeback")
-            if op == "evict":  # write-before-evict retained the pages: now they may go
-                self._rt.allocator.release(done.tag[2])
+            if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
+                self._rt.allocator.release(tag.pages)
                 return
-            task.io_pending -= 1
-        self._maybe_release(task)
+            tag.task.io_pending -= 1
+        self._maybe_release(tag.task)
 
     def _on_loaded(self, task: PrefillTask, done) -> None:
         if task.finished_phase:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
-from pdorch.worker.prompt_pages import compute_ranges, reusable_pages
+from pdorch.worker.prompt_pages import compute_ranges, computed_full_pages
 
 
 class Phase(enum.Enum):
@@ -87,8 +87,7 @@ class PrefillTask:
 
     def computed_full_pages(self) -> list[int]:
         """Indexes of the full pages computed here: the holes, then the tail's full page if any."""
-        n_reuse = reusable_pages(self.prompt_len, self.job.page_size)
-        return self.holes + list(range(n_reuse, len(self.page_hashes)))
+        return computed_full_pages(self.holes, self.prompt_len, self.job.page_size)
 
     @property
     def computed_tokens(self) -> int:

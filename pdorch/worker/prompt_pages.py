@@ -37,6 +37,16 @@ def compute_ranges(holes: Sequence[int], prompt_len: int, page_size: int) -> lis
     return merged
 
 
+def computed_full_pages(holes: Sequence[int], prompt_len: int, page_size: int) -> list[int]:
+    """Full prompt pages a prefill computes (P's, or D's local one): the holes, then the tail's full page(s). The page
+    holding the last token is computed too but is full only when the prompt fills it exactly.
+
+        prompt_len=32, page_size=16: reusable [0], tail = page 1 (full)      -> holes + [1]
+        prompt_len=40, page_size=16: reusable [0, 1], tail = page 2 (8/16)   -> holes
+    """
+    return sorted(holes) + list(range(reusable_pages(prompt_len, page_size), prompt_len // page_size))
+
+
 def take_ranges(todo: Sequence[Sequence[int]], budget: int) -> list[tuple[int, int]]:
     """The leading pieces (start, end) of the ranges `todo` that fit in `budget` tokens, in order
     (the last one clipped); hand each piece's end to `consume` once it is computed."""

@@ -29,7 +29,7 @@ from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.workers import make_config
 
-P = 16  # make_config's page size
+PAGE_SIZE = 16  # make_config's page size
 FIRST_TOKEN = 7  # what P would have answered
 
 
@@ -68,7 +68,7 @@ def load_tiny(tmp, tiny_model_dir):
 def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, local_prefill_tokens: int = 256):
     """A started DecodeScheduler over a fresh pool of `num_pages` (offload on when store_io is given)."""
     cfg, arch, net, _ = model
-    pool = KVPool(arch, num_pages, P, torch.float32, "cpu")
+    pool = KVPool(arch, num_pages, PAGE_SIZE, torch.float32, "cpu")
     rt = WorkerRuntime(cfg=cfg, model_dir=cfg.model.source, arch=arch, runner=ModelRunner(net, arch, pool),
                        pool=pool, allocator=PageAllocator(num_pages), sampler=Sampler(), fingerprint="fp",
                        dtypes=ModelDtypes("float32", "float32"), transfer=None, segment="", store=SimpleNamespace(enabled=store_io is not None),
@@ -105,8 +105,8 @@ def admitted(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int) -> 
     job = GenerateJob(request_id=rid, token_ids=tuple(prompt), params=params, prefill_address="-", timeout_s=30)
     req = DecodeRequest(job=job, deadline=time.monotonic() + 30, own_deadline=True,
                         stopper=make_stopper(tokenizer, params, prompt), token_ids=list(prompt))
-    req.page_ids = sched.admit(rid, (len(prompt) + P) // P, req.deadline, lambda: False)
-    req.page_hashes = page_hashes(prompt, P)
+    req.page_ids = sched.admit(rid, (len(prompt) + PAGE_SIZE) // PAGE_SIZE, req.deadline, lambda: False)
+    req.page_hashes = page_hashes(prompt, PAGE_SIZE)
     return req
 
 
@@ -164,7 +164,7 @@ def test_a_finished_request_keeps_its_pages_until_its_offload_write_completes(ma
     events = events_until_final(req)
     assert events[-1].finish_reason == "length"
     # the page filled in the request's last step is still being written: it drains, pages held
-    assert io.saves == [[store_key("fp", page_hashes(req.token_ids, P)[0])]]
+    assert io.saves == [[store_key("fp", page_hashes(req.token_ids, PAGE_SIZE)[0])]]
     assert free_pages(sched, rt) == 4 - 1
     io.release()  # the write completes: the loop is woken and gives the page back
     deadline = time.monotonic() + 5

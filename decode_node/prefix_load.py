@@ -1,0 +1,58 @@
+"""D's own store read of some prompt pages (the plan's STORE pages, decode_node/prompt_plan.py),
+on the store I/O thread, while P works or before D computes the rest itself.
+
+The scheduler thread gets the completion (tagged PrefixRead) and hands it to the load's future
+unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
+pages itself, once Mooncake is done writing into them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+
+from decode_node.messages import PrefixRead
+from decode_node.request import DecodeRequest
+from store_client.page_hash import store_key
+
+LOAD_GRACE_S = 2.0  # D waits this long past its bound for its own store read before abandoning it
+
+
+@dataclass(eq=False)
+class PrefixLoad:
+    pages: tuple[int, ...]  # indexes into the request's page_ids
+    page_ids: tuple[int, ...]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def page_ok(self, done) -> tuple[bool, ...]:
+        ok = tuple(done.page_ok)
+        return ok + (False,) * (len(self.pages) - len(ok))
+
+    def settle(self, req: DecodeRequest, op_timeout_s: float) -> tuple[bool, ...] | None:
+        """The read's page_ok, or None when it was abandoned (past the deadline or store.op_timeout_s,
+        whichever comes first, plus a grace): its pages then leave req.page_ids and the scheduler
+        frees them once Mooncake has stopped writing into them."""
+        if self.future.cancelled():  # abandoned before (its pages already left req.page_ids)
+            return None
+        # NOTE: StoreIO completes a load queued past store.op_timeout_s without running it; a running
+        # one ends when Mooncake answers, which a stalled store may never do.
+        wait_s = min(max(0.0, req.deadline - time.monotonic()), op_timeout_s) + LOAD_GRACE_S
+        try:
+            return self.page_ok(self.future.result(timeout=wait_s))
+        except concurrent.futures.TimeoutError:
+            if not self.future.cancel():  # being answered right now
+                return self.page_ok(self.future.result(timeout=LOAD_GRACE_S))
+            gone = set(self.page_ids)
+            req.page_ids = [p for p in req.page_ids if p not in gone]
+            return None
+
+
+def start_load(rt, req: DecodeRequest, pages: tuple[int, ...]) -> PrefixLoad | None:
+    """D's own store read of `pages` (prompt page indexes) into its pages, on the I/O thread."""
+    if not pages:
+        return None
+    load = PrefixLoad(pages, tuple(req.page_ids[i] for i in pages))
+    keys = [store_key(rt.fingerprint, req.page_hashes[i]) for i in pages]
+    rt.store_io.submit_load(PrefixRead(load), keys, rt.pool.page_addrs(list(load.page_ids)))
+    return load
