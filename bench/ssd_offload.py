@@ -1,0 +1,104 @@
+"""Measure Mooncake's SSD offload against a real mooncake_master (docs/workers.md, "The SSD tier").
+
+Writes `--pages` pages into a store whose DRAM segment holds fewer, waits for the offload, then
+reads every page back with one batch_get_into and compares bytes; prints one JSON line: pages
+read back (from DRAM and from disk), files on disk, and the master's offload/SSD counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import time
+
+import numpy as np
+
+
+def master_counters(text: str) -> dict[str, float]:
+    """The master's /metrics lines that mention offload, ssd, file or eviction (name -> value)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not re.search(r"offload|ssd|file|evict|disk|allocated|capacity", line, re.I):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pages", type=int, default=96)
+    ap.add_argument("--page-kb", type=int, default=256)
+    ap.add_argument("--segment-mb", type=int, default=16)
+    ap.add_argument("--backend", default="file_per_key_storage_backend")
+    ap.add_argument("--wait-s", type=float, default=8.0, help="pause between writes and reads (offload)")
+    ap.add_argument("--chunk", type=int, default=8, help="pages per batch_put_from")
+    ap.add_argument("--lease-ms", type=int, default=200)
+    ap.add_argument("--retries", type=int, default=20, help="retries of a refused (-200) put, 0.2 s apart")
+    args = ap.parse_args()
+
+    from store_client.master import MasterProcess
+
+    tmp = tempfile.mkdtemp(prefix="pdorch_ssd_")
+    ssd = os.path.join(tmp, "ssd")
+    os.makedirs(ssd)
+    if args.backend:
+        os.environ["MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR"] = args.backend
+    os.environ.setdefault("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1")
+    page = args.page_kb << 10
+    data = np.random.default_rng(1).integers(0, 256, size=(args.pages, page), dtype=np.uint8)
+    back = np.zeros_like(data)
+    keys = [f"ssd-bench/{i}" for i in range(args.pages)]
+    with MasterProcess(log_dir=tmp, enable_offload=True, kv_lease_ttl_ms=args.lease_ms) as master:
+        from mooncake.store import MooncakeDistributedStore
+
+        store = MooncakeDistributedStore()
+        rc = store.setup({"local_hostname": "127.0.0.1", "metadata_server": master.metadata_url,
+                          "global_segment_size": args.segment_mb << 20, "local_buffer_size": 16 << 20,
+                          "protocol": "tcp", "master_server_addr": master.master_address,
+                          "enable_ssd_offload": True, "ssd_offload_path": ssd})
+        assert rc == 0, f"setup failed {rc}"
+        store.register_buffer(data.ctypes.data, data.nbytes)
+        store.register_buffer(back.ctypes.data, back.nbytes)
+        put_codes = []
+        t0 = time.perf_counter()
+        for i in range(0, args.pages, args.chunk):
+            idx = range(i, min(i + args.chunk, args.pages))
+            for _ in range(args.retries + 1):  # the master evicts in the background; a full segment refuses
+                codes = store.batch_put_from([keys[j] for j in idx], [data.ctypes.data + j * page for j in idx],
+                                             [page] * len(idx))
+                if all(c == 0 for c in codes):
+                    break
+                time.sleep(0.2)
+            put_codes += codes
+        put_s = time.perf_counter() - t0
+        time.sleep(args.wait_s)
+        files = [os.path.join(r, f) for r, _, fs in os.walk(ssd) for f in fs]
+        exist = store.batch_is_exist(keys)
+        t0 = time.perf_counter()
+        got = store.batch_get_into(keys, [back.ctypes.data + j * page for j in range(args.pages)],
+                                   [page] * args.pages)
+        get_s = time.perf_counter() - t0
+        equal = [bool(g == page and np.array_equal(back[j], data[j])) for j, g in enumerate(got)]
+        counters = master_counters(master.metrics_text())
+        rpc_reads = store.get_offload_rpc_read_count() if hasattr(store, "get_offload_rpc_read_count") else None
+        store.close()
+    print(json.dumps({
+        "settings": {**vars(args), "ssd_path": ssd},
+        "puts_ok": sum(c == 0 for c in put_codes), "put_codes": sorted(set(put_codes)), "put_s": round(put_s, 3),
+        "exist": sum(c == 1 for c in exist), "read_equal": sum(equal), "get_codes": sorted(set(got)),
+        "first_equal": equal.index(True) if True in equal else None,
+        "get_s": round(get_s, 4), "files": len(files),
+        "file_bytes": sum(os.path.getsize(f) for f in files),
+        "file_sample": [os.path.relpath(f, ssd) for f in files[:3]],
+        "offload_rpc_reads": rpc_reads, "master": counters}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
