@@ -147,7 +147,8 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
         from store_client.store import KVStore
 
         # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
-        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()))
+        # The transfer segment (host:port) names this worker's SSD directory: distinct per worker.
+        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), segment)
         store.register_buffer(pool.base_ptr, pool.nbytes)
         store_io = StoreIO(store)
         if evict and cfg.store.eviction == "chain":
