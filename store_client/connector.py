@@ -50,6 +50,7 @@ def ssd_environment(cfg: StoreConfig) -> None:
     measurement (docs/workers.md, "The SSD tier"), so evicted pages were lost as without SSD.
     """
     os.environ["MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR"] = "file_per_key_storage_backend"
+    os.environ["MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"] = str(cfg.ssd_offload_interval_s)
     if cfg.ssd_capacity_gb > 0:
         os.environ["MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"] = str(int(cfg.ssd_capacity_gb * (1 << 30)))
 
