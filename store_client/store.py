@@ -105,6 +105,10 @@ class KVStore:
         """This worker's SSD tier directory ("" when DRAM only)."""
         return self._connector.ssd_dir
 
+    def raw_client(self):
+        """The Mooncake client while connected, else None (metrics only; ops go through KVStore)."""
+        return self._connector.client()
+
     @property
     def enabled(self) -> bool:
         """True while connected and healthy. Cheap; read it before submitting I/O."""

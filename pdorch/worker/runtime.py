@@ -150,6 +150,10 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
         # The transfer segment (host:port) names this worker's SSD directory: distinct per worker.
         store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), segment)
         store.register_buffer(pool.base_ptr, pool.nbytes)
+        if registry is not None:
+            from store_client.ssd_metrics import register_ssd_metrics
+
+            register_ssd_metrics(store, registry)  # only with store.ssd_path set
         store_io = StoreIO(store)
         if evict and cfg.store.eviction == "chain":
             from store_client.chain_index import ChainIndex

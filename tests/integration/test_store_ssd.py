@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics
+from store_client.ssd_metrics import register_ssd_metrics
 from store_client.store import OK, KVStore
 from tests.fixtures.store import page_pattern, store_config
 
@@ -54,7 +55,9 @@ def test_page_evicted_from_dram_is_read_back_from_ssd(offload_master, tmp_path):
     pages = page_pattern(25, PAGES, PAGE_NBYTES)
     back = np.zeros_like(pages)
     keys = [f"ssd-test/{i}" for i in range(PAGES)]
-    store = KVStore(cfg, PAGE_NBYTES, StoreMetrics(CollectorRegistry()), component="prefill-0")
+    registry = CollectorRegistry()
+    store = KVStore(cfg, PAGE_NBYTES, StoreMetrics(registry), component="prefill-0")
+    assert register_ssd_metrics(store, registry) is not None
     try:
         assert store.wait_enabled(30)
         assert store.ssd_dir == str(tmp_path / "ssd" / "prefill-0")
@@ -70,6 +73,9 @@ def test_page_evicted_from_dram_is_read_back_from_ssd(offload_master, tmp_path):
         r = store.load(keys, [back.ctypes.data + j * PAGE_NBYTES for j in range(PAGES)])
         assert r.reason == OK and r.pages_loaded == PAGES, r
         assert np.array_equal(back, pages)  # every byte, those evicted from DRAM included
+        assert registry.get_sample_value("pdorch_store_ssd_files") == PAGES
+        assert registry.get_sample_value("pdorch_store_ssd_bytes") >= PAGES * PAGE_NBYTES
+        assert registry.get_sample_value("pdorch_store_ssd_rpc_reads_total") >= 1  # the evicted pages' read
         after = offload_master.metrics_text()
         assert master_value(after, "file_cache_hit_nums_") - master_value(before, "file_cache_hit_nums_") \
             >= evicted, after
@@ -87,6 +93,7 @@ def test_dram_only_loses_the_evicted_pages(offload_master, tmp_path):
     try:
         assert store.wait_enabled(30)
         assert store.ssd_dir == ""
+        assert register_ssd_metrics(store, CollectorRegistry()) is None
         store.register_buffer(pages.ctypes.data, pages.nbytes)
         store.register_buffer(back.ctypes.data, back.nbytes)
         fill(store, keys, pages)
