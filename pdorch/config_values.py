@@ -23,7 +23,8 @@ FORMATS: dict[str, tuple[str, str, str]] = {
                   "a list of host:port addresses"),
     "device": (r"cpu|cuda(:\d+)?", "a torch device (cpu, cuda or cuda:N)", "a list of torch devices"),
     # Mooncake refuses a relative offload path or one with a `..` component (it checks at setup).
-    "abspath": (r"/(?!(?:.*/)?\.\.(?:/|$)).*", "an absolute path without `..`", "a list of absolute paths"),
+    # No lookahead: the chart's JSON Schema takes the same pattern, and helm's regexps lack it.
+    "abspath": (r"(/([^/.][^/]*|\.|\.[^/.][^/]*|\.\.[^/]+)?)+", "an absolute path without `..`", "a list of absolute paths"),
 }
 _PLAIN = (None, "a string", "a list of strings")
 

@@ -26,6 +26,11 @@ def test_ssd_off_by_default_and_on_with_a_path(tmp_path):
     assert cfg.store.ssd_enabled and cfg.store.ssd_capacity_gb == 1.5
 
 
+@pytest.mark.parametrize("path", ["/", "/ssd", "/ssd/", "/var/.cache/a..b", "/..x/./y"])
+def test_absolute_paths_without_dotdot_are_accepted(tmp_path, path):
+    assert load_config(write(tmp_path, f"store: {{ssd_path: '{path}'}}"), environ={}).store.ssd_path == path
+
+
 def test_each_worker_gets_its_own_directory(tmp_path):
     s = load_config(write(tmp_path, "store: {ssd_path: /ssd/}"), environ={}).store
     assert s.ssd_dir("127.0.0.1:15001") == "/ssd/127.0.0.1_15001"
