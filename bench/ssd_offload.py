@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=8, help="pages per batch_put_from")
     ap.add_argument("--lease-ms", type=int, default=200)
     ap.add_argument("--retries", type=int, default=20, help="retries of a refused (-200) put, 0.2 s apart")
+    ap.add_argument("--restart", action="store_true", help="then a second client on the same directory: "
+                    "does it find the first one's files (a restarted worker)?")
     args = ap.parse_args()
 
     from store_client.master import MasterProcess
@@ -89,6 +91,23 @@ def main() -> None:
         counters = master_counters(master.metrics_text())
         rpc_reads = store.get_offload_rpc_read_count() if hasattr(store, "get_offload_rpc_read_count") else None
         store.close()
+        restart = None
+        if args.restart:
+            time.sleep(2)
+            again = MooncakeDistributedStore()
+            assert again.setup({"local_hostname": "127.0.0.1", "metadata_server": master.metadata_url,
+                                "global_segment_size": args.segment_mb << 20, "local_buffer_size": 16 << 20,
+                                "protocol": "tcp", "master_server_addr": master.master_address,
+                                "enable_ssd_offload": True, "ssd_offload_path": ssd}) == 0
+            time.sleep(args.wait_s)  # its first heartbeat re-registers what it found on disk
+            back[:] = 0
+            again.register_buffer(back.ctypes.data, back.nbytes)
+            found = again.batch_is_exist(keys)
+            got2 = again.batch_get_into(keys, [back.ctypes.data + j * page for j in range(args.pages)],
+                                        [page] * args.pages)
+            restart = {"exist": sum(c == 1 for c in found), "read_equal": sum(
+                bool(g == page and np.array_equal(back[j], data[j])) for j, g in enumerate(got2))}
+            again.close()
     print(json.dumps({
         "settings": {**vars(args), "ssd_path": ssd},
         "puts_ok": sum(c == 0 for c in put_codes), "put_codes": sorted(set(put_codes)), "put_s": round(put_s, 3),
@@ -97,7 +116,7 @@ def main() -> None:
         "get_s": round(get_s, 4), "files": len(files),
         "file_bytes": sum(os.path.getsize(f) for f in files),
         "file_sample": [os.path.relpath(f, ssd) for f in files[:3]],
-        "offload_rpc_reads": rpc_reads, "master": counters}, indent=1))
+        "offload_rpc_reads": rpc_reads, "restart": restart, "master": counters}, indent=1))
 
 
 if __name__ == "__main__":
