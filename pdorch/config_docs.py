@@ -57,9 +57,9 @@ register themselves and the router watches etcd instead.
 
 The SSD tier (Mooncake's offload under the store) is on when `store.ssd_path` is set: an
 absolute directory on local disk (created if missing). Each worker writes under its own
-subdirectory, named after its transfer segment (`<ssd_path>/<host>_<port>`): Mooncake names a file
-after its tenant and key only, so prefill and decode workers never share files, and a restarted worker starts
-a new directory (the old one is left behind; clean it with the pod's volume). The same key turns
+subdirectory, named after its worker id (`<ssd_path>/<role>-<host>-<port>`, e.g. `prefill-127.0.0.1-50161`):
+Mooncake names a file after its tenant and key only, so prefill and decode workers never share
+files, and a worker restarted with the same id reads its files again. The same key turns
 on the master's `--enable_offload` for `pdorch serve` and `pdorch master`. `store.ssd_capacity_gb`
 is reported to the master but not enforced by Mooncake 0.3.13; `store.ssd_offload_interval_s` is
 how often written objects are copied to disk, and a full DRAM refuses writes until the next copy

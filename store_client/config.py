@@ -56,7 +56,7 @@ class StoreConfig:
     master_enable_offload: bool = _key(False, "mooncake_master: let clients offload evicted objects to local "
                                        "SSD (Mooncake's SSD tier; clients need its storage settings)")
     ssd_path: str = _key("", "SSD tier (Mooncake's offload): a directory on local disk; each worker writes under "
-                         "its own subdirectory of it (docs/workers.md, \"The SSD tier\"). Empty = DRAM only. "
+                         "its own subdirectory of it, named by its worker id (docs/workers.md, \"The SSD tier\"). Empty = DRAM only. "
                          "Set, it also turns on the master's offload (master_enable_offload)", format="abspath")
     ssd_capacity_gb: float = _key(0.0, "SSD tier: bytes each worker may keep on disk (GiB), reported to the "
                                   "master; 0 = Mooncake's default. NOTE: Mooncake 0.3.13 does not enforce it "
