@@ -102,3 +102,27 @@ def test_dram_only_loses_the_evicted_pages(offload_master, tmp_path):
         assert r.pages_loaded <= SEGMENT_MB * (1 << 20) // PAGE_NBYTES, r
     finally:
         store.close()
+
+
+def test_workers_write_to_their_own_ssd_directories(tmp_path, tiny_model_dir):
+    """P and D with store.ssd_path: each worker gets `<ssd_path>/<worker id>`, P's written pages land
+    in its own as files, and its /metrics say so."""
+    from tests.fixtures.workers import start_cluster, worker_metric
+
+    ssd = tmp_path / "ssd"
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, store={"ssd_path": str(ssd)})
+    try:
+        prefill = next(w for w in cluster.workers if w.role == "prefill")
+        decode = next(w for w in cluster.workers if w.role == "decode")
+        cluster.generate([(i * 31) % 1000 + 10 for i in range(16 * 8)], max_tokens=4)
+        p_dir, d_dir = ssd / f"prefill-127.0.0.1-{prefill.port}", ssd / f"decode-127.0.0.1-{decode.port}"
+        deadline = time.monotonic() + 20  # P's write-back, then the next offload heartbeat (1 s)
+        while time.monotonic() < deadline and not any(f for _, _, f in os.walk(p_dir)):
+            time.sleep(0.2)
+        assert d_dir.is_dir(), sorted(os.listdir(ssd))
+        p_files = sum(len(f) for _, _, f in os.walk(p_dir))
+        assert p_files >= 7, sorted(os.listdir(ssd))  # the prompt's full pages (8; D may take the last)
+        time.sleep(10.5)  # the metrics' directory walk runs at most every 10 s
+        assert worker_metric(prefill, "pdorch_store_ssd_files") >= 7
+    finally:
+        cluster.stop()
