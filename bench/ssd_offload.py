@@ -1,8 +1,11 @@
 """Measure Mooncake's SSD offload against a real mooncake_master (docs/workers.md, "The SSD tier").
 
 Writes `--pages` pages into a store whose DRAM segment holds fewer, waits for the offload, then
-reads every page back with one batch_get_into and compares bytes; prints one JSON line: pages
-read back (from DRAM and from disk), files on disk, and the master's offload/SSD counters.
+reads every page back with one batch_get_into and compares bytes; prints the numbers as JSON:
+pages read back (from DRAM and from disk), files on disk, the master's offload/SSD counters, and
+with --restart what a new client process on the same directory reads back.
+
+    python bench/ssd_offload.py [--backend bucket_storage_backend] [--restart]
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def master_counters(text: str) -> dict[str, float]:
     """The master's /metrics lines that mention offload, ssd, file or eviction (name -> value)."""
     out = {}
     for line in text.splitlines():
-        if line.startswith("#") or not re.search(r"offload|ssd|file|evict|disk|allocated|capacity", line, re.I):
+        if line.startswith("#") or not re.search(r"offload|ssd|file|evict|disk|allocated|capacity", line, re.IGNORECASE):
             continue
         name, _, value = line.rpartition(" ")
         try:

@@ -26,7 +26,7 @@ PAGES, PAGE_NBYTES, SEGMENT_MB = 96, 256 << 10, 16
 
 
 def master_value(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 
