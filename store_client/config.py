@@ -62,9 +62,9 @@ class StoreConfig:
                                   "master; 0 = Mooncake's default. NOTE: Mooncake 0.3.13 does not enforce it "
                                   "(measured: docs/workers.md)", min=0.0)
     ssd_offload_interval_s: int = _key(1, "SSD tier: how often the client copies newly written objects to "
-                                       "disk (Mooncake's offload heartbeat, its default 10 s). The master "
-                                       "evicts no object before it is on disk, so a full DRAM refuses writes "
-                                       "until the next copy (measured: docs/workers.md)", min=1, max=3600)
+                                       "disk (Mooncake's offload heartbeat, its default 10 s). Once DRAM was "
+                                       "full, writes were refused until the next copy (measured: "
+                                       "docs/workers.md)", min=1, max=3600)
     eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "
