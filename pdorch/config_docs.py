@@ -54,6 +54,16 @@ stops start-up instead of being ignored.
 `i` listens on `port + i` and `metrics_port + i`, and the router's static discovery lists are set
 to match. With `discovery.mode: etcd` (see `configs/etcd.yaml`; start etcd first) the workers
 register themselves and the router watches etcd instead.
+
+The SSD tier (Mooncake's offload under the store) is on when `store.ssd_path` is set: an
+absolute directory on local disk (created if missing). Each worker writes under its own
+subdirectory, named after its worker id (`<ssd_path>/<role>-<host>-<port>`, e.g. `prefill-127.0.0.1-50161`):
+Mooncake names a file after its tenant and key only, so prefill and decode workers never share
+files, and a worker restarted with the same id reads its files again. The same key turns
+on the master's `--enable_offload` for `pdorch serve` and `pdorch master`. `store.ssd_capacity_gb`
+is reported to the master but not enforced by Mooncake 0.3.13; `store.ssd_offload_interval_s` is
+how often written objects are copied to disk, and a full DRAM refuses writes until the next copy
+(docs/workers.md, "The SSD tier: what Mooncake does", has the measurements).
 """
 
 

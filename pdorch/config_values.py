@@ -22,6 +22,9 @@ FORMATS: dict[str, tuple[str, str, str]] = {
     "host:port": (r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", "a host:port address",
                   "a list of host:port addresses"),
     "device": (r"cpu|cuda(:\d+)?", "a torch device (cpu, cuda or cuda:N)", "a list of torch devices"),
+    # Mooncake refuses a relative offload path or one with a `..` component (it checks at setup).
+    # No lookahead: the chart's JSON Schema takes the same pattern, and helm's regexps lack it.
+    "abspath": (r"(/([^/.][^/]*|\.|\.[^/.][^/]*|\.\.[^/]+)?)+", "an absolute path without `..`", "a list of absolute paths"),
 }
 _PLAIN = (None, "a string", "a list of strings")
 

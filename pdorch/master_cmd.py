@@ -7,7 +7,7 @@ chart's master Deployment (which runs `pdorch master` with the chart's ConfigMap
     rpc port       <- store.master_address          metadata port <- store.metadata_server
     metrics port   <- store.master_metrics_port     eviction      <- store.master_eviction_*
     lease / TTL    <- store.master_kv_lease_ttl_ms, store.master_client_ttl_s
-    SSD offload    <- store.master_enable_offload
+    SSD offload    <- store.master_enable_offload (on too when store.ssd_path is set)
 
 Any other mooncake_master flag (SSD offload tuning, `--offloading_queue_limit=100`...) is passed on
 as given: the flags `pdorch master` does not know itself, and everything after `--`. A flag that
@@ -33,7 +33,8 @@ def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | Non
     return MasterProcess(rpc, metadata, metrics, host=host, log_dir=log_dir, bind_host=bind_host,
                          kv_lease_ttl_ms=s.master_kv_lease_ttl_ms, client_ttl_s=s.master_client_ttl_s,
                          eviction_high_watermark_ratio=s.master_eviction_high_watermark,
-                         eviction_ratio=s.master_eviction_ratio, enable_offload=s.master_enable_offload)
+                         eviction_ratio=s.master_eviction_ratio,
+                         enable_offload=s.master_enable_offload or s.ssd_enabled)  # ssd_path: offload on
 
 
 # mooncake_master flags built from the config -> the key that sets them.

@@ -10,7 +10,8 @@ def build(cfg, worker_id: str):
     from prefill_node.worker import PrefillWorker
 
     recorder = WorkerRecorder("prefill")
-    rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry, evict=True)
+    rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry, evict=True,
+                       component=worker_id)
     return PrefillWorker(rt, cfg, worker_id, recorder), add_to_server
 
 

@@ -55,6 +55,16 @@ class StoreConfig:
                                     "its segment unmounted", min=1)
     master_enable_offload: bool = _key(False, "mooncake_master: let clients offload evicted objects to local "
                                        "SSD (Mooncake's SSD tier; clients need its storage settings)")
+    ssd_path: str = _key("", "SSD tier (Mooncake's offload): a directory on local disk; each worker writes under "
+                         "its own subdirectory of it, named by its worker id (docs/workers.md, \"The SSD tier\"). Empty = DRAM only. "
+                         "Set, it also turns on the master's offload (master_enable_offload)", format="abspath")
+    ssd_capacity_gb: float = _key(0.0, "SSD tier: bytes each worker may keep on disk (GiB), reported to the "
+                                  "master; 0 = Mooncake's default. NOTE: Mooncake 0.3.13 does not enforce it "
+                                  "(measured: docs/workers.md)", min=0.0)
+    ssd_offload_interval_s: int = _key(1, "SSD tier: how often the client copies newly written objects to "
+                                       "disk (Mooncake's offload heartbeat, its default 10 s). Once DRAM was "
+                                       "full, writes were refused until the next copy (measured: "
+                                       "docs/workers.md)", min=1, max=3600)
     eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "
@@ -69,3 +79,13 @@ class StoreConfig:
                                        "counts as used this many seconds earlier (0 = plain LRU)", min=0.0)
     evict_index_pages: int = _key(262144, "chain eviction: store pages this worker remembers (key, depth, "
                                   "last use); the oldest are forgotten beyond it", min=1)
+
+    @property
+    def ssd_enabled(self) -> bool:
+        return bool(self.ssd_path)
+
+    def ssd_dir(self, component: str) -> str:
+        """This worker's own offload directory. Mooncake names a file after tenant and key only
+        (measured), so P and D in one directory would hold the same names; each gets its own."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in component)
+        return self.ssd_path.rstrip("/") + "/" + safe

@@ -7,6 +7,7 @@ The serving path only reads `client()`: the live client while connected and heal
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import urllib.error
@@ -42,9 +43,23 @@ def probe_master(cfg: StoreConfig, timeout_s: float = 1.0) -> str | None:
     return None
 
 
+def ssd_environment(cfg: StoreConfig) -> None:
+    """Mooncake reads its offload settings from the environment at setup (one client per process).
+
+    The file-per-key backend: the default bucket backend wrote no page-sized object to disk in our
+    measurement (docs/workers.md, "The SSD tier"), so evicted pages were lost as without SSD.
+    """
+    os.environ["MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR"] = "file_per_key_storage_backend"
+    os.environ["MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS"] = str(cfg.ssd_offload_interval_s)
+    if cfg.ssd_capacity_gb > 0:
+        os.environ["MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"] = str(int(cfg.ssd_capacity_gb * (1 << 30)))
+
+
 class StoreConnector:
-    def __init__(self, cfg: StoreConfig, metrics: StoreMetrics):
+    def __init__(self, cfg: StoreConfig, metrics: StoreMetrics, component: str = ""):
         self.cfg = cfg
+        # The SSD tier's directory of this worker (cfg.ssd_dir); the pid when no name is given.
+        self.ssd_dir = cfg.ssd_dir(component or f"{cfg.local_hostname}_{os.getpid()}") if cfg.ssd_enabled else ""
         self.metrics = metrics
         self._raw = None  # the MooncakeDistributedStore once setup succeeded (kept while lost)
         self._client = None  # == _raw while healthy, else None; read without the lock (atomic)
@@ -136,9 +151,13 @@ class StoreConnector:
 
         cfg = self.cfg
         raw = MooncakeDistributedStore()
+        if self.ssd_dir:
+            ssd_environment(cfg)
+            os.makedirs(self.ssd_dir, exist_ok=True)  # Mooncake refuses a directory that does not exist
         # NOTE: holds the GIL for its whole duration (~90 s if the master vanished since the probe).
         rc = raw.setup(cfg.local_hostname, cfg.metadata_server, cfg.global_segment_size_mb << 20,
-                       cfg.local_buffer_size_mb << 20, cfg.protocol, cfg.device_name, cfg.master_address)
+                       cfg.local_buffer_size_mb << 20, cfg.protocol, cfg.device_name, cfg.master_address,
+                       enable_ssd_offload=bool(self.ssd_dir), ssd_offload_path=self.ssd_dir)
         if rc != 0:
             return f"store setup against master {cfg.master_address} / {cfg.metadata_server} failed ({rc})"
         with self._lock:

@@ -85,19 +85,29 @@ def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
 class KVStore:
     """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
 
-    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics):
+    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics, component: str = ""):
         if page_nbytes <= 0:
             raise ValueError(f"page_nbytes must be > 0, got {page_nbytes}")
         self.cfg = cfg
         self.page_nbytes = page_nbytes
         self.metrics = metrics
-        self._connector = StoreConnector(cfg, self.metrics)
+        # component: names this worker's own SSD directory (cfg.ssd_dir) when the SSD tier is on.
+        self._connector = StoreConnector(cfg, self.metrics, component)
         # Called with the number of pages a save is about to put (the chain evictor makes room).
         self.before_write = None
         if cfg.enabled:
             self._connector.start()
         else:
             log.warning("store DISABLED by config (store.enabled=false): no L3 KV tier")
+
+    @property
+    def ssd_dir(self) -> str:
+        """This worker's SSD tier directory ("" when DRAM only)."""
+        return self._connector.ssd_dir
+
+    def raw_client(self):
+        """The Mooncake client while connected, else None (metrics only; ops go through KVStore)."""
+        return self._connector.client()
 
     @property
     def enabled(self) -> bool:

@@ -100,7 +100,8 @@ def max_forward_tokens(cfg: Config) -> int:
     return max(cfg.prefill.chunk_tokens, d.max_running_requests + d.max_local_prefill_tokens)
 
 
-def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False) -> WorkerRuntime:
+def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False,
+                  component: str = "") -> WorkerRuntime:
     """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
 
     `evict`: run the chain evictor here, so this worker's store writes make room through the chain
@@ -147,8 +148,15 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
         from store_client.store import KVStore
 
         # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
-        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()))
+        # component (the worker id: role, host, port) names this worker's SSD directory: distinct per
+        # worker and the same after a restart, which then reads its files again (docs/workers.md).
+        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()),
+                        component or segment)
         store.register_buffer(pool.base_ptr, pool.nbytes)
+        if registry is not None:
+            from store_client.ssd_metrics import register_ssd_metrics
+
+            register_ssd_metrics(store, registry)  # only with store.ssd_path set
         store_io = StoreIO(store)
         if evict and cfg.store.eviction == "chain":
             from store_client.chain_index import ChainIndex

@@ -1,0 +1,135 @@
+"""The SSD tier with a real mooncake_master: a page pushed out of DRAM is read back from disk.
+
+The segment holds 16 MiB; 96 pages of 256 KiB are written, so the master evicts about 40 from DRAM
+while writing (short leases, as in test_store_eviction). With store.ssd_path set every page was
+offloaded to this worker's own directory first, so one load of all 96 returns the bytes written,
+and the master counts the reads served from files (`file_cache_hit_nums_`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from store_client.master import MasterProcess
+from store_client.metrics import StoreMetrics
+from store_client.ssd_metrics import register_ssd_metrics
+from store_client.store import OK, KVStore
+from tests.fixtures.store import page_pattern, store_config
+
+PAGES, PAGE_NBYTES, SEGMENT_MB = 96, 256 << 10, 16
+
+
+def master_value(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture
+def offload_master(tmp_path):
+    master = MasterProcess(log_dir=str(tmp_path), kv_lease_ttl_ms=200, enable_offload=True).start()
+    yield master
+    master.stop()
+
+
+def fill(store: KVStore, keys, pages) -> None:
+    """Write every page, 8 at a time; a full segment refuses (no_space) until the master evicts."""
+    for i in range(0, len(keys), 8):
+        idx = range(i, min(i + 8, len(keys)))
+        deadline = time.monotonic() + 10
+        while True:
+            r = store.save([keys[j] for j in idx], [pages.ctypes.data + j * PAGE_NBYTES for j in idx])
+            if r.reason == OK or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.reason == OK, (i, r)
+
+
+def test_page_evicted_from_dram_is_read_back_from_ssd(offload_master, tmp_path):
+    cfg = store_config(offload_master, global_segment_size_mb=SEGMENT_MB, ssd_path=str(tmp_path / "ssd"))
+    pages = page_pattern(25, PAGES, PAGE_NBYTES)
+    back = np.zeros_like(pages)
+    keys = [f"ssd-test/{i}" for i in range(PAGES)]
+    registry = CollectorRegistry()
+    store = KVStore(cfg, PAGE_NBYTES, StoreMetrics(registry), component="prefill-0")
+    assert register_ssd_metrics(store, registry) is not None
+    try:
+        assert store.wait_enabled(30)
+        assert store.ssd_dir == str(tmp_path / "ssd" / "prefill-0")
+        store.register_buffer(pages.ctypes.data, pages.nbytes)
+        store.register_buffer(back.ctypes.data, back.nbytes)
+        fill(store, keys, pages)
+        time.sleep(3)  # the offload of the last writes (the client's heartbeat) and their leases
+        before = offload_master.metrics_text()
+        evicted = master_value(before, "master_evicted_key_count")
+        assert evicted >= PAGES - SEGMENT_MB * (1 << 20) // PAGE_NBYTES, before  # DRAM really overflowed
+        files = [f for _, _, fs in os.walk(store.ssd_dir) for f in fs]
+        assert len(files) == PAGES, files[:5]
+        r = store.load(keys, [back.ctypes.data + j * PAGE_NBYTES for j in range(PAGES)])
+        assert r.reason == OK and r.pages_loaded == PAGES, r
+        assert np.array_equal(back, pages)  # every byte, those evicted from DRAM included
+        assert registry.get_sample_value("pdorch_store_ssd_files") == PAGES
+        assert registry.get_sample_value("pdorch_store_ssd_bytes") >= PAGES * PAGE_NBYTES
+        assert registry.get_sample_value("pdorch_store_ssd_rpc_reads_total") >= 1  # the evicted pages' read
+        after = offload_master.metrics_text()
+        assert master_value(after, "file_cache_hit_nums_") - master_value(before, "file_cache_hit_nums_") \
+            >= evicted, after
+    finally:
+        store.close()
+
+
+def test_dram_only_loses_the_evicted_pages(offload_master, tmp_path):
+    """The control: the same writes without ssd_path; the evicted pages are gone."""
+    cfg = store_config(offload_master, global_segment_size_mb=SEGMENT_MB)
+    pages = page_pattern(26, PAGES, PAGE_NBYTES)
+    back = np.zeros_like(pages)
+    keys = [f"dram-test/{i}" for i in range(PAGES)]
+    store = KVStore(cfg, PAGE_NBYTES, StoreMetrics(CollectorRegistry()))
+    try:
+        assert store.wait_enabled(30)
+        assert store.ssd_dir == ""
+        assert register_ssd_metrics(store, CollectorRegistry()) is None
+        store.register_buffer(pages.ctypes.data, pages.nbytes)
+        store.register_buffer(back.ctypes.data, back.nbytes)
+        fill(store, keys, pages)
+        time.sleep(1)
+        r = store.load(keys, [back.ctypes.data + j * PAGE_NBYTES for j in range(PAGES)])
+        assert r.pages_loaded <= SEGMENT_MB * (1 << 20) // PAGE_NBYTES, r
+    finally:
+        store.close()
+
+
+def test_workers_write_to_their_own_ssd_directories(tmp_path, tiny_model_dir):
+    """P and D with store.ssd_path: each worker gets `<ssd_path>/<worker id>`, every page written
+    lands there as a file, and the workers' /metrics say so."""
+    from tests.fixtures.workers import start_cluster, worker_metric
+
+    ssd = tmp_path / "ssd"
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, store={"ssd_path": str(ssd)})
+    try:
+        prefill = next(w for w in cluster.workers if w.role == "prefill")
+        decode = next(w for w in cluster.workers if w.role == "decode")
+        cluster.generate([(i * 31) % 1000 + 10 for i in range(16 * 8)], max_tokens=4)
+        p_dir, d_dir = ssd / f"prefill-127.0.0.1-{prefill.port}", ssd / f"decode-127.0.0.1-{decode.port}"
+        written = sum(worker_metric(w, "pdorch_store_pages_written_total") for w in (prefill, decode))
+        assert written >= 8  # P's computed prompt pages at least
+
+        def files(d) -> int:
+            return sum(len(f) for _, _, f in os.walk(d))
+
+        # NOTE: a page's file lands in the directory of the worker whose DRAM segment the master put
+        # it in (that client offloads it), not always the writer's: count both.
+        deadline = time.monotonic() + 30  # the offload heartbeat (1 s) copies them
+        while time.monotonic() < deadline and files(p_dir) + files(d_dir) < written:
+            time.sleep(0.2)
+        assert sorted(os.listdir(ssd)) == sorted([p_dir.name, d_dir.name])
+        assert files(p_dir) + files(d_dir) == written, (files(p_dir), files(d_dir), written)
+        time.sleep(10.5)  # the metrics' directory walk runs at most every 10 s
+        assert sum(worker_metric(w, "pdorch_store_ssd_files") for w in (prefill, decode)) == written
+    finally:
+        cluster.stop()
