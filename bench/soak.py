@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# NOTE: first, unconditionally: with the root on PYTHONPATH already (after this script's own folder),
+# bench/engine.py would shadow the engine package.
+sys.path.insert(0, str(ROOT))
 
 from bench import soak_report as rep
 from bench.multiturn import commit, model_facts

@@ -40,8 +40,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# NOTE: first, unconditionally: with the root on PYTHONPATH already (after this script's own folder),
+# bench/engine.py would shadow the engine package.
+sys.path.insert(0, str(ROOT))
 
 from bench.store_io_children import PAGE_NBYTES, loop_iteration, spawn_child, stop_child
 

@@ -4,10 +4,10 @@ Starts a real cluster on loopback (mooncake_master, one prefill and three decode
 transfer engine over TCP) and, for a prompt of --prompt-tokens tokens, measures TTFT (Generate
 sent -> first streamed token) with the prefix
   (a) recomputed     first sight of the prompt: every token is prefilled on P
-  (b) from store     same prompt after flushing P's L1: P reads the full pages from the Mooncake
+  (b) from store     same prompt after flushing every L1 (P's and the decode workers'): P reads the full pages from the Mooncake
                      store and pushes every page to D
   (c) from L1        same prompt again: the pages are in P's own pool
-  (d) store -> D     P's L1 flushed, a decode worker with decode.load_prefix_from_store: D reads the
+  (d) store -> D     every L1 flushed, a decode worker with decode.load_prefix_from_store: D reads the
                      prefix pages itself while P computes the last page; P pushes only that page
   (e) D alone        the same with decode.max_local_prefill_tokens: D reads the prefix and computes
                      the last page itself; no prefill call at all (conditional disaggregation)
@@ -38,8 +38,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# NOTE: first, unconditionally: with the root on PYTHONPATH already (after this script's own folder),
+# bench/engine.py would shadow the engine package.
+sys.path.insert(0, str(ROOT))
 
 from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
 from engine.tokenizer import Tokenizer
@@ -170,8 +171,9 @@ def run(args) -> dict:
                 ids = prompt_ids(tok, args.prompt_tokens, salt=r)
                 for case in CASES:
                     if case in ("store", "store_decode", "decode_alone"):
-                        cluster.wait_idle("prefill", timeout_s=120)  # write-back of (a) done
-                        cluster.prefill_stub().Flush(pb.FlushRequest(), timeout=60)
+                        # NOTE: every worker's L1, the decode workers' own prefix caches too (they keep
+                        # the KV of what they served): otherwise (b) would measure D's cache, not the store.
+                        cluster.flush_l1()
                     before = transfer_totals(cluster)
                     seconds, cached = ttft(cluster, ids, decoders[case])
                     after = transfer_totals(cluster)

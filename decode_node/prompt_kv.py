@@ -33,9 +33,9 @@ PROBE_MAX_OUTSTANDING = 64  # more checks than this unanswered: the store is sta
 class PromptKV:
     """Runs on handler threads; the allocator stays the scheduler's."""
 
-    def __init__(self, rt, cfg, reg, count_loaded=lambda n: None):
+    def __init__(self, rt, reg, count_loaded=lambda n: None):
         """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded)."""
-        self.rt, self.cfg = rt, cfg
+        self.rt, self.cfg = rt, rt.cfg
         self._count_loaded = count_loaded
         # NOTE: the existence check runs on its own threads so a stalled store (a frozen master
         # never answers) costs a request PROBE_TIMEOUT_S, not its deadline; once that many checks

@@ -39,7 +39,6 @@ from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
-from pdorch.config import Config
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob
@@ -59,8 +58,9 @@ GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)
 
 
 class DecodeWorker:
-    def __init__(self, rt: WorkerRuntime, cfg: Config, worker_id: str, recorder: WorkerRecorder | None = None):
-        self.rt, self.cfg, self.worker_id = rt, cfg, worker_id
+    def __init__(self, rt: WorkerRuntime, worker_id: str, recorder: WorkerRecorder | None = None):
+        self.rt, self.cfg, self.worker_id = rt, rt.cfg, worker_id
+        cfg = rt.cfg
         self.recorder = recorder or WorkerRecorder(ROLE)
         self.tokenizer = Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
@@ -70,7 +70,7 @@ class DecodeWorker:
         if rt.evictor is not None:
             rt.evictor.on_removed = self.scheduler.store_evicted  # the prefix cache keeps what the store dropped
         self.prefill_client = PrefillClient(cfg.grpc)
-        self.prompt_kv = PromptKV(rt, cfg, self.recorder.registry, self.recorder.count_store_loaded)
+        self.prompt_kv = PromptKV(rt, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)

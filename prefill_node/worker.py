@@ -17,7 +17,6 @@ import logging
 import time
 
 from engine.page_allocator import pages_for
-from pdorch.config import Config
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
@@ -38,9 +37,9 @@ ABORT_STOP_WAIT_S = 2.0  # an Abort RPC waits this long at most (D retries it un
 
 
 class PrefillWorker:
-    def __init__(self, rt: WorkerRuntime, cfg: Config, worker_id: str, recorder: WorkerRecorder | None = None):
+    def __init__(self, rt: WorkerRuntime, worker_id: str, recorder: WorkerRecorder | None = None):
         self.rt = rt
-        self.cfg = cfg
+        self.cfg = cfg = rt.cfg
         self.worker_id = worker_id
         self.recorder = recorder or WorkerRecorder(ROLE)
         self._pusher = KVPusher(rt.transfer, rt.pool.page_nbytes)

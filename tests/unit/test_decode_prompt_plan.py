@@ -107,7 +107,7 @@ def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
             release.wait(30)
             return (True,) * len(keys)
 
-    kv = PromptKV(SimpleNamespace(store=FrozenStore(), fingerprint="fp", chain_index=None), Config(), CollectorRegistry())
+    kv = PromptKV(SimpleNamespace(store=FrozenStore(), fingerprint="fp", chain_index=None, cfg=Config()), CollectorRegistry())
     prompt = list(range(70))
     req = DecodeRequest(job=GenerateJob("r", tuple(prompt), SamplingParams(), "-", 10.0), deadline=0.0,
                         own_deadline=True, stopper=None, page_hashes=page_hashes(prompt, PAGE_SIZE))

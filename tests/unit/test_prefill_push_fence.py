@@ -47,7 +47,7 @@ def worker_and_transfer():
     cfg = replace(cfg, model=replace(cfg.model, page_size=PAGE_SIZE, max_context_tokens=256),
                   store=replace(cfg.store, write_back=False))
     rt = stand_in_runtime(FakeRunner(), 16, PAGE_SIZE, cfg=cfg, transfer=transfer)
-    w = PrefillWorker(rt, cfg, "p-test", WorkerRecorder("prefill"))
+    w = PrefillWorker(rt, "p-test", WorkerRecorder("prefill"))
     yield w, transfer, rt
     transfer.go.set()
     w.close()
