@@ -32,6 +32,8 @@ def _who_reads(key: str) -> set[str]:
     section = key.split(".")[0]
     if key in MASTER_FLAGS:
         return {"master"}
+    if key == "store.ssd_path":
+        return {"master"} | WORKERS  # the workers' offload directory, and it turns the master's offload on
     if key == "store.enabled":
         return {"master", "router"} | WORKERS
     if key in ("store.protocol", "store.device_name"):
@@ -79,6 +81,8 @@ def _other_value(f: dataclasses.Field, kind, default):
         return round(max(new, meta.get("min") or 0.0) if new != default else default + 0.01, 4)
     if kind == "list":
         return {"host:port": ["10.0.0.9:2379"], "device": ["cuda:1"]}.get(meta.get("format"), ["x"])
+    if meta.get("format") == "abspath":
+        return "/var/lib/pdorch-changed"
     return "cuda" if meta.get("format") == "device" else f"{default}-changed"
 
 

@@ -43,7 +43,8 @@ them from env (the Secret).
 {{/*
 What a component reads of the config, as JSON: (dict "root" $ "component" "router").
 
-    master   store.enabled, store.metadata_server, store.master_* (its flags and ports)
+    master   store.enabled, store.metadata_server, store.master_* (its flags and ports), store.ssd_path
+             (set, it turns the master's offload on)
     prefill  model, prefill, discovery, grpc, store but mooncake_master's own flags
     decode   model, decode, discovery, grpc, store but mooncake_master's own flags
     router   model, router, discovery, grpc, store.enabled and where the store is (POST
@@ -59,7 +60,7 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- if eq .component "master" }}
 {{- $s := dict }}
 {{- range $k, $v := $store }}
-{{- if or (hasPrefix "master_" $k) (has $k (list "enabled" "metadata_server")) }}{{ $_ := set $s $k $v }}{{ end }}
+{{- if or (hasPrefix "master_" $k) (has $k (list "enabled" "metadata_server" "ssd_path")) }}{{ $_ := set $s $k $v }}{{ end }}
 {{- end }}
 {{- $_ := set $out "store" $s }}
 {{- else if eq .component "router" }}
