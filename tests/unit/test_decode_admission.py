@@ -6,14 +6,13 @@ Driven through the real DecodeScheduler thread (it owns the allocator; handler t
 import concurrent.futures
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from decode_node.scheduler import DecodeScheduler
-from engine.page_allocator import PageAllocator
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
+from tests.fixtures.runtime import stand_in_runtime
 
 
 def never():
@@ -25,8 +24,7 @@ def make():
     made = []
 
     def _make(num_pages: int, max_queued: int, watermark: float, prefix_cache: bool = False) -> DecodeScheduler:
-        rt = SimpleNamespace(allocator=PageAllocator(num_pages), store_io=None, chain_index=None, max_context=64,
-                             cfg=SimpleNamespace(model=SimpleNamespace(page_size=4)))
+        rt = stand_in_runtime(None, num_pages, page_size=4, max_positions=64)  # no forward runs here
         sched = DecodeScheduler(rt, max_running=4, offload=False, recorder=WorkerRecorder("decode"),
                                 max_queued=max_queued, watermark=watermark, prefix_cache=prefix_cache)
         sched.start()

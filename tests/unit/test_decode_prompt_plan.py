@@ -88,7 +88,6 @@ def test_taking_ranges_within_a_budget_and_consuming_them():
 
 def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
     import threading
-    from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry
 
@@ -97,6 +96,7 @@ def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
     from engine.sampling_params import SamplingParams
     from pdorch.config import Config
     from store_client.page_hash import page_hashes
+    from tests.fixtures.runtime import stand_in_runtime
 
     release = threading.Event()
 
@@ -107,7 +107,9 @@ def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
             release.wait(30)
             return (True,) * len(keys)
 
-    kv = PromptKV(SimpleNamespace(store=FrozenStore(), fingerprint="fp", chain_index=None, cfg=Config()), CollectorRegistry())
+    rt = stand_in_runtime(None, 8, PAGE_SIZE, cfg=Config())
+    rt.store = FrozenStore()
+    kv = PromptKV(rt, CollectorRegistry())
     prompt = list(range(70))
     req = DecodeRequest(job=GenerateJob("r", tuple(prompt), SamplingParams(), "-", 10.0), deadline=0.0,
                         own_deadline=True, stopper=None, page_hashes=page_hashes(prompt, PAGE_SIZE))
