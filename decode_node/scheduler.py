@@ -128,7 +128,7 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------------------- scheduler thread
     def _iterate(self, now: float) -> bool:
-        index = getattr(self._rt, "chain_index", None)
+        index = self._rt.chain_index
         if index is not None:  # ended conversations leave the prefix cache first, as they leave the store
             self._rt.allocator.stale_after = index.stale_after()
         self._release_drained()
@@ -181,7 +181,7 @@ class DecodeScheduler:
             written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)
             if written:
                 self._rec.count_store_written(written, kind=kind)
-        index = getattr(self._rt, "chain_index", None)
+        index = self._rt.chain_index
         if index is not None:  # in the store now: the evictor ranks them by depth in their chain
             for w, ok in zip(saved.writes, done.page_ok):
                 if ok:
@@ -334,7 +334,7 @@ class DecodeScheduler:
         if self._rt.store_io is None or not self._rt.store.enabled:
             self.cache.not_written([page], "store_disabled")
             return
-        evictor = getattr(self._rt, "evictor", None)
+        evictor = self._rt.evictor
         if evictor is not None and not evictor.should_write(k):
             self.cache.skipped([page])
             self._skipped.inc()

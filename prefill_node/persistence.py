@@ -96,7 +96,7 @@ class Persister:
             return True
         for i in computed:
             alloc.cache(task.page_hashes[i], task.page_ids[i])
-        evictor = getattr(self._rt, "evictor", None)
+        evictor = self._rt.evictor
         if evictor is not None and self.usable:
             below = {i for i in computed if not evictor.should_write(i, len(computed))}
             if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
@@ -136,7 +136,7 @@ class Persister:
         alloc.mark_persisted([p for p, good in zip(pages, ok) if good])
         alloc.mark_unpersisted([p for p, good in zip(pages, ok) if not good],
                                done.reason if done.reason != "ok" else "write_failed")
-        index = getattr(self._rt, "chain_index", None)
+        index = self._rt.chain_index
         if index is not None:
             # NOTE: (again) now that they are in the store: a key the evictor tried while it was still
             # being written was found absent and forgotten.

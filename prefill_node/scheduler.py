@@ -112,7 +112,7 @@ class PrefillScheduler:
         return None
 
     def _iterate(self, now: float) -> bool:
-        index = getattr(self._rt, "chain_index", None)
+        index = self._rt.chain_index
         if index is not None:  # ended conversations leave L1 first, as they leave the store
             self._rt.allocator.stale_after = index.stale_after()
         self._reap(now)
