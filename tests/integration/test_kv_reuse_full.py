@@ -216,6 +216,7 @@ def test_decode_offload_writes_once_per_step(tiny):
     steps = metric(d, "pdorch_decode_offload_steps_total") - steps0
     pages = metric(d, "pdorch_decode_offload_pages_total") - pages0
     assert pages == 8 * ((len(prompts[0]) + 70 - 1) // PAGE_SIZE - 2)  # every filled page of every request
+    print(f"offload: {pages:.0f} pages in {steps:.0f} steps, {calls:.0f} store writes")
     assert 0 < calls <= steps <= pages  # one store write call per step (at most 8 pages: one save chunk)
     # NOTE: not `steps < pages` (requests filling pages in the same step share one write): which steps
     # coincide depends on when each request joined the batch, and under load (CI once, a loaded run
