@@ -25,8 +25,7 @@ from pathlib import Path
 from pdorch.child_process import die_with_parent, pid_alive, proc_stat
 from pdorch.config import Config
 from pdorch.config_loader import load_config, parse_overrides
-from pdorch.launcher import port_in_use
-from pdorch.ports import free_port
+from pdorch.ports import free_port, free_port_run
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_LINE = "pdorch is ready at"
@@ -34,22 +33,13 @@ _ROLES = (("mooncake_master", "master"), ("prefill_node", "prefill"), ("decode_n
           ("-m router", "router"))
 
 
-def free_run(host: str, count: int) -> int:
-    """A base port whose `count` consecutive ports are free (worker i listens on base + i)."""
-    for _ in range(50):
-        base = free_port(host)
-        if all(not port_in_use(host, base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
 def port_overrides(num_prefill: int, num_decode: int) -> list[str]:
     """--set flags moving every listening port of the cluster to free ones."""
     h = "127.0.0.1"
     return [f"store.master_address={h}:{free_port(h)}", f"store.metadata_server=http://{h}:{free_port(h)}/metadata",
             f"store.master_metrics_port={free_port(h)}",
-            f"prefill.port={free_run(h, num_prefill)}", f"prefill.metrics_port={free_run(h, num_prefill)}",
-            f"decode.port={free_run(h, num_decode)}", f"decode.metrics_port={free_run(h, num_decode)}",
+            f"prefill.port={free_port_run(num_prefill, h)}", f"prefill.metrics_port={free_port_run(num_prefill, h)}",
+            f"decode.port={free_port_run(num_decode, h)}", f"decode.metrics_port={free_port_run(num_decode, h)}",
             f"router.port={free_port(h)}"]
 
 

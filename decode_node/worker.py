@@ -126,15 +126,15 @@ class DecodeWorker:
         # continues the chain when it offloads generated pages (decode_node/offload.py).
         try:
             req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
-        except BaseException:
-            self.recorder.request_failed(aborted=False)
+            # +1 position: the first decode step feeds the first token at position n (a spare page
+            # when the prompt fills its last page exactly).
+            req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
+                req.request_id, pages_for(n + 1, page_size), req.deadline, cancelled,
+                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]))
+        except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
+            self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             raise
-        # +1 position: the first decode step feeds the first token at position n (a spare page when
-        # the prompt fills its last page exactly).
-        req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
-            req.request_id, pages_for(n + 1, page_size), req.deadline, cancelled,
-            lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]))
         plan = None
         try:
             plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts

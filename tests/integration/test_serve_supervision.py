@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from pdorch.child_process import pid_alive
-from pdorch.launcher import port_in_use
+from pdorch.ports import free_port_run
 from tests.fixtures.processes import free_port, stop_process
 from tests.integration.test_serve import children_of, pdorch_command
 
@@ -28,15 +28,6 @@ ADMIN_KEY = "sk-admin-5e6d4c3b2a19"
 GRPC_TOKEN = "tok-grpc-0a9b8c7d6e5f"  # the workers check it, the router and decode workers send it
 SECRETS = (API_KEY, ADMIN_KEY, GRPC_TOKEN)
 READY_TIMEOUT_S = 240
-
-
-def free_run(count: int) -> int:
-    """A base port whose `count` consecutive ports are free (worker i listens on base + i)."""
-    for _ in range(50):
-        base = free_port()
-        if all(not port_in_use("127.0.0.1", base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def read_environ(pid: int) -> dict[str, str]:
@@ -68,7 +59,7 @@ def cluster(tmp_path, tiny_model_dir):
     ports = [f"store.master_address=127.0.0.1:{free_port()}",
              f"store.metadata_server=http://127.0.0.1:{free_port()}/metadata",
              f"store.master_metrics_port={free_port()}", "store.global_segment_size_mb=32",
-             f"prefill.port={free_run(2)}", f"prefill.metrics_port={free_run(2)}",
+             f"prefill.port={free_port_run(2)}", f"prefill.metrics_port={free_port_run(2)}",
              f"decode.port={free_port()}", f"decode.metrics_port={free_port()}", f"router.port={router_port}"]
     sets = ports + [f"model.source={tiny_model_dir}", f"model.cache_dir={tmp_path / 'models'}",
                     "model.torch_threads=1", "router.health_check_interval_s=0.5",

@@ -9,6 +9,7 @@ fences are released as "peer_gone" (nothing listens: no write can land).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
 from pdorch.ports import free_port
+from pdorch.worker.errors import Aborted, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.runtime import build_runtime
@@ -88,3 +90,37 @@ def test_a_request_still_runs_after_the_faults(worker, monkeypatch):
     while worker.rt.allocator.num_available() != worker.rt.allocator.num_total:
         assert time.monotonic() < deadline, "pages of a finished request never came back"
         time.sleep(0.05)
+
+
+def test_a_request_aborted_while_it_waits_for_pages_counts_as_aborted(worker):
+    """Admission is an exit too: before, a request cancelled in the wait queue was counted nowhere."""
+    rec, alloc = worker.recorder, worker.rt.allocator
+    failed, aborted = rec.requests_failed, rec.requests_aborted
+    hog = worker.scheduler.admit("hog", alloc.num_total, time.monotonic() + 30, lambda: False)
+    try:
+        job = GenerateJob(request_id="waits", token_ids=tuple(range(10, 60)),
+                          params=SamplingParams(temperature=0.0, max_tokens=4),
+                          prefill_address="127.0.0.1:1", timeout_s=30.0)
+        req = worker.create(job)
+        outcome = []
+        runner = threading.Thread(target=lambda: outcome.append(_drain(worker.run(req))))
+        runner.start()
+        deadline = time.monotonic() + 10
+        while worker.scheduler.admission.waiting == 0:
+            assert time.monotonic() < deadline, "the request never queued for pages"
+            time.sleep(0.01)
+        assert worker.abort("waits")
+        runner.join(10)
+        assert not runner.is_alive() and isinstance(outcome[0], Aborted), outcome
+    finally:
+        worker.scheduler.release(hog)
+    assert (rec.requests_failed - failed, rec.requests_aborted - aborted) == (1, 1) and req.done
+
+
+def _drain(events):
+    try:
+        for _ in events:
+            pass
+    except WorkerError as e:  # the outcome under test
+        return e
+    return None
