@@ -3,6 +3,8 @@ summary. Missing values print as "-"."""
 
 from __future__ import annotations
 
+from bench.multiturn_stats import TIERS
+
 
 def _f(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
@@ -14,11 +16,11 @@ def _ms(value) -> str:
 
 def round_table(rounds: list[dict]) -> str:
     head = ("round  reqs fail  ttft mean/p50/p90 s   itl p50/p90 ms  in tok/s out tok/s   hit  ideal  cap-ideal"
-            "  computed/device/host/store tokens   store read/written pages, evicted by master/pdorch")
+            "  computed/device/host/store/ssd tokens   store read/written pages, evicted by master/pdorch")
     lines = [head]
     for r in rounds:
         t = r["tier_tokens"]
-        tiers = "/".join(_f(t[k], "d") for k in ("computed", "device", "host", "store"))
+        tiers = "/".join(_f(t[k], "d") for k in ("computed",) + TIERS)
         store = ("/".join(_f(r[k], "d") for k in ("store_pages_read", "store_pages_written")) + ", "
                  + "/".join(_f(r.get(k), "d") for k in ("store_pages_evicted", "store_pages_evicted_by_pdorch")))
         lines.append(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-TIERS = ("device", "host", "store")
+TIERS = ("device", "host", "store", "ssd")  # ssd: the store's SSD tier (0 without it)
 
 
 # ---------------------------------------------------------------------------------- per request
@@ -109,11 +109,11 @@ def tier_tokens(results: list[RequestResult], metric_tiers: dict | None = None) 
     """Prompt tokens by where they came from: computed + each cache tier; and the source of the split.
 
     From the responses when every one reports tiers, else from the workers' counters (`metric_tiers`:
-    the round's delta of {"computed", "device", "host", "store"}), else unknown (None values)."""
+    the round's delta of {"computed", "device", "host", "store", "ssd"}), else unknown (None values)."""
     ok = [r for r in results if r.error is None]
     prompt = sum(r.prompt_tokens for r in ok)
     if ok and all(r.tiers is not None for r in ok):
-        split = {t: sum(r.tiers[t] for r in ok) for t in TIERS}
+        split = {t: sum(r.tiers.get(t, 0) for r in ok) for t in TIERS}
         split["computed"] = prompt - sum(split.values())
         return split, "responses"
     if metric_tiers is not None:

@@ -24,9 +24,11 @@ class PrefixLoad:
     pages: tuple[int, ...]  # indexes into the request's page_ids
     page_ids: tuple[int, ...]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    from_ssd: tuple[bool, ...] = ()  # per page, once settled: read from the store's SSD tier
 
     def page_ok(self, done) -> tuple[bool, ...]:
         ok = tuple(done.page_ok)
+        self.from_ssd = tuple(done.page_ssd)
         return ok + (False,) * (len(self.pages) - len(ok))
 
     def settle(self, req: DecodeRequest, op_timeout_s: float) -> tuple[bool, ...] | None:

@@ -71,18 +71,21 @@ class PromptPlan:
         """The pages P neither computes nor pushes (D holds or reads them), in order."""
         return tuple(sorted(set(self.held) | set(self.load)))
 
-    def apply(self, req: DecodeRequest, landed: Sequence[bool], page_size: int) -> None:
+    def apply(self, req: DecodeRequest, landed: Sequence[bool], page_size: int, from_ssd: Sequence[bool] = ()) -> None:
         """Leave in `req` what D computes itself before decoding, given per `load` page whether D's
-        read landed: every reusable page planned here and every page it failed to read; locally also
-        the tail (and the first token), after P nothing else."""
+        read landed (and whether it came from the store's SSD tier): every reusable page planned here
+        and every page it failed to read; locally also the tail (and the first token), after P
+        nothing else."""
         n = req.prompt_len
         read = {i for i, good in zip(self.load, landed) if good}
+        n_ssd = sum(1 for good, disk in zip(landed, from_ssd) if good and disk)
         holes = [i for i, source in enumerate(self.sources(reusable_pages(n, page_size)))
                  if source is Source.HERE or (source is Source.STORE and i not in read)]
         if self.local:
             req.todo = compute_ranges(holes, n, page_size)
             req.computed_pages = computed_full_pages(holes, n, page_size)
-            req.cached = CachedTokens(device=len(self.held) * page_size, store=len(read) * page_size)
+            req.cached = CachedTokens(device=len(self.held) * page_size, store=(len(read) - n_ssd) * page_size,
+                                      ssd=n_ssd * page_size)
             req.first_pending = True
             return
         req.todo = [[i * page_size, (i + 1) * page_size] for i in holes]

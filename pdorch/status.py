@@ -13,7 +13,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-TIERS = ("device", "host", "store")
+from pdorch.worker.prefill_rpc import CACHE_TIERS
+
+TIERS = CACHE_TIERS
+# The master's SSD tier gauges (docs/workers.md, "The SSD tier"): objects and bytes on disk, capacity.
+SSD_GAUGES = {"file_cache_nums_": "objects", "master_allocated_file_size_bytes": "bytes",
+              "master_total_file_capacity_bytes": "capacity_bytes"}
 
 
 class StatusError(RuntimeError):
@@ -74,7 +79,18 @@ def fetch_store(store_cfg, timeout_s: float = 5.0) -> dict[str, Any] | None:
     fill = master_fill(text)
     return {"url": url, "eviction": store_cfg.eviction, "master_eviction": master_eviction_counters(text),
             **({"fill_ratio": fill.ratio, "keys": fill.key_count, "capacity_bytes": fill.capacity_bytes}
-               if fill is not None else {})}
+               if fill is not None else {}),
+            **({"ssd": ssd_usage(text)} if store_cfg.ssd_path else {})}
+
+
+def ssd_usage(master_text: str) -> dict[str, float]:
+    """The master's SSD tier gauges by our names (missing ones left out)."""
+    out = {}
+    for family in text_string_to_metric_families(master_text):
+        for sample in family.samples:
+            if sample.name in SSD_GAUGES:
+                out[SSD_GAUGES[sample.name]] = sample.value
+    return out
 
 
 def render_store(store: dict[str, Any] | None) -> list[str]:
@@ -88,6 +104,11 @@ def render_store(store: dict[str, Any] | None) -> list[str]:
                  f"{store['keys']:.0f} keys")
     counters = ", ".join(f"{k} {v:.0f}" for k, v in store["master_eviction"].items()) or "not exported"
     lines = [head, f"mooncake_master's own eviction: {counters}"]
+    if "ssd" in store:
+        ssd = store["ssd"]
+        lines.append(f"ssd tier: {ssd.get('objects', 0):.0f} objects, {ssd.get('bytes', 0) / 2**20:.0f} MiB on disk"
+                     + (f" (capacity {ssd['capacity_bytes'] / 2**30:.0f} GiB, not enforced by Mooncake)"
+                        if ssd.get("capacity_bytes") else ""))
     if "pdorch_evicted_pages" in store:
         lines.append(f"pdorch's chain eviction: {store['pdorch_evicted_pages']:.0f} pages removed "
                      f"({', '.join(f'{r} {n:.0f}' for r, n in sorted(store['pdorch_evicted_by_role'].items()))})")

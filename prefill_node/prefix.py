@@ -74,18 +74,23 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     return True
 
 
-def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False) -> None:
+def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False,
+              page_ssd=()) -> None:
     """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
     persisted when read from the store; read from D they are backfilled: the store may lack them),
-    the others become holes once both have finished."""
+    the others become holes once both have finished. `page_ssd`: per page, read from the store's
+    SSD tier (counted apart from its DRAM)."""
     alloc = rt.allocator
     ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
-    for i, good in zip(pages, ok):
+    ssd = list(page_ssd) + [False] * (len(pages) - len(page_ssd))
+    for i, good, disk in zip(pages, ok, ssd):
         if not good:
             task.missed.append(i)
             continue
         if from_decode:
             task.decode_pages += 1
+        elif disk:
+            task.ssd_pages += 1
         else:
             task.store_pages += 1
         if prefix_cache and alloc.cache(task.page_hashes[i], task.page_ids[i]) == task.page_ids[i]:

@@ -189,7 +189,7 @@ class PrefillScheduler:
         if done.reason != "ok":
             log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
                       done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, task.loading, done.page_ok, self._prefix_cache)
+        prefix.on_loaded(task, self._rt, task.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):

@@ -50,7 +50,8 @@ class PrefillTask:
     #     todo    [        [hole start, end), [tail start, prompt_len)]
     todo: list[list[int]] = field(default_factory=list)
     device_pages: int = 0  # reusable pages found in L1
-    store_pages: int = 0  # reusable pages loaded from the store
+    store_pages: int = 0  # reusable pages loaded from the store's DRAM
+    ssd_pages: int = 0  # reusable pages loaded from the store's SSD tier
     decode_pages: int = 0  # reusable pages read from the decode worker's pool (its prefix cache)
     holes: list[int] = field(default_factory=list)  # reusable pages neither tier had: recomputed
     loading: list[int] = field(default_factory=list)  # page indexes of the store load in flight
@@ -83,7 +84,7 @@ class PrefillTask:
         """NOTE: pages read from D's pool count as `device`: they come from a device KV pool (D's)."""
         page_size = self.job.page_size
         return CachedTokens(device=(self.device_pages + self.decode_pages) * page_size, host=0,
-                            store=self.store_pages * page_size)
+                            store=self.store_pages * page_size, ssd=self.ssd_pages * page_size)
 
     def computed_full_pages(self) -> list[int]:
         """Indexes of the full pages computed here: the holes, then the tail's full page if any."""
@@ -92,7 +93,7 @@ class PrefillTask:
     @property
     def computed_tokens(self) -> int:
         """Prompt tokens computed here (holes + tail)."""
-        reused = self.device_pages + self.store_pages + self.decode_pages
+        reused = self.device_pages + self.store_pages + self.ssd_pages + self.decode_pages
         return self.prompt_len - reused * self.job.page_size
 
     def plan_compute(self, holes: list[int]) -> None:

@@ -35,7 +35,7 @@ from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.failover import MAX_FAILOVERS, Resumption
 from router.grpc.stream import RpcError, StreamCall
-from router.metrics import RouterMetrics
+from router.metrics import CACHE_TIERS, RouterMetrics
 from router.policies import Policy, RouteContext, SessionAffinity
 from router.workers import Worker, WorkerPool
 
@@ -190,9 +190,10 @@ class Dispatcher:
         resumed = att.first
         cached = next((m.cached for m in resumed if m.HasField("cached")), None)
         if cached is not None:
-            for tier in ("device", "host", "store"):
-                self.metrics.failover_cached_tokens.labels(tier).inc(getattr(cached, tier))
-            computed = len(resumption.token_ids) - cached.device - cached.host - cached.store
+            reused = {tier: getattr(cached, tier) for tier in CACHE_TIERS}
+            for tier, tokens in reused.items():
+                self.metrics.failover_cached_tokens.labels(tier).inc(tokens)
+            computed = len(resumption.token_ids) - sum(reused.values())
             self.metrics.failover_computed_tokens.inc(computed)
         return resumption, att
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
+from router.metrics import CACHE_TIERS
+
 try:
     import orjson
 
@@ -40,6 +42,7 @@ class Progress:
         "output_ids",
         "prompt_tokens",
         "request_id",
+        "ssd",
         "store",
         "text",
     )
@@ -47,7 +50,7 @@ class Progress:
     def __init__(self, request_id: str, prompt_tokens: int):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
-        self.device = self.host = self.store = 0
+        self.device = self.host = self.store = self.ssd = 0
         self.output_ids: list[int] = []
         self.text = ""
         self.finish_reason = ""
@@ -59,7 +62,7 @@ class Progress:
             self.prompt_tokens = msg.prompt_tokens
         if msg.HasField("cached"):
             c = msg.cached
-            self.device, self.host, self.store = c.device, c.host, c.store
+            self.device, self.host, self.store, self.ssd = c.device, c.host, c.store, c.ssd
         self.output_ids.extend(msg.token_ids)
         self.text += msg.text
         if msg.finish_reason:
@@ -69,13 +72,18 @@ class Progress:
 
     @property
     def cached_tokens(self) -> int:
-        return self.device + self.host + self.store
+        return self.device + self.host + self.store + self.ssd
+
+    def cached_by_tier(self) -> dict:
+        return {tier: getattr(self, tier) for tier in CACHE_TIERS}
 
     def usage(self) -> dict:
+        # NOTE: `cached_tokens_details` is ours (OpenAI's usage has no tiers); clients ignore unknown keys.
         n = len(self.output_ids)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
                 "total_tokens": self.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens,
+                                          "cached_tokens_details": self.cached_by_tier()}}
 
 
 # ---------------------------------------------------------------------------------- OpenAI
@@ -131,5 +139,5 @@ def generate_body(p: Progress, e2e_s: float) -> dict:
     return {"text": p.text, "output_ids": list(p.output_ids),
             "meta_info": {"id": p.request_id, "finish_reason": finish, "prompt_tokens": p.prompt_tokens,
                           "completion_tokens": len(p.output_ids), "cached_tokens": p.cached_tokens,
-                          "cached_tokens_details": {"device": p.device, "host": p.host, "store": p.store},
+                          "cached_tokens_details": p.cached_by_tier(),
                           "e2e_latency": round(e2e_s, 6)}}

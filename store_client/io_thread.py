@@ -64,6 +64,7 @@ class IOCompletion:
     pages_skipped: int = 0  # save: already present, not rewritten
     elapsed_s: float = 0.0  # submit -> completion
     page_ok: tuple[bool, ...] = ()  # per page of the submission (after cancel_owner removals)
+    page_ssd: tuple[bool, ...] = ()  # load: per page, read from the store's SSD tier; () = none was
 
 
 @dataclass(eq=False)  # identity: jobs are found in and removed from queues by object
@@ -290,7 +291,7 @@ class StoreIO:
             self._metrics.misses.labels(LOAD, TIMEOUT).inc(len(job.keys))
             self._complete(job, TIMEOUT)
         for job, result in zip(live, results):
-            self._complete(job, result.reason, result.page_ok)
+            self._complete(job, result.reason, result.page_ok, result.page_ssd)
         self._publish_depth()
 
     def _run_save(self, job: _Job, lo: int, hi: int) -> None:
@@ -317,11 +318,11 @@ class StoreIO:
         self._publish_depth()
 
     # ------------------------------------------------------------------ helpers
-    def _complete(self, job: _Job, reason: str, page_ok=None) -> None:
+    def _complete(self, job: _Job, reason: str, page_ok=None, page_ssd=()) -> None:
         """Deliver the job's completion; `page_ok` defaults to the job's own (a save's chunks so far)."""
         page_ok = tuple(job.page_ok if page_ok is None else page_ok) or (False,) * len(job.keys)
         done = IOCompletion(job.tag, job.op, sum(page_ok), reason, len(job.keys), job.skipped,
-                            time.monotonic() - job.submitted, page_ok)
+                            time.monotonic() - job.submitted, page_ok, tuple(page_ssd))
         with self._done_cv:
             self._done.append(done)
             self._done_cv.notify_all()

@@ -27,6 +27,9 @@ class StoreMetrics:
         p = "pdorch_store_"
         self.pages_read = Counter(p + "pages_read", "Pages loaded from the store into the pool", registry=reg)
         self.bytes_read = Counter(p + "bytes_read", "Bytes loaded from the store into the pool", registry=reg)
+        self.tier_pages_read = Counter(p + "tier_pages_read", "Pages loaded from the store, by the store tier "
+                                       "they came from (dram; ssd: Mooncake's offload files)", ["tier"],
+                                       registry=reg)
         self.pages_written = Counter(p + "pages_written", "Pages written to the store", registry=reg)
         self.bytes_written = Counter(p + "bytes_written", "Bytes written to the store", registry=reg)
         self.pages_skipped = Counter(p + "pages_skipped_existing",
@@ -57,6 +60,8 @@ class StoreMetrics:
             self.hits.labels(op)
         for op in ("load", "save"):
             self.queue_depth.labels(op)
+        for tier in ("dram", "ssd"):
+            self.tier_pages_read.labels(tier)
 
         # Chain eviction (store_client/evictor.py): what pdorch removed from the store, and why not.
         self.evicted_pages = Counter(p + "evicted_pages", "Pages pdorch's chain eviction removed from the store",

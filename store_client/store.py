@@ -2,7 +2,8 @@
 
     match_prefix(keys) -> n          one batch_is_exist; leading present pages
     present(keys) -> (bool, ...)     one batch_is_exist; per page (the decode worker's plan)
-    load(keys, addrs)  -> LoadResult one batch_get_into straight into pool pages
+    load(keys, addrs)  -> LoadResult one batch_get_into straight into pool pages (with the SSD tier
+                                     on, one batch_get_replica_desc first: which pages come from disk)
     load_many([(keys, addrs), ...])  several requests' loads in one batch_get_into
     save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
 from store_client.metrics import StoreMetrics
+from store_client.replica_tier import disk_only_keys
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class LoadResult:
     pages_loaded: int  # pages whose bytes are now in the pool (anywhere in the request)
     reason: str  # OK when all were loaded, else why the first missing page was not
     page_ok: tuple[bool, ...] = ()  # per page: loaded
+    page_ssd: tuple[bool, ...] = ()  # per page: loaded from the SSD tier (replica_tier.py); () = none
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class KVStore:
         all_keys = [k for keys, _ in requests for k in keys]
         all_addrs = [a for _, addrs in requests for a in addrs]
         t0 = time.perf_counter()
+        on_disk = disk_only_keys(client, all_keys) if self.ssd_dir else [False] * total
         codes = [_RPC_FAILED] * total
         for batch in _distinct_key_batches(all_keys):
             got = self._get_into(client, [all_keys[i] for i in batch], [all_addrs[i] for i in batch])
@@ -183,7 +187,7 @@ class KVStore:
         elapsed = self._observe("load", t0, codes)
         results, off = [], 0
         for keys, _ in requests:
-            results.append(self._load_result(codes[off:off + len(keys)], elapsed))
+            results.append(self._load_result(codes[off:off + len(keys)], elapsed, on_disk[off:off + len(keys)]))
             off += len(keys)
         return results
 
@@ -196,22 +200,25 @@ class KVStore:
         # defensive: a short answer is a failure of the missing entries
         return codes + [_RPC_FAILED] * (len(keys) - len(codes))
 
-    def _load_result(self, codes: Sequence[int], elapsed: float) -> LoadResult:
+    def _load_result(self, codes: Sequence[int], elapsed: float, on_disk: Sequence[bool]) -> LoadResult:
         # NOTE: a positive size other than page_nbytes is a foreign object under our key: not usable.
         ok = tuple(c == self.page_nbytes for c in codes)
-        n = sum(ok)
+        ssd = tuple(good and disk for good, disk in zip(ok, on_disk)) if any(on_disk) else ()
+        n, n_ssd = sum(ok), sum(ssd)
         self.metrics.hits.labels("load").inc(n)
         self.metrics.pages_read.inc(n)
         self.metrics.bytes_read.inc(n * self.page_nbytes)
+        self.metrics.tier_pages_read.labels("dram").inc(n - n_ssd)
+        self.metrics.tier_pages_read.labels("ssd").inc(n_ssd)
         if n == len(codes):
-            return LoadResult(n, OK, ok)
+            return LoadResult(n, OK, ok, ssd)
         first = ok.index(False)
         self.metrics.hole_pages.inc(sum(ok[first:]))  # present after a missing page: read, not lost
         reasons = [TRANSFER_FAILED if c >= 0 else classify(c, elapsed, self._deadline)
                    for c, good in zip(codes, ok) if not good]
         for why, count in collections.Counter(reasons).items():
             self._miss("load", count, why)
-        return LoadResult(n, reasons[0], ok)
+        return LoadResult(n, reasons[0], ok, ssd)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
         """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""

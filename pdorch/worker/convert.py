@@ -47,11 +47,11 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
 
 
 def cached_to_proto(cached: CachedTokens) -> pb.CachedTokens:
-    return pb.CachedTokens(device=cached.device, host=cached.host, store=cached.store)
+    return pb.CachedTokens(device=cached.device, host=cached.host, store=cached.store, ssd=cached.ssd)
 
 
 def cached_from_proto(msg: pb.CachedTokens) -> CachedTokens:
-    return CachedTokens(device=msg.device, host=msg.host, store=msg.store)
+    return CachedTokens(device=msg.device, host=msg.host, store=msg.store, ssd=msg.ssd)
 
 
 def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:

@@ -11,6 +11,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from pdorch.worker.prefill_rpc import CACHE_TIERS
+
 
 class WorkerRecorder:
     def __init__(self, role: str):
@@ -21,7 +23,7 @@ class WorkerRecorder:
         self.requests_failed = 0
         self.requests_aborted = 0
         self.prompt_tokens_computed = 0
-        self.cached = {"device": 0, "host": 0, "store": 0}
+        self.cached = dict.fromkeys(CACHE_TIERS, 0)
         self.generated_tokens = 0
         self.store_pages_written = 0
         self.store_pages_loaded = 0
@@ -70,10 +72,10 @@ class WorkerRecorder:
     def prompt_tokens(self, computed: int, cached) -> None:
         with self._lock:
             self.prompt_tokens_computed += computed
-            for tier in ("device", "host", "store"):
+            for tier in CACHE_TIERS:
                 self.cached[tier] += getattr(cached, tier)
         self._prompt_tokens.labels("computed").inc(computed)
-        for tier in ("device", "host", "store"):
+        for tier in CACHE_TIERS:
             self._prompt_tokens.labels(tier).inc(getattr(cached, tier))
 
     def generated(self, n: int) -> None:

@@ -7,7 +7,7 @@ generated classes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine.sampling_params import SamplingParams
 
@@ -22,11 +22,15 @@ class CachedTokens:
 
     device: int = 0
     host: int = 0
-    store: int = 0
+    store: int = 0  # the store's DRAM
+    ssd: int = 0  # the store's SSD offload files
 
     @property
     def total(self) -> int:
-        return self.device + self.host + self.store
+        return self.device + self.host + self.store + self.ssd
+
+
+CACHE_TIERS = tuple(f.name for f in fields(CachedTokens))  # the label values of cached-token metrics
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,15 @@ def test_page_evicted_from_dram_is_read_back_from_ssd(offload_master, tmp_path):
         assert registry.get_sample_value("pdorch_store_ssd_bytes") >= PAGES * PAGE_NBYTES
         assert registry.get_sample_value("pdorch_store_ssd_rpc_reads_total") >= 1  # the evicted pages' read
         after = offload_master.metrics_text()
-        assert master_value(after, "file_cache_hit_nums_") - master_value(before, "file_cache_hit_nums_") \
-            >= evicted, after
+        from_files = master_value(after, "file_cache_hit_nums_") - master_value(before, "file_cache_hit_nums_")
+        assert from_files >= evicted, after
+        # our per-page attribution (the replica lookup): exactly the pages the master evicted from DRAM
+        ssd = sum(r.page_ssd)
+        assert evicted <= ssd <= master_value(after, "master_evicted_key_count"), (ssd, evicted, after)
+        # NOTE: the master counts the lookup as a file hit too: twice the pages read from files
+        assert from_files == 2 * ssd, (from_files, ssd)
+        assert registry.get_sample_value("pdorch_store_tier_pages_read_total", {"tier": "ssd"}) == ssd
+        assert registry.get_sample_value("pdorch_store_tier_pages_read_total", {"tier": "dram"}) == PAGES - ssd
     finally:
         store.close()
 
@@ -100,6 +107,7 @@ def test_dram_only_loses_the_evicted_pages(offload_master, tmp_path):
         time.sleep(1)
         r = store.load(keys, [back.ctypes.data + j * PAGE_NBYTES for j in range(PAGES)])
         assert r.pages_loaded <= SEGMENT_MB * (1 << 20) // PAGE_NBYTES, r
+        assert r.page_ssd == ()  # no SSD tier: no replica lookup, nothing attributed to disk
     finally:
         store.close()
 
@@ -132,4 +140,38 @@ def test_workers_write_to_their_own_ssd_directories(tmp_path, tiny_model_dir):
         time.sleep(10.5)  # the metrics' directory walk runs at most every 10 s
         assert sum(worker_metric(w, "pdorch_store_ssd_files") for w in (prefill, decode)) == written
     finally:
+        cluster.stop()
+
+
+def test_a_prefix_pushed_out_of_dram_comes_back_from_ssd_with_the_same_output(tmp_path, tiny_model_dir):
+    """Through the workers: a conversation's pages leave DRAM (a pure client's filler makes the master
+    evict them), its next turn reads them from the workers' SSD files, the answer's cached tokens say
+    `ssd`, and the output equals the first run's."""
+    from tests.fixtures.workers import start_cluster
+
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, kv_lease_ttl_ms=200,
+                            store={"ssd_path": str(tmp_path / "ssd"), "global_segment_size_mb": 16,
+                                   "eviction": "master"})
+    filler = KVStore(store_config(cluster.master, global_segment_size_mb=0), PAGE_NBYTES,
+                     StoreMetrics(CollectorRegistry()))
+    try:
+        prompt = [(i * 37) % 1000 + 10 for i in range(16 * 12)]
+        first = cluster.generate(prompt, max_tokens=8)
+        cluster.flush_l1()  # what follows finds the prefix in the store only
+        time.sleep(3)  # the workers' offload heartbeat (1 s) copies their pages to disk
+        before = cluster.master.metrics_text()
+        assert filler.wait_enabled(30)
+        pages = page_pattern(27, 8, PAGE_NBYTES)
+        filler.register_buffer(pages.ctypes.data, pages.nbytes)
+        for batch in range(3 * 2 * 16 * (1 << 20) // PAGE_NBYTES // 8):  # 3 x the DRAM of both workers
+            fill(filler, [f"filler/{batch}/{j}" for j in range(8)], pages)
+        assert master_value(cluster.master.metrics_text(), "master_evicted_key_count") > \
+            master_value(before, "master_evicted_key_count")
+        second = cluster.generate(prompt, max_tokens=8)
+        print("first", first.cached, "second", second.cached)
+        assert second.token_ids == first.token_ids
+        assert second.cached.ssd > 0, second.cached
+        assert second.cached.device + second.cached.store + second.cached.ssd <= len(prompt)
+    finally:
+        filler.close()
         cluster.stop()

@@ -14,12 +14,13 @@ def metrics_text() -> str:
     cached = Counter("pdorch_router_cached_tokens", "c", ["tier"], registry=r)
     cached.labels("device").inc(96)
     cached.labels("store").inc(32)
+    cached.labels("ssd").inc(20)
     return generate_latest(r).decode()
 
 
 def test_token_counters_sum_the_router_counters():
     assert token_counters(metrics_text()) == {"prompt": 200.0, "completion": 50.0, "cached_device": 96.0,
-                                              "cached_store": 32.0}
+                                              "cached_store": 32.0, "cached_ssd": 20.0}
 
 
 def test_render_shows_workers_load_and_hit_rates():
@@ -32,7 +33,7 @@ def test_render_shows_workers_load_and_hit_rates():
     assert lines[0] == "router http://r: 2 workers"
     assert lines[3].split() == ["decode", "127.0.0.1:50171", "DOWN", "-", "-", "-", "-", "-", "-", "-"]
     assert lines[4].split() == ["prefill", "127.0.0.1:50161", "ok", "closed", "2", "7", "0", "1", "2", "500/512"]
-    assert "cache hit rate 64.0% (device 48.0%, host 0.0%, store 16.0%)" in text
+    assert "cache hit rate 74.0% (device 48.0%, host 0.0%, store 16.0%, ssd 10.0%)" in text
 
 
 def test_render_without_requests():
@@ -62,3 +63,16 @@ def test_pdorch_evictions_are_shown_beside_the_masters():
     text = render_status(status)
     assert "mooncake_master's own eviction: evicted_keys 2" in text
     assert "pdorch's chain eviction: 47 pages removed (decode 17, prefill 30)" in text
+
+
+def test_the_ssd_tier_is_read_from_the_masters_gauges_and_shown():
+    from pdorch.status import ssd_usage
+
+    text = ("# TYPE file_cache_nums_ gauge\nfile_cache_nums_ 96\n# TYPE master_allocated_file_size_bytes gauge\n"
+            "master_allocated_file_size_bytes 25165824\n# TYPE master_total_file_capacity_bytes gauge\n"
+            "master_total_file_capacity_bytes 2147483648\n# TYPE master_key_count gauge\nmaster_key_count 3\n")
+    ssd = ssd_usage(text)
+    assert ssd == {"objects": 96.0, "bytes": 25165824.0, "capacity_bytes": 2147483648.0}
+    store = {"url": "http://m/metrics", "eviction": "chain", "master_eviction": {}, "ssd": ssd}
+    text = render_status({"url": "http://r", "workers": [], "tokens": {}, "store": store})
+    assert "ssd tier: 96 objects, 24 MiB on disk (capacity 2 GiB, not enforced by Mooncake)" in text

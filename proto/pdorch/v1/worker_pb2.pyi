@@ -29,14 +29,16 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ...) -> None: ...
 
 class CachedTokens(_message.Message):
-    __slots__ = ("device", "host", "store")
+    __slots__ = ("device", "host", "store", "ssd")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    SSD_FIELD_NUMBER: _ClassVar[int]
     device: int
     host: int
     store: int
-    def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ...) -> None: ...
+    ssd: int
+    def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ..., ssd: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages")
