@@ -55,9 +55,34 @@ def _pod(description: str, **props: dict) -> dict[str, Any]:
                startupSeconds={"type": "integer", "minimum": 5}, **_placement(), **props)
 
 
+# NOTE: a quantity the chart compares (templates/_ssd.tpl parses it): a string without exponent
+# (a number from values may reach the template as a float and render as 1e+09); empty = unset.
+SIZE = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?)?$"}
+
+
+def _when_type(value: str, block: str, field: str) -> dict[str, Any]:
+    """With `type: value`, `block.field` must be given."""
+    return {"if": {"properties": {"type": {"const": value}}, "required": ["type"]},
+            "then": {"required": [block], "properties": {block: {"required": [field],
+                                                                 "properties": {field: {"minLength": 1}}}}}}
+
+
+def _ssd_volume(role: str) -> dict[str, Any]:
+    """The volume at config.store.ssd_path (templates/_ssd.tpl)."""
+    schema = obj(f"{role} workers' SSD tier volume, mounted at config.store.ssd_path",
+                 type={"enum": ["", "emptyDir", "hostPath", "pvc"]},
+                 emptyDir=obj("emptyDir", sizeLimit=SIZE, medium={"enum": ["", "Memory"]}),
+                 hostPath=obj("hostPath", path={"type": "string", "pattern": "^(/.*)?$"},
+                              type={"enum": ["DirectoryOrCreate", "Directory"]}),
+                 pvc=obj("an existing PersistentVolumeClaim", claimName=STR))
+    schema["allOf"] = [_when_type("hostPath", "hostPath", "path"), _when_type("pvc", "pvc", "claimName")]
+    return schema
+
+
 def _worker(role: str) -> dict[str, Any]:
     return _pod(f"{role} worker Deployment",
                 gpus=COUNT, shmSize=QUANTITY, podDisruptionBudget=_budget(f"{role} PDB"),
+                ssdVolume=_ssd_volume(role),
                 rdma=obj("RDMA device and IPC_LOCK", enabled=BOOL, resourceName=STR,
                          count={"type": "integer", "minimum": 1}),
                 hugepages=obj("huge pages for the store segment and transfer buffers", enabled=BOOL,

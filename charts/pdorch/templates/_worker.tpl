@@ -125,6 +125,7 @@ spec:
             - name: hugepages
               mountPath: /dev/hugepages
             {{- end }}
+            {{- include "pdorch.ssdMount" (dict "root" $root "role" $role) | nindent 12 }}
             {{- with $v.extraVolumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -141,6 +142,7 @@ spec:
           emptyDir:
             medium: HugePages-{{ $v.hugepages.pageSize }}
         {{- end }}
+        {{- include "pdorch.ssdVolume" (dict "root" $root "role" $role) | nindent 8 }}
         {{- with $v.extraVolumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
