@@ -10,6 +10,7 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
                                                 store -> decode loading, conditional disaggregation
                                                 and store-aware routing off, (f) as (a) but the
                                                 decode worker's prefix cache off; same workload
+    python -m bench.multiturn --preset ssd --compare   (a) DRAM + SSD, (g) DRAM only, (b) store off
     python -m bench.multiturn --sweep [--shapes A,B]   a grid of cache shapes (bench/multiturn_sweep.py):
                                                 per shape the worst hit / free-L1 capacity-bound ideal
 
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,7 +57,10 @@ VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=fal
             # store -> decode, conditional disaggregation and store-aware routing off (a has them on)
             "e": ("beyond-anchors off", ["decode.load_prefix_from_store=false", "decode.max_local_prefill_tokens=0",
                                          "router.store_aware_routing=false"]),
-            "f": ("decode prefix cache off", ["decode.prefix_cache=false"])}
+            "f": ("decode prefix cache off", ["decode.prefix_cache=false"]),
+            # --preset ssd: the same store without its SSD tier (a: DRAM + SSD, b: store off)
+            "g": ("DRAM only", ["store.ssd_path="])}
+SSD_VARIANTS = ("a", "g", "b")  # what --preset ssd --compare runs
 
 
 def parser() -> argparse.ArgumentParser:
@@ -145,15 +150,17 @@ def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
     extra = VARIANTS[key][1] if args.compare else []
     base = effective_config(args.config, extra + args.config_overrides)
     preset = "none" if args.url else args.preset  # NOTE: a running cluster keeps its sizes
+    ssd_dir = tempfile.mkdtemp(prefix="pdorch-multiturn-ssd-") if preset == "ssd" else ""
     sets = (sized(w, base, kv_per_token) if sized else
-            preset_overrides(preset, w, base, kv_per_token, args.prefill, args.decode)) + extra
+            preset_overrides(preset, w, base, kv_per_token, args.prefill, args.decode, ssd_dir)) + extra
     sets += args.config_overrides
     cfg = effective_config(args.config, sets)
     nbytes = page_bytes(cfg, kv_per_token)
     if preset != "none" and sized is None:
         say(describe(preset, w, cfg, kv_per_token))
     say(f"[{key}] {VARIANTS[key][0]}: --set " + " ".join(sets))
-    cluster, target = None, Target(model=name, api_key=cfg.router.api_key, admin_key=cfg.router.admin_key)
+    cluster, target = None, Target(model=name, api_key=cfg.router.api_key, admin_key=cfg.router.admin_key,
+                                   ssd_tier=bool(cfg.store.enabled and cfg.store.ssd_path))
     try:
         if key == "d":
             from bench.multiturn_engine import EngineBackend
@@ -177,6 +184,8 @@ def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
     finally:
         if cluster is not None:
             cluster.stop()
+        if ssd_dir:
+            shutil.rmtree(ssd_dir, ignore_errors=True)
     res.update(run_summary(res["rounds"]), variant=key, variant_name=VARIANTS[key][0], sets=sets)
     return res
 
@@ -203,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = model_facts(args.url, cfg)
     w = Workload(args.clients, args.rounds, args.first_tokens, args.turn_tokens, args.output_tokens, args.api,
                  args.max_parallel)
-    keys = list(VARIANTS) if args.compare else ["a"]
+    keys = (list(SSD_VARIANTS) if args.preset == "ssd" else list(VARIANTS)) if args.compare else ["a"]
     if args.url and args.compare:
         keys = ["a", "d"]  # NOTE: a running cluster cannot be reconfigured into b, c and e
     if args.variants:

@@ -121,6 +121,11 @@ def store_capacity(master_samples: list | None) -> int | None:
     return int(total(master_samples, "master_total_capacity_bytes")) if master_samples else None
 
 
+def store_file_capacity(master_samples: list | None) -> int:
+    """Bytes the master's SSD tier may hold (0 without it)."""
+    return int(total(master_samples, "master_total_file_capacity_bytes")) if master_samples else 0
+
+
 def rss_mb(pid: int) -> float | None:
     """Resident set size of a live process in MiB (None once it is gone)."""
     try:

@@ -7,6 +7,8 @@ the same thing for any --clients / --rounds / turn sizes:
     fits  every page of the run fits in the prefill workers' L1 (the store is not needed)
     l3    L1 holds about the round-1 working set but not round 2's, so late rounds must read the
           store; the store holds 1.5x the final working set (no eviction)
+    ssd   as full, but the store's DRAM holds about a third of the final working set and the SSD
+          tier (`store.ssd_path`, a temporary directory per run) the rest: DRAM overflows into disk
     full  the store holds about half the final working set: eviction every late round, the steady
           state of a production cache. As in production, L1 is small next to the store (one
           longest prompt and a page margin: the prefill pool is working memory more than cache),
@@ -30,11 +32,12 @@ import math
 from engine.dtypes import DTYPE_BYTES, resolve_dtypes
 from pdorch.config import Config
 
-PRESETS = ("sglang", "fits", "l3", "full", "none")
+PRESETS = ("sglang", "fits", "l3", "full", "ssd", "none")
 # The workload each preset runs unless --clients / --rounds / --*-tokens say otherwise.
 _SGLANG_SEED = {"clients": 8, "rounds": 6, "first_tokens": 256, "turn_tokens": 256, "output_tokens": 64}
 PRESET_WORKLOADS = {"sglang": _SGLANG_SEED, "fits": _SGLANG_SEED, "l3": _SGLANG_SEED, "none": _SGLANG_SEED,
                     "full": {"clients": 16, "rounds": 6, "first_tokens": 128, "turn_tokens": 128, "output_tokens": 32}}
+PRESET_WORKLOADS["ssd"] = PRESET_WORKLOADS["full"]
 MIB = 1 << 20
 _OPENAI_SYSTEM_TOKENS = 24   # SmolLM2's default system prompt with its markers
 _OPENAI_TURN_TOKENS = 5      # "<|im_start|>role\n" ... "<|im_end|>\n" around each message
@@ -91,8 +94,9 @@ def default_high_watermark(cfg: Config | None = None) -> float:
 
 
 def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: int, num_prefill: int = 1,
-                     num_decode: int = 1) -> list[str]:
-    """The --set flags of a preset (before the user's own, which win)."""
+                     num_decode: int = 1, ssd_dir: str = "") -> list[str]:
+    """The --set flags of a preset (before the user's own, which win). `ssd_dir`: the SSD tier's
+    directory of the `ssd` preset."""
     if name == "none":
         return []
     if name == "sglang":  # the default config as it is: a benchmark measures a slow round instead of failing it
@@ -110,15 +114,16 @@ def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: i
         new_pages = math.ceil((w.turn_tokens + w.output_tokens) / P) + 2  # per request beyond its cached prefix
         l1 = math.ceil((final + w.clients * new_pages + 16) / num_prefill)
         return sets + [f"prefill.num_pages={l1}"]
-    if name == "full":  # L1 small next to the store, as in production: one longest prompt + a margin
+    if name in ("full", "ssd"):  # L1 small next to the store, as in production: one longest prompt + a margin
         l1 = prompt_pages + 16
     else:  # l3: L1 between the round-1 and round-2 working sets, never below two of the longest prompts
         ws1, ws2 = working_set_pages(w, 1, P), working_set_pages(w, min(2, last), P)
         l1 = max(2 * prompt_pages + 16, (ws1 + ws2) // 2 // num_prefill)
     segments = num_prefill + (num_decode if cfg.decode.offload_generated_kv else 0)
-    target = 1.5 * final * pb / default_high_watermark(cfg) if name == "l3" else final * pb / 2
-    segment_mb = max(16, math.ceil(target / segments / MIB))
-    return sets + [f"prefill.num_pages={l1}", f"store.global_segment_size_mb={segment_mb}"]
+    share = {"l3": 1.5 / default_high_watermark(cfg), "full": 1 / 2, "ssd": 1 / 3}[name]
+    segment_mb = max(16, math.ceil(share * final * pb / segments / MIB))
+    sets += [f"prefill.num_pages={l1}", f"store.global_segment_size_mb={segment_mb}"]
+    return sets + [f"store.ssd_path={ssd_dir}"] if name == "ssd" else sets
 
 
 def describe(name: str, w: Workload, cfg: Config, kv_values_per_token: int) -> str:

@@ -42,6 +42,7 @@ class Target:
     processes: dict = dataclasses.field(default_factory=dict)  # name -> pid, for RSS
     engine: object = None                                       # EngineBackend for variant d
     l1_pages: int | None = None                                 # engine: its pool
+    ssd_tier: bool = False                                      # store.ssd_path set: disk under the DRAM
 
 
 def _scrape_all(target: Target) -> tuple[dict, list | None, list]:
@@ -94,6 +95,8 @@ async def run_workload(target: Target, w: Workload, tokenizer, page_size: int, p
     """Run every round; returns {"rounds", "usable_pages", "store_capacity_bytes", ...}."""
     counters0, master, worker = await asyncio.to_thread(_scrape_all, target)
     capacity = metrics.store_capacity(master) or 0
+    if target.ssd_tier:  # the SSD tier's capacity counts too (Mooncake reports 2 TiB when unset)
+        capacity += metrics.store_file_capacity(master)
     watermark = _high_watermark(target)
     if target.l1_pages is not None:
         l1 = target.l1_pages

@@ -109,3 +109,18 @@ def test_preset_sizes_by_hand():
     assert fits["prefill.num_pages"] == "42" and "store.global_segment_size_mb" not in fits
     assert preset_overrides("none", w, cfg, 1024) == []
     assert preset_overrides("sglang", w, cfg, 1024) == ["decode.prefill_timeout_s=600"]  # the default sizes
+
+
+def test_the_ssd_preset_gives_dram_a_third_and_the_rest_to_the_ssd_tier():
+    # 8 clients x 6 rounds, 128-token turns, 32-token answers, page 16: context(5) = 128 + 5 x 160 + 32
+    # = 960 tokens = 60 pages a client, 480 pages in all; page = 1024 values x 16 x 4 B = 64 KiB, so
+    # the final working set is 30 MiB; a third over 2 segments = 5 MiB -> the 16 MiB floor. With
+    # 4096 values a token the pages are 256 KiB: 120 MiB, a third over 2 segments = 20 MiB.
+    w = Workload(clients=8, rounds=6, first_tokens=128, turn_tokens=128, output_tokens=32)
+    cfg = _cfg(kv_watermark=0.5)
+    small = dict(s.split("=", 1) for s in preset_overrides("ssd", w, cfg, 1024, ssd_dir="/tmp/x"))
+    assert small["store.global_segment_size_mb"] == "16" and small["store.ssd_path"] == "/tmp/x"
+    big = dict(s.split("=", 1) for s in preset_overrides("ssd", w, cfg, 4096, ssd_dir="/tmp/x"))
+    full = dict(s.split("=", 1) for s in preset_overrides("full", w, cfg, 4096))
+    assert big["store.global_segment_size_mb"] == "20" and full["store.global_segment_size_mb"] == "30"
+    assert big["prefill.num_pages"] == full["prefill.num_pages"] and "store.ssd_path" not in full
