@@ -8,7 +8,9 @@ the same thing for any --clients / --rounds / turn sizes:
     l3    L1 holds about the round-1 working set but not round 2's, so late rounds must read the
           store; the store holds 1.5x the final working set (no eviction)
     ssd   as full, but the store's DRAM holds about a third of the final working set and the SSD
-          tier (`store.ssd_path`, a temporary directory per run) the rest: DRAM overflows into disk
+          tier (`store.ssd_path`, a temporary directory per run) the rest: DRAM overflows into disk.
+          The decode worker's prefix cache is off: its pool, sized for every client's longest
+          prompt, would otherwise hold the whole working set and no read would reach the store
     full  the store holds about half the final working set: eviction every late round, the steady
           state of a production cache. As in production, L1 is small next to the store (one
           longest prompt and a page margin: the prefill pool is working memory more than cache),
@@ -123,7 +125,7 @@ def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: i
     share = {"l3": 1.5 / default_high_watermark(cfg), "full": 1 / 2, "ssd": 1 / 3}[name]
     segment_mb = max(16, math.ceil(share * final * pb / segments / MIB))
     sets += [f"prefill.num_pages={l1}", f"store.global_segment_size_mb={segment_mb}"]
-    return sets + [f"store.ssd_path={ssd_dir}"] if name == "ssd" else sets
+    return sets + [f"store.ssd_path={ssd_dir}", "decode.prefix_cache=false"] if name == "ssd" else sets
 
 
 def describe(name: str, w: Workload, cfg: Config, kv_values_per_token: int) -> str:
