@@ -177,10 +177,11 @@ class DecodeScheduler:
         for req in saved.owners:  # the distinct requests of one step's offload
             req.io_pending -= 1
         self.cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
-        for kind in ("offload", "writeback"):
+        for kind, reason in (("offload", "generated"), ("writeback", "computed")):
             written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)
             if written:
                 self._rec.count_store_written(written, kind=kind)
+                self._rec.count_written_by_reason({reason: written})
         index = self._rt.chain_index
         if index is not None:  # in the store now: the evictor ranks them by depth in their chain
             for w, ok in zip(saved.writes, done.page_ok):

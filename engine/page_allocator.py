@@ -3,15 +3,18 @@
 Every page is in exactly one state:
 
     free       ref 0, no hash    -> in `_free` (ascending page ids: allocate() hands out runs)
-    evictable  ref 0, has hash   -> in `_evictable_persisted`, `_evictable_dropped` or `_evictable`
-                                    (LRU first), still matchable by its hash
+    evictable  ref 0, has hash   -> in `_evictable_persisted`, `_evictable_unwritten`,
+                                    `_evictable_dropped` or `_evictable` (LRU first), still matchable
+                                    by its hash
     used       ref > 0           -> held by sequences (may or may not have a hash)
 
 A cached page is *persisted* once the store is known to hold it (written, skipped as present, or
 loaded from it). Allocation order ("eviction order"): free pages first, then persisted evictable
-pages (the store can give them back), then pages the store's eviction dropped on purpose
-(LEFT_STORE: kept so L1 holds what the store lacks; newest first, see allocate()), then other
-unpersisted ones; the others least recently released first. So a page leaves L1 without being in the store only when nothing else is
+pages (the store can give them back), then pages the write policy has not written yet
+(UNWRITTEN: `store.write_policy: write_through_selective` writes a page only at its N-th use,
+`uses()`), then pages the store's eviction dropped on purpose (LEFT_STORE: kept so L1 holds what
+the store lacks; newest first, see allocate()), then other unpersisted ones; the others least
+recently released first. So a page leaves L1 without being in the store only when nothing else is
 left, and every such loss is counted by its reason (`evicted_unpersisted`): "no self-made holes"
 (docs/design.md section 4).
 `check_integrity()` asserts the partition and that the hash maps agree.
@@ -36,6 +39,7 @@ from collections.abc import Callable
 
 UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
 LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
+UNWRITTEN = "selective"  # the write policy writes it only once it is used more: a loss by policy too
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:
@@ -59,6 +63,8 @@ class PageAllocator:
         self._evictable: OrderedDict[int, str] = OrderedDict()  # unpersisted: page -> hash, LRU first
         self._evictable_persisted: OrderedDict[int, str] = OrderedDict()  # in the store too
         self._evictable_dropped: OrderedDict[int, str] = OrderedDict()  # removed by the store's eviction
+        self._evictable_unwritten: OrderedDict[int, str] = OrderedDict()  # not written yet by policy
+        self._uses: dict[int, int] = {}  # cached page -> times used: 1 when cached, +1 per lookup hit
         self._hash_to_page: dict[str, int] = {}
         self._page_to_hash: dict[int, str] = {}
         self._persisted: set[int] = set()  # cached pages the store holds
@@ -71,11 +77,18 @@ class PageAllocator:
 
     # -- queries -----------------------------------------------------------------------------
     def num_available(self) -> int:
-        return len(self._free) + len(self._evictable) + len(self._evictable_persisted) + len(self._evictable_dropped)
+        return len(self._free) + len(self._evictable) + self._num_evictable_without_loss()
 
     def num_available_without_loss(self) -> int:
         """Pages allocate() can hand out without dropping a page the store lacks."""
-        return len(self._free) + len(self._evictable_persisted) + len(self._evictable_dropped)
+        return len(self._free) + self._num_evictable_without_loss()
+
+    def _num_evictable_without_loss(self) -> int:
+        return len(self._evictable_persisted) + len(self._evictable_unwritten) + len(self._evictable_dropped)
+
+    def uses(self, page_id: int) -> int:
+        """How often a cached page was used: 1 for caching it (computed, loaded), +1 per lookup hit."""
+        return self._uses.get(page_id, 0)
 
     def num_unpersisted(self) -> int:
         """Cached pages the store is not known to hold."""
@@ -102,7 +115,8 @@ class PageAllocator:
 
     def eviction_order(self) -> list[int]:
         """The pages allocate() would hand out next, in order (stale pages: see _victim_tier)."""
-        tiers = list(self._evictable_persisted) + list(reversed(self._evictable_dropped)) + list(self._evictable)
+        tiers = (list(self._evictable_persisted) + list(self._evictable_unwritten)
+                 + list(reversed(self._evictable_dropped)) + list(self._evictable))
         limit = self._stale_limit()
         stale = sorted((p for p in tiers if limit is not None and self._released_at[p] < limit),
                        key=self._released_at.__getitem__)
@@ -135,7 +149,7 @@ class PageAllocator:
                 self._persisted.discard(page)
             else:
                 self.evicted_unpersisted[self._unpersisted_reason.pop(page, UNKNOWN)] += 1
-            del self._hash_to_page[h], self._page_to_hash[page]
+            del self._hash_to_page[h], self._page_to_hash[page], self._uses[page]
             self.num_evicted += 1
             self._ref[page] = 1
             out.append(page)
@@ -178,15 +192,21 @@ class PageAllocator:
             if page is None:
                 break
             out.append(page)
-        self.retain(out)
+        self._hit(out)
         return out
 
     def lookup(self, page_hashes) -> list[int | None]:
         """For each hash, its cached page (retained for the caller) or None: gaps do not stop the
         match, because a chained hash names its whole prefix (a page after a gap is still valid)."""
         out = [self._hash_to_page.get(h) for h in page_hashes]
-        self.retain([p for p in out if p is not None])
+        self._hit([p for p in out if p is not None])
         return out
+
+    def _hit(self, pages: list[int]) -> None:
+        """Pages a lookup found: retained for the caller, one more use each."""
+        self.retain(pages)
+        for page in pages:
+            self._uses[page] += 1
 
     def mark_persisted(self, page_ids) -> None:
         """The store now holds these pages (cached ones; others are ignored)."""
@@ -235,6 +255,7 @@ class PageAllocator:
             raise ValueError(f"page {page_id} is already cached under another hash {old[:12]}")
         self._hash_to_page[page_hash] = page_id
         self._page_to_hash[page_id] = page_hash
+        self._uses[page_id] = 1
         return page_id
 
     def flush(self) -> int:
@@ -244,27 +265,27 @@ class PageAllocator:
         """
         dropped = len(self._hash_to_page)
         self.evicted_unpersisted["flush"] += self.num_unpersisted()
-        for lru in (self._evictable_persisted, self._evictable_dropped, self._evictable):
+        for lru in self._tiers():
             self._free.extend(lru)
             lru.clear()
         self._free.sort()
         self._released_at.clear()
         self._hash_to_page.clear()
         self._page_to_hash.clear()
+        self._uses.clear()
         self._persisted.clear()
         self._unpersisted_reason.clear()
         return dropped
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless free + evictable + used == total and the maps agree."""
-        free, persisted, dropped = set(self._free), set(self._evictable_persisted), set(self._evictable_dropped)
-        assert len(persisted) + len(dropped) + len(self._evictable) == len(persisted | dropped | set(self._evictable)), \
-            "page evictable twice"
-        assert all(self._lru_for(p) is lru for lru in (self._evictable_persisted, self._evictable_dropped,
-                                                       self._evictable) for p in lru), "page in the wrong LRU"
+        free = set(self._free)
+        assert sum(map(len, self._tiers())) == len(set().union(*self._tiers())), "page evictable twice"
+        assert all(self._lru_for(p) is lru for lru in self._tiers() for p in lru), "page in the wrong LRU"
+        assert set(self._uses) == set(self._page_to_hash), "use counts of pages that are not cached"
         assert self._persisted <= set(self._page_to_hash), "persisted page without a hash"
         assert set(self._unpersisted_reason) <= set(self._page_to_hash) - self._persisted, "stale reason"
-        evictable = persisted | dropped | set(self._evictable)
+        evictable = set().union(*self._tiers())
         assert set(self._released_at) == evictable, "release times of pages that are not evictable"
         used = {p for p in range(self.num_total) if self._ref[p] > 0}
         assert len(free) == len(self._free), f"duplicate page in free list: {list(self._free)}"
@@ -273,9 +294,8 @@ class PageAllocator:
             f"free {len(free)} + evictable {len(evictable)} + used {len(used)} != total {self.num_total}")
         assert all(r >= 0 for r in self._ref), "negative ref count"
         assert all(p not in self._page_to_hash for p in free), "free page still has a hash"
-        assert all(self._page_to_hash.get(p) == h for d in (self._evictable, self._evictable_persisted,
-                                                             self._evictable_dropped)
-                   for p, h in d.items()), "evictable hash mismatch"
+        assert all(self._page_to_hash.get(p) == h for d in self._tiers() for p, h in d.items()), \
+            "evictable hash mismatch"
 
     # -- helpers ------------------------------------------------------------------------------
     def _stale_limit(self) -> float | None:
@@ -285,7 +305,8 @@ class PageAllocator:
         """The tier the next evicted page comes from, and whether from its newest end.
 
         Stale pages first (the tier whose oldest page is the oldest and stale), then persisted
-        pages, then pages the store dropped, then the other unpersisted ones.
+        pages, then pages the write policy has not written yet (used fewer times than it asks), then
+        pages the store dropped, then the other unpersisted ones.
         NOTE: the dropped tier gives up its NEWEST page first (MRU): conversations come back
         round-robin, and LRU would evict exactly the pages asked for next, while keeping the
         oldest ones gives the same conversations a hit every round (stale ones aside).
@@ -298,12 +319,14 @@ class PageAllocator:
                 return self._tiers()[oldest[1]], False
         if self._evictable_persisted:
             return self._evictable_persisted, False
+        if self._evictable_unwritten:
+            return self._evictable_unwritten, False
         if self._evictable_dropped:
             return self._evictable_dropped, True
         return self._evictable, False
 
-    def _tiers(self) -> tuple[OrderedDict, OrderedDict, OrderedDict]:
-        return self._evictable_persisted, self._evictable_dropped, self._evictable
+    def _tiers(self) -> tuple[OrderedDict, OrderedDict, OrderedDict, OrderedDict]:
+        return self._evictable_persisted, self._evictable_unwritten, self._evictable_dropped, self._evictable
 
     def _take_free(self, n: int) -> list[int]:
         """n free pages: the first contiguous run that holds them all, else the n lowest ids.
@@ -329,12 +352,15 @@ class PageAllocator:
         """The evictable LRU a cached page belongs in, by its persistence state."""
         if page in self._persisted:
             return self._evictable_persisted
-        if self._unpersisted_reason.get(page) == LEFT_STORE:
+        reason = self._unpersisted_reason.get(page)
+        if reason == LEFT_STORE:
             return self._evictable_dropped
+        if reason == UNWRITTEN:
+            return self._evictable_unwritten
         return self._evictable
 
     def _lru_holding(self, page: int) -> OrderedDict | None:
-        for lru in (self._evictable_persisted, self._evictable_dropped, self._evictable):
+        for lru in self._tiers():
             if page in lru:
                 return lru
         return None

@@ -71,6 +71,7 @@ class TaskSaved:
     pages: list[int]  # the L1 pages written, each whose persistence the completion settles
     keys: list[str]
     depths: list  # per page, its index in its chain (the evictor ranks stored pages by it)
+    why: list[str]  # per page, why it is written: computed, backfill, selective (store.write_policy)
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,4 +80,5 @@ class EvictSaved:
 
     pages: list[int]
     keys: list[str]
-    depths: list  # all None: the chain position of an evicted page is not known
+    depths: list  # per page, its index in its chain when known (write_back keeps it), else None
+    why: list[str]  # all "evict"

@@ -1,6 +1,9 @@
 """Keeping L1 pages in the store: write-back, backfill, write-before-evict (no self-made holes).
 
 docs/design.md section 4: a page leaves L1 only once the store holds it, or with a counted reason.
+Which pages are written when is `store.write_policy` (write_policy.py): write_through writes what
+the request computed with its write-back; write_through_selective only pages used often enough;
+write_back nothing at compute time, every page by write-before-evict.
 
     computed here ----write-back----\\
     L1 hit, store lacks it --backfill-+--> one submit_save per request --> completion:
@@ -17,20 +20,25 @@ Runs on the scheduler thread only (it touches the allocator).
 
 from __future__ import annotations
 
+import collections
 from functools import partial
 
 from prometheus_client import Counter, Gauge
 
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
+from engine.page_allocator import UNWRITTEN
 from prefill_node.messages import EvictSaved, TaskSaved
+from prefill_node.write_policy import DEFERRED, WritePolicy
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
 
 
 def needs_write(alloc, page: int) -> bool:
-    """A cached page the store lacks that nobody is writing and the store did not drop on purpose."""
-    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) not in (PENDING, STORE_EVICTED)
+    """A cached page the store lacks that nobody is writing, that the store did not drop on purpose,
+    and whose write the write policy does not put off (to its eviction, or to its next uses)."""
+    return not alloc.is_persisted(page) and alloc.unpersisted_reason(page) not in (
+        PENDING, STORE_EVICTED, DEFERRED, UNWRITTEN)
 
 
 class PersistMetrics:
@@ -41,8 +49,9 @@ class PersistMetrics:
         self.dropped = Counter(p + "l1_dropped_unpersisted_pages", "L1 pages evicted while the store lacked "
                                "them, by why it lacked them", ["reason"], registry=registry)
         self.written = Counter(p + "l1_persist_pages", "L1 pages queued for a store write, by kind "
-                               "(writeback = computed here, backfill = L1 hit the store lacked, "
-                               "evict = written before eviction)", ["kind"], registry=registry)
+                               "(writeback = computed here, backfill = L1 hit the store lacked, selective = "
+                               "at the use store.write_policy asked for, evict = written before eviction)",
+                               ["kind"], registry=registry)
         self.skipped = Counter(p + "store_writes_skipped_pages", "Computed pages not written: the store is "
                                "full and its chain eviction would remove them at once (they stay in L1)",
                                registry=registry)
@@ -56,7 +65,7 @@ class PersistMetrics:
         self.cancelled = Counter(p + "persist_wait_expired", "Times prefill.persist_wait_s ran out under pool "
                                  "pressure and queued writes were cancelled", registry=registry)
         self._seen: dict[str, int] = {}
-        for kind in ("writeback", "backfill", "evict"):
+        for kind in ("writeback", "backfill", "selective", "evict"):
             self.written.labels(kind)
 
     def sync(self, alloc) -> None:
@@ -76,14 +85,19 @@ class Persister:
         self.enabled = write_back and rt.store_io is not None  # store.write_back and a store client
         self._prefix_cache = prefix_cache
         self.metrics = metrics
+        self.policy = WritePolicy.of(rt.cfg.store)
+        # write_back: page hash -> its depth in its chain, for the write at eviction (the store
+        # evictor ranks written pages by it). Entries of pages L1 no longer holds are pruned.
+        self._deferred_depths: dict[str, int] = {}
 
     @property
     def usable(self) -> bool:
         return self.enabled and self._rt.store.enabled
 
     def save_task_pages(self, task) -> bool:
-        """Cache the task's computed full pages in L1 and write them (plus its backfill) to the store
-        in one save. True if a save was queued (the task keeps its pages until it completes)."""
+        """Cache the task's computed full pages in L1 and write them (plus its backfill, and the L1
+        hits now used often enough) to the store in one save, as far as the write policy wants them
+        now. True if a save was queued (the task keeps its pages until it completes)."""
         alloc = self._rt.allocator
         computed = task.computed_full_pages()
         pages = [task.page_ids[i] for i in computed]
@@ -92,7 +106,7 @@ class Persister:
                 return False
             self.metrics.written.labels("writeback").inc(len(pages))
             keys = [store_key(self._rt.fingerprint, task.page_hashes[i]) for i in computed]
-            self._rt.store_io.submit_save(TaskSaved(task, [], [], []), keys, self._rt.pool.page_addrs(pages))
+            self._rt.store_io.submit_save(TaskSaved(task, [], [], [], []), keys, self._rt.pool.page_addrs(pages))
             return True
         for i in computed:
             alloc.cache(task.page_hashes[i], task.page_ids[i])
@@ -108,31 +122,57 @@ class Persister:
         if not self.usable:
             alloc.mark_unpersisted(pages, "store_disabled" if self.enabled else "write_back_off")
             return False
-        backfill = [task.page_ids[i] for i in task.backfill]
-        self.metrics.written.labels("writeback").inc(len(pages))
-        self.metrics.written.labels("backfill").inc(len(backfill))
-        return self._submit(partial(TaskSaved, task), pages + backfill, computed + task.backfill)
+        why = {i: "computed" for i in computed}
+        why.update((i, "backfill") for i in task.backfill)
+        why.update((i, "selective") for i in self.policy.due(alloc, task.page_ids[:len(task.page_hashes)]))
+        now = [i for i in why if not self._hold(task, i, why[i])]
+        # NOTE: D's prefix cache takes pushed pages as stored unless told (then it keeps them longer)
+        task.unstored = sorted(set(task.unstored) | (set(why) - set(now)))
+        for i in now:
+            self.metrics.written.labels("writeback" if why[i] == "computed" else why[i]).inc()
+        return self._submit(partial(TaskSaved, task), [task.page_ids[i] for i in now], now,
+                            [why[i] for i in now])
+
+    def _hold(self, task, i: int, why: str) -> bool:
+        """Whether the policy puts off the write of the task's page i (marked with its reason then)."""
+        alloc, page = self._rt.allocator, task.page_ids[i]
+        reason = self.policy.hold(alloc, page, why)
+        if reason is None:
+            return False
+        alloc.mark_unpersisted([page], reason)
+        if reason == DEFERRED and alloc.page_hash(page) is not None:
+            self._deferred_depths[alloc.page_hash(page)] = i  # a page's index is its depth in its chain
+        return True
 
     def write_before_evict(self, n: int) -> int:
         """Retain up to n unpersisted evictable pages and write them; they are released (and become
         reclaimable without loss) when the write completes. Returns the pages submitted."""
         if not self.usable or n <= 0:
             return 0
-        # NOTE: lru_unpersisted() never offers pages the store dropped on purpose (their own tier) nor
-        # pages being written (retained), so every page it offers needs_write().
-        pages = self._rt.allocator.lru_unpersisted(n)
+        # NOTE: lru_unpersisted() never offers pages the store dropped on purpose, nor pages the
+        # selective policy holds back (their own tiers), nor pages being written (retained): every
+        # page it offers is one the store should hold before it leaves L1 (write_back: all of them).
+        alloc = self._rt.allocator
+        pages = alloc.lru_unpersisted(n)
         if not pages:
             return 0
-        self._rt.allocator.retain(pages)
+        alloc.retain(pages)
         self.metrics.written.labels("evict").inc(len(pages))
-        self._submit(EvictSaved, pages, [None] * len(pages))
+        depths = [self._deferred_depths.pop(alloc.page_hash(p), None) for p in pages]
+        if len(self._deferred_depths) > 2 * alloc.num_total:  # pages L1 dropped unwritten (flush, loss)
+            self._deferred_depths = {h: d for h, d in self._deferred_depths.items() if alloc.pages_of([h])}
+        self._submit(EvictSaved, pages, depths, ["evict"] * len(pages))
         return len(pages)
 
-    def on_saved(self, done) -> None:
-        """Apply a save completion: which pages the store now holds, and why the others are not."""
+    def on_saved(self, done) -> collections.Counter:
+        """Apply a save completion: which pages the store now holds, and why the others are not.
+        Returns the pages the store took, by why they were written (TaskSaved.why)."""
         alloc, tag = self._rt.allocator, done.tag
         pages, keys, depths = tag.pages, tag.keys, tag.depths
         ok = list(done.page_ok) + [False] * (len(pages) - len(done.page_ok))
+        taken = collections.Counter(why for why, good in zip(tag.why, ok) if good)
+        if not pages:  # no L1 to track: every page of the save was computed here
+            taken["computed"] = done.pages_ok
         alloc.mark_persisted([p for p, good in zip(pages, ok) if good])
         alloc.mark_unpersisted([p for p, good in zip(pages, ok) if not good],
                                done.reason if done.reason != "ok" else "write_failed")
@@ -143,22 +183,23 @@ class Persister:
             for key, depth, good in zip(keys, depths, ok):
                 if good and depth is not None:
                     index.touch([key], first_depth=depth)
+        return taken
 
     def left_store(self, keys) -> None:
         """The store evictor removed these keys: L1 pages holding them are no longer persisted."""
         alloc = self._rt.allocator
         alloc.mark_left_store(alloc.pages_of([k.rpartition("/")[2] for k in keys]), STORE_EVICTED)
 
-    def _submit(self, make_tag, pages: list[int], depths: list) -> bool:
-        """`make_tag(pages, keys, depths)`: the completion tag (TaskSaved or EvictSaved)."""
+    def _submit(self, make_tag, pages: list[int], depths: list, why: list[str]) -> bool:
+        """`make_tag(pages, keys, depths, why)`: the completion tag (TaskSaved or EvictSaved)."""
         alloc, rt = self._rt.allocator, self._rt
         # NOTE: a page whose hash was already cached on another page is not cached itself; the
         # other page is the one L1 keeps (and the one persistence is tracked on).
-        kept = [(p, d) for p, d in zip(pages, depths) if alloc.page_hash(p) is not None]
+        kept = [(p, d, w) for p, d, w in zip(pages, depths, why) if alloc.page_hash(p) is not None]
         if not kept:
             return False
-        pages, depths = [p for p, _ in kept], [d for _, d in kept]
+        pages, depths, why = [k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]
         alloc.mark_unpersisted(pages, PENDING)
         keys = [store_key(rt.fingerprint, alloc.page_hash(p)) for p in pages]
-        rt.store_io.submit_save(make_tag(pages, keys, depths), keys, rt.pool.page_addrs(pages))
+        rt.store_io.submit_save(make_tag(pages, keys, depths, why), keys, rt.pool.page_addrs(pages))
         return True

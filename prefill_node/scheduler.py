@@ -174,7 +174,7 @@ class PrefillScheduler:
             tag.task.io_pending -= 1
             self._on_loaded(tag.task, done)
         else:
-            self._persist.on_saved(done)
+            self._rec.count_written_by_reason(self._persist.on_saved(done))
             self._rec.count_store_written(done.pages_ok, kind="writeback")
             if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
                 self._rt.allocator.release(tag.pages)

@@ -38,6 +38,14 @@ class StoreConfig:
     reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
                                        min=0.1)
     write_back: bool = _key(True, "Prefill writes newly computed full pages to the store")
+    write_policy: str = _key("write_through", "Which prefill pages are written to the store, and when "
+                             "(docs/workers.md, \"Write policies\"): `write_through` = every computed full page "
+                             "at once; `write_through_selective` = a page once it has been used "
+                             "write_selective_uses times (computed, then hit in the prefill L1); `write_back` = "
+                             "a page only when the prefill L1 gives it up. The decode worker writes through "
+                             "under every policy", choices=["write_through", "write_through_selective", "write_back"])
+    write_selective_uses: int = _key(2, "write_through_selective: the use of a page (1 = computing it, each L1 "
+                                     "hit one more) at which it is written", min=1)
     save_chunk_pages: int = _key(16, "Pages per store write call; a queued load waits at most one chunk",
                                  min=1, max=4096)
     max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "

@@ -41,6 +41,13 @@ class WorkerRecorder:
         self._generated = Counter(f"{ns}_generated_tokens", "Tokens generated", registry=r)
         self._store_written = Counter(f"{ns}_store_pages_written", "Pages written to the store "
                                       "(writeback = prompt pages computed here, offload = generated pages)", ["kind"], registry=r)
+        self._store_policy = Counter(f"{ns}_store_policy_written_pages", "Pages the store took, by why they "
+                                     "were written (store.write_policy): computed = at compute time, "
+                                     "selective = at the use the policy asked for, evict = as L1 gave them up, "
+                                     "backfill = an L1 hit or a page read from the decode worker the store "
+                                     "lacked, generated = decode offload", ["reason"], registry=r)
+        for reason in ("computed", "backfill", "selective", "evict") if role == "prefill" else ("computed", "generated"):
+            self._store_policy.labels(reason)  # zeros from the start
         self._store_loaded = Counter(f"{ns}_store_pages_loaded", "Pages read from the store", registry=r)
         self._transfer_bytes = Counter(f"{ns}_transfer_bytes", "Bytes pushed P->D", registry=r)
         self._transfer_s = Histogram(f"{ns}_transfer_seconds", "P->D push latency per request", registry=r,
@@ -87,6 +94,11 @@ class WorkerRecorder:
         with self._lock:
             self.store_pages_written += n
         self._store_written.labels(kind).inc(n)
+
+    def count_written_by_reason(self, pages_by_reason) -> None:
+        """`pages_by_reason`: reason -> pages the store took (see `_store_policy`)."""
+        for reason, n in pages_by_reason.items():
+            self._store_policy.labels(reason).inc(n)
 
     def count_store_loaded(self, n: int) -> None:
         with self._lock:
