@@ -126,8 +126,11 @@ class Persister:
         why.update((i, "backfill") for i in task.backfill)
         why.update((i, "selective") for i in self.policy.due(alloc, task.page_ids[:len(task.page_hashes)]))
         now = [i for i in why if not self._hold(task, i, why[i])]
-        # NOTE: D's prefix cache takes pushed pages as stored unless told (then it keeps them longer)
-        task.unstored = sorted(set(task.unstored) | (set(why) - set(now)))
+        # NOTE: D's prefix cache takes pushed pages as stored unless told (then it keeps them longer):
+        # tell it every page whose write the policy puts off, L1 hits included.
+        held = [i for i, page in enumerate(task.page_ids[:len(task.page_hashes)])
+                if alloc.unpersisted_reason(page) in (DEFERRED, UNWRITTEN)]
+        task.unstored = sorted(set(task.unstored) | set(held))
         for i in now:
             self.metrics.written.labels("writeback" if why[i] == "computed" else why[i]).inc()
         return self._submit(partial(TaskSaved, task), [task.page_ids[i] for i in now], now,

@@ -37,7 +37,8 @@ class StoreConfig:
     op_timeout_s: float = _key(10.0, "Deadline for one batched store operation", min=0.1)
     reconnect_interval_s: float = _key(5.0, "Seconds between reconnect attempts while the master is down",
                                        min=0.1)
-    write_back: bool = _key(True, "Prefill writes newly computed full pages to the store")
+    write_back: bool = _key(True, "Prefill writes the full pages it computes to the store (which and when: "
+                            "write_policy); false = never")
     write_policy: str = _key("write_through", "Which prefill pages are written to the store, and when "
                              "(docs/workers.md, \"Write policies\"): `write_through` = every computed full page "
                              "at once; `write_through_selective` = a page once it has been used "

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.page_allocator import LEFT_STORE, OutOfPages, PageAllocator
+from engine.page_allocator import LEFT_STORE, UNWRITTEN, OutOfPages, PageAllocator
 
 
 @pytest.fixture
@@ -183,6 +183,36 @@ def test_pages_the_store_dropped_leave_l1_newest_first(alloc):
     assert alloc.allocate(2) == [2, 1]
     assert alloc.evicted_unpersisted == {"store_evicted": 2}
     alloc.release(pages[3:] + [2, 1])
+
+
+def test_pages_the_write_policy_holds_back_go_after_stored_pages_and_before_dropped_ones(alloc):
+    pages = alloc.allocate(6)
+    for i, p in enumerate(pages):
+        alloc.cache(f"h{i}", p)
+    alloc.mark_persisted([0])
+    alloc.mark_left_store([1], LEFT_STORE)
+    alloc.mark_unpersisted([2, 3], UNWRITTEN)  # write_through_selective: used too few times yet
+    alloc.release(pages)  # released tail-first: LRU order 5 4 3 2 1 0
+    # without loss: free, stored, held back by policy (LRU), dropped by the store; not 4 and 5
+    assert alloc.num_available_without_loss() == 4
+    assert alloc.eviction_order() == [0, 3, 2, 1, 5, 4]
+    assert alloc.allocate(3) == [0, 3, 2]
+    assert alloc.evicted_unpersisted == {UNWRITTEN: 2}  # a loss by policy, counted under its reason
+    alloc.release([0, 3, 2])
+
+
+def test_uses_count_caching_and_every_lookup_hit(alloc):
+    page = alloc.allocate(1)[0]
+    assert alloc.uses(page) == 0
+    alloc.cache("a", page)
+    assert alloc.uses(page) == 1
+    alloc.lookup(["a", "b"])
+    alloc.match_prefix(["a"])
+    assert alloc.uses(page) == 3
+    alloc.release([page] * 3)
+    alloc.allocate(6)  # evicted: its count goes with its hash
+    assert alloc.uses(page) == 0
+    alloc.release(range(6))
 
 
 def test_pages_unused_for_longer_than_stale_after_go_before_every_tier():
