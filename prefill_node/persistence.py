@@ -145,6 +145,8 @@ class Persister:
         alloc.mark_unpersisted([page], reason)
         if reason == DEFERRED and alloc.page_hash(page) is not None:
             self._deferred_depths[alloc.page_hash(page)] = i  # a page's index is its depth in its chain
+            if len(self._deferred_depths) > 2 * alloc.num_total:  # pages L1 dropped unwritten (flush, loss)
+                self._deferred_depths = {h: d for h, d in self._deferred_depths.items() if alloc.pages_of([h])}
         return True
 
     def write_before_evict(self, n: int) -> int:
@@ -162,8 +164,6 @@ class Persister:
         alloc.retain(pages)
         self.metrics.written.labels("evict").inc(len(pages))
         depths = [self._deferred_depths.pop(alloc.page_hash(p), None) for p in pages]
-        if len(self._deferred_depths) > 2 * alloc.num_total:  # pages L1 dropped unwritten (flush, loss)
-            self._deferred_depths = {h: d for h, d in self._deferred_depths.items() if alloc.pages_of([h])}
         self._submit(EvictSaved, pages, depths, ["evict"] * len(pages))
         return len(pages)
 
