@@ -83,6 +83,16 @@ class PrefillConfig:
     persist_wait_s: float = _key(0.5, "Under pool pressure a request waits up to this long for store writes "
                                  "of L1 pages (write-back, write-before-evict) before unpersisted pages are "
                                  "evicted anyway (counted by reason)", min=0.0, max=60.0)
+    prefetch_policy: str = _key("wait_complete", "How long a request waits for its store load (the prefix pages L1 "
+                                "lacks): wait_complete = until it completes; timeout = at most prefetch_timeout_base_s "
+                                "+ prefetch_timeout_per_page_s per page loaded, then the pages not arrived are computed; "
+                                "best_effort = not at all while nothing else is to compute: they are computed instead "
+                                "(docs/workers.md, \"Prefetch policies\")",
+                                choices=["wait_complete", "timeout", "best_effort"])
+    prefetch_timeout_base_s: float = _key(1.0, "prefetch_policy timeout: the fixed part of the wait for the store load",
+                                          min=0.0, max=600.0)
+    prefetch_timeout_per_page_s: float = _key(0.004, "prefetch_policy timeout: the wait added per page the store "
+                                              "load reads", min=0.0, max=10.0)
     request_timeout_s: float = _key(60.0, "Default deadline when the caller gives none", min=0.1)
     drain_timeout_s: float = _key(10.0, "On SIGTERM, after leaving discovery: running prefills get this long to "
                                   "finish before the server stops", min=0.0, max=3600.0)

@@ -8,7 +8,8 @@ woken by new messages and by store I/O completions):
   3. fail tasks whose deadline passed or that were aborted,
   4. admit waiting tasks: L1 lookup, allocate the rest, one store load of every page L1 lacks;
      under pool pressure wait (at most `persist_wait_s`) for writes of L1 pages rather than drop
-     pages the store lacks (persistence.py),
+     pages the store lacks (persistence.py); stop waiting for the store loads the prefetch policy
+     gives up on (prefetch.py: they are computed in fresh pages instead),
   5. run ONE forward over up to `chunk_tokens` prompt tokens taken FIFO across computing tasks
      (chunked prefill batched across requests; a task's holes and tail are separate chunks of the
      same forward), sample first tokens of tasks that completed, and hand them to the pusher
@@ -36,6 +37,7 @@ from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
 from prefill_node.messages import Abort, Cancel, Evicted, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
+from prefill_node.prefetch import Prefetch, PrefetchMetrics, PrefetchPolicy
 from prefill_node.task import Phase, PrefillTask
 
 log = logging.getLogger(__name__)
@@ -43,12 +45,13 @@ log = logging.getLogger(__name__)
 
 class PrefillScheduler:
     def __init__(self, rt, chunk_tokens: int, prefix_cache: bool, write_back: bool, pusher, recorder,
-                 persist_wait_s: float = 0.5):
+                 persist_wait_s: float = 0.5, prefetch: PrefetchPolicy | None = None):
         self._rt = rt
         self._chunk_tokens = chunk_tokens
         self._prefix_cache = prefix_cache
         self._persist = Persister(rt, write_back, prefix_cache, PersistMetrics(recorder.registry))
         self._persist_wait_s = persist_wait_s
+        self._prefetch = Prefetch(rt, prefetch or PrefetchPolicy(), prefix_cache, PrefetchMetrics(recorder.registry))
         self._pressure_since: float | None = None  # when the head of the queue first lacked pages
         self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
@@ -117,6 +120,7 @@ class PrefillScheduler:
             self._rt.allocator.stale_after = index.stale_after()
         self._reap(now)
         self._admit()
+        self._prefetch.apply(self._tasks, time.monotonic(), self._loop.wake_at)
         worked = self._compute_step()
         self._publish_load()
         return worked
@@ -171,7 +175,11 @@ class PrefillScheduler:
     def _on_completion(self, done) -> None:
         tag = done.tag
         if isinstance(tag, PrefixLoaded):
+            if tag.task.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
+                self._prefetch.settle_late(tag.task, done.page_ok)
+                return
             tag.task.io_pending -= 1
+            tag.task.store_load_open = False
             self._on_loaded(tag.task, done)
         else:
             self._rec.count_written_by_reason(self._persist.on_saved(done))
@@ -227,6 +235,8 @@ class PrefillScheduler:
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
+                if task.loading:
+                    self._prefetch.started(task, now)
                 if task.reading:
                     self._read_from_decode(task)
             self._waiting.popleft()
@@ -329,7 +339,7 @@ class PrefillScheduler:
     def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
         task.first_token_id = first_token
         self._rec.prompt_tokens(computed=task.computed_tokens, cached=task.cached)
-        self._persist.metrics.holes.inc(len(task.holes))
+        self._persist.metrics.holes.inc(len(task.holes) - task.given_up_pages)  # given up on: not holes
         saved = self._persist.save_task_pages(task)
         task.io_pending += saved
         task.phase = Phase.PUSHING

@@ -2,7 +2,8 @@
 
 Lifecycle on the scheduler thread:
 
-    WAITING --pages allocated, L1 matched--> LOADING (store read in flight, optional)
+    WAITING --pages allocated, L1 matched--> LOADING (store read in flight, optional; the
+            prefetch policy may stop waiting for it: prefill_node/prefetch.py)
             --> COMPUTING (uncached tail, in chunks) --> PUSHING (transfer to D, off-thread)
             --> DONE (answered; pages may still be held by a store write-back)
 
@@ -57,6 +58,10 @@ class PrefillTask:
     loading: list[int] = field(default_factory=list)  # page indexes of the store load in flight
     reading: list[int] = field(default_factory=list)  # page indexes of the read from D's pool in flight
     loads_left: int = 0  # of those two, the ones not completed yet
+    store_load_open: bool = False  # its store load runs and the task waits for it (prefetch.py)
+    wait_load_until: float = float("inf")  # prefetch policy timeout: when it stops waiting for it
+    late: list[tuple[int, int]] = field(default_factory=list)  # (index, page) of the store load it gave up on
+    given_up_pages: int = 0  # of the holes, the pages of that load (computed in fresh pages)
     missed: list[int] = field(default_factory=list)  # pages the completed ones could not give
     backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
     unstored: list[int] = field(default_factory=list)  # computed pages not written (the store would evict them)

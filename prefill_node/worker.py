@@ -24,6 +24,7 @@ from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
+from prefill_node.prefetch import PrefetchPolicy
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
@@ -45,7 +46,8 @@ class PrefillWorker:
         self._pusher = KVPusher(rt.transfer, rt.pool.page_nbytes)
         pc = cfg.prefill
         self._scheduler = PrefillScheduler(rt, pc.chunk_tokens, pc.prefix_cache, cfg.store.write_back,
-                                           self._pusher, self.recorder, pc.persist_wait_s)
+                                           self._pusher, self.recorder, pc.persist_wait_s,
+                                           PrefetchPolicy.from_config(pc))
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
         if rt.evictor is not None:
             rt.evictor.on_removed = self._scheduler.store_evicted  # L1 keeps what the store dropped

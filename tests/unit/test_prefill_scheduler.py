@@ -53,6 +53,7 @@ class FakeStoreIO:
 
     def __init__(self, present=()):
         self.present, self.saved, self.done, self.loads = set(present), [], [], []
+        self.load_addrs = []  # per load, the pool addresses it writes
         self.hold = threading.Event()  # hold every completion
         self.hold_saves = threading.Event()  # hold save completions only
         self.held = []
@@ -68,6 +69,7 @@ class FakeStoreIO:
 
     def submit_load(self, tag, keys, addrs):
         self.loads.append(list(keys))
+        self.load_addrs.append(list(addrs))
         ok = tuple(k in self.present for k in keys)
         reason = "ok" if all(ok) else "absent"
         self._deliver(IOCompletion(tag, "load", sum(ok), reason, len(keys), page_ok=ok), self.hold.is_set())
@@ -109,11 +111,11 @@ class FakeStoreIO:
         return n
 
 
-def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True):
+def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True, prefetch=None):
     rt = stand_in_runtime(FakeRunner(), num_pages, PAGE_SIZE, store_io=store_io)
     transfer = transfer or FakeTransfer()
     sched = PrefillScheduler(rt, chunk_tokens, prefix_cache=True, write_back=True,
-                             pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"))
+                             pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"), prefetch=prefetch)
     if start:
         sched.start()
     return sched, rt, transfer
