@@ -43,6 +43,10 @@ class PrefetchPolicy:
     base_s: float = 1.0
     per_page_s: float = 0.004
 
+    def __post_init__(self):
+        if self.name not in (WAIT_COMPLETE, TIMEOUT, BEST_EFFORT):
+            raise ValueError(f"prefill.prefetch_policy: unknown policy {self.name!r}")
+
     @classmethod
     def from_config(cls, pc) -> PrefetchPolicy:
         return cls(pc.prefetch_policy, pc.prefetch_timeout_base_s, pc.prefetch_timeout_per_page_s)
