@@ -75,9 +75,9 @@ def fetch_store(store_cfg, timeout_s: float = 5.0) -> dict[str, Any] | None:
     url = master_metrics_url(store_cfg)
     text = fetch_text(url, timeout_s)
     if text is None:
-        return {"url": url, "eviction": store_cfg.eviction, "error": "mooncake_master metrics unreachable"}
+        return {"url": url, "eviction": store_cfg.eviction_in_effect, "error": "mooncake_master metrics unreachable"}
     fill = master_fill(text)
-    return {"url": url, "eviction": store_cfg.eviction, "master_eviction": master_eviction_counters(text),
+    return {"url": url, "eviction": store_cfg.eviction_in_effect, "master_eviction": master_eviction_counters(text),
             **({"fill_ratio": fill.ratio, "keys": fill.key_count, "capacity_bytes": fill.capacity_bytes}
                if fill is not None else {}),
             **({"ssd": ssd_usage(text)} if store_cfg.ssd_path else {})}

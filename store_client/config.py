@@ -77,7 +77,9 @@ class StoreConfig:
     eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "
-                         "generic eviction", choices=["chain", "master"])
+                         "generic eviction. With `ssd_path` set the master's always governs: it moves "
+                         "pages from DRAM to disk, where a chain removal would delete them (measured: "
+                         "docs/workers.md)", choices=["chain", "master"])
     evict_high_watermark: float = _key(0.89, "chain eviction: start removing pages when the store is this "
                                        "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
     evict_low_watermark: float = _key(0.88, "chain eviction: remove pages until the store is this full",
@@ -92,6 +94,12 @@ class StoreConfig:
     @property
     def ssd_enabled(self) -> bool:
         return bool(self.ssd_path)
+
+    @property
+    def eviction_in_effect(self) -> str:
+        """`eviction`, except with the SSD tier: a chain removal deletes the page's disk copy too,
+        while the master's DRAM eviction keeps it, so the master decides (docs/workers.md)."""
+        return "master" if self.ssd_enabled else self.eviction
 
     def ssd_dir(self, component: str) -> str:
         """This worker's own offload directory. Mooncake names a file after tenant and key only

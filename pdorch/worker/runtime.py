@@ -158,7 +158,10 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
 
             register_ssd_metrics(store, registry)  # only with store.ssd_path set
         store_io = StoreIO(store)
-        if evict and cfg.store.eviction == "chain":
+        if evict and cfg.store.eviction == "chain" and cfg.store.eviction_in_effect != "chain":
+            log.info("store.ssd_path is set: mooncake_master's eviction moves pages from DRAM to disk; "
+                     "no chain eviction (its removals would delete the disk copies)")
+        if evict and cfg.store.eviction_in_effect == "chain":
             from store_client.chain_index import ChainIndex
             from store_client.evictor import StoreEvictor, master_metrics_url
 

@@ -48,3 +48,11 @@ def test_ssd_path_turns_the_masters_offload_on(tmp_path):
 def test_bad_ssd_path_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="store.ssd_path"):
         load_config(write(tmp_path, "store: {ssd_path: ssd}"), environ={})
+
+
+def test_with_the_ssd_tier_the_masters_eviction_governs(tmp_path):
+    """A chain removal deletes a page's disk copy too (docs/workers.md): with ssd_path the master evicts."""
+    assert load_config(write(tmp_path, "store: {}\n")).store.eviction_in_effect == "chain"
+    ssd = load_config(write(tmp_path, "store: {ssd_path: /var/lib/pdorch/ssd}\n")).store
+    assert ssd.eviction == "chain" and ssd.eviction_in_effect == "master"
+    assert load_config(write(tmp_path, "store: {eviction: master}\n")).store.eviction_in_effect == "master"
