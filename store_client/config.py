@@ -78,8 +78,8 @@ class StoreConfig:
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "
                          "generic eviction. With `ssd_path` set the master's always governs: it moves "
-                         "pages from DRAM to disk, where a chain removal would delete them (measured: "
-                         "docs/workers.md)", choices=["chain", "master"])
+                         "pages from DRAM to disk, where a chain removal would delete them (docs/workers.md "
+                         "has the measurement)", choices=["chain", "master"])
     evict_high_watermark: float = _key(0.89, "chain eviction: start removing pages when the store is this "
                                        "full (keep it below master_eviction_high_watermark)", min=0.05, max=1.0)
     evict_low_watermark: float = _key(0.88, "chain eviction: remove pages until the store is this full",
