@@ -5,7 +5,7 @@ reads every page back with one batch_get_into and compares bytes; prints the num
 pages read back (from DRAM and from disk), files on disk, the master's offload/SSD counters, and
 with --restart what a new client process on the same directory reads back.
 
-    python bench/ssd_offload.py [--backend bucket_storage_backend] [--restart]
+    python bench/ssd_offload.py [--backend bucket_storage_backend] [--restart] [--offload-on-evict]
 """
 
 from __future__ import annotations
@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--restart", action="store_true", help="then a second client on the same directory: "
                     "does it find the first one's files (a restarted worker)?")
     ap.add_argument("--restart-after-s", type=float, default=12.0)
+    ap.add_argument("--offload-on-evict", action="store_true", help="the master copies a page to disk as it "
+                    "evicts it from DRAM, instead of after every write (store.ssd_offload_on_evict)")
     args = ap.parse_args()
 
     from store_client.master import MasterProcess
@@ -88,7 +90,8 @@ def main() -> None:
     if args.backend:
         os.environ["MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR"] = args.backend
     os.environ.setdefault("MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "1")
-    with MasterProcess(log_dir=tmp, enable_offload=True, kv_lease_ttl_ms=args.lease_ms) as master:
+    with MasterProcess(log_dir=tmp, enable_offload=True, kv_lease_ttl_ms=args.lease_ms,
+                       offload_on_evict=args.offload_on_evict) as master:
         where = (master.metadata_url, master.master_address, ssd, args)
         ctx = multiprocessing.get_context("spawn")  # each client in a process of its own, as a worker
         with ctx.Pool(1) as pool:

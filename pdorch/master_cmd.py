@@ -34,7 +34,8 @@ def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | Non
                          kv_lease_ttl_ms=s.master_kv_lease_ttl_ms, client_ttl_s=s.master_client_ttl_s,
                          eviction_high_watermark_ratio=s.master_eviction_high_watermark,
                          eviction_ratio=s.master_eviction_ratio,
-                         enable_offload=s.master_enable_offload or s.ssd_enabled)  # ssd_path: offload on
+                         enable_offload=s.master_enable_offload or s.ssd_enabled,  # ssd_path: offload on
+                         offload_on_evict=s.ssd_enabled and s.ssd_offload_on_evict)
 
 
 # mooncake_master flags built from the config -> the key that sets them.
@@ -45,6 +46,7 @@ OWN_FLAGS = {
     "default_kv_lease_ttl": "store.master_kv_lease_ttl_ms", "client_ttl": "store.master_client_ttl_s",
     "eviction_high_watermark_ratio": "store.master_eviction_high_watermark",
     "eviction_ratio": "store.master_eviction_ratio", "enable_offload": "store.master_enable_offload",
+    "offload_on_evict": "store.ssd_offload_on_evict",
 }
 
 

@@ -59,7 +59,7 @@ class MasterProcess:
                  host: str = "127.0.0.1", kv_lease_ttl_ms: int = 10000, client_ttl_s: int = 10,
                  eviction_high_watermark_ratio: float = 0.9, log_dir: str | None = None,
                  binary: str | None = None, eviction_ratio: float = 0.05, enable_offload: bool = False,
-                 bind_host: str | None = None):
+                 bind_host: str | None = None, offload_on_evict: bool = False):
         ports: set[int] = set()
         chosen = []
         for p in (rpc_port, metadata_port, metrics_port):
@@ -74,6 +74,7 @@ class MasterProcess:
         self.eviction_high_watermark_ratio = eviction_high_watermark_ratio
         self.eviction_ratio = eviction_ratio
         self.enable_offload = enable_offload
+        self.offload_on_evict = offload_on_evict and enable_offload  # disk copies made as DRAM evicts
         # Where the metadata and metrics servers listen (the RPC port always binds 0.0.0.0); a pod
         # listens on every interface while clients dial its Service name (`host`).
         self.bind_host = bind_host or host
@@ -115,7 +116,7 @@ class MasterProcess:
             f"--eviction_high_watermark_ratio={self.eviction_high_watermark_ratio}",
             f"--eviction_ratio={self.eviction_ratio}",
             f"--enable_offload={str(self.enable_offload).lower()}",
-        ]
+        ] + (["--offload_on_evict=true"] if self.offload_on_evict else [])
 
     def start(self, timeout_s: float = 20.0) -> MasterProcess:
         """Start and wait until the RPC, metadata and metrics ports all answer (deadline timeout_s)."""
