@@ -74,10 +74,11 @@ class StoreConfig:
                                        "disk (Mooncake's offload heartbeat, its default 10 s). Once DRAM was "
                                        "full, writes were refused until the next copy (measured: "
                                        "docs/workers.md)", min=1, max=3600)
-    ssd_offload_on_evict: bool = _key(True, "SSD tier: the master copies a page to disk as it evicts it from DRAM "
-                                      "(and keeps it in DRAM until then) instead of after every write, when an "
-                                      "eviction could drop a page not copied yet (mooncake_master "
-                                      "--offload_on_evict; docs/workers.md has the measurement)")
+    ssd_offload_on_evict: bool = _key(False, "SSD tier: the master copies a page to disk as it evicts it from DRAM "
+                                      "(and keeps it in DRAM until then) instead of after every write "
+                                      "(mooncake_master --offload_on_evict). Off: measured, the pinned pages "
+                                      "filled DRAM and more writes were refused (docs/workers.md has the "
+                                      "measurement)")
     eviction: str = _key("chain", "Who decides what leaves the store: `chain` = pdorch removes the pages "
                          "deepest in their conversation and least recently used first (tails before heads) "
                          "before the master's watermark is reached; `master` = only mooncake_master's "

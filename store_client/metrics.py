@@ -32,6 +32,8 @@ class StoreMetrics:
                                        registry=reg)
         self.pages_written = Counter(p + "pages_written", "Pages written to the store", registry=reg)
         self.bytes_written = Counter(p + "bytes_written", "Bytes written to the store", registry=reg)
+        self.no_space_retries = Counter(p + "no_space_retried_pages", "SSD tier: page writes DRAM refused "
+                                        "(no space) and tried again, once per try", registry=reg)
         self.pages_skipped = Counter(p + "pages_skipped_existing",
                                      "Pages not written because the store already had the key", registry=reg)
         self.op_seconds = Histogram(p + "op_seconds", "Latency of one batched store operation", ["op"],

@@ -41,6 +41,10 @@ from store_client.replica_tier import disk_only_keys
 
 log = logging.getLogger(__name__)
 
+# The SSD tier: a write DRAM refused is retried this often, this far apart (about one offload heartbeat).
+SSD_NO_SPACE_RETRIES = 4
+SSD_NO_SPACE_RETRY_S = 0.25
+
 OK = "ok"
 ABSENT = "absent"
 TRANSFER_FAILED = "transfer_failed"
@@ -237,6 +241,8 @@ class KVStore:
                 self.before_write(len(todo))
             codes = client.batch_put_from([keys[i] for i in todo], [addrs[i] for i in todo],
                                           [self.page_nbytes] * len(todo)) if todo else []
+            if self.ssd_dir:
+                codes = self._retry_no_space(client, keys, addrs, todo, list(codes))
         except Exception as e:  # noqa: BLE001
             log.warning("store save raised: %s", e)
             todo, codes = list(range(len(keys))), [_RPC_FAILED] * len(keys)
@@ -257,6 +263,22 @@ class KVStore:
             reason = classify(failed[0], elapsed, self._deadline)
             self.metrics.save_failures.labels(reason).inc(len(failed))
         return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
+
+    def _retry_no_space(self, client, keys, addrs, todo: list[int], codes: list[int]) -> list[int]:
+        """With the SSD tier, DRAM refuses a write (-200) only until the master has evicted pages
+        already copied to disk, within about one offload heartbeat: retry the refused pages a few
+        times before counting them as failed (an I/O thread waits; requests never do)."""
+        for _ in range(SSD_NO_SPACE_RETRIES):
+            refused = [j for j, c in enumerate(codes) if c == _NO_SPACE]
+            if not refused:
+                break
+            time.sleep(SSD_NO_SPACE_RETRY_S)
+            again = client.batch_put_from([keys[todo[j]] for j in refused], [addrs[todo[j]] for j in refused],
+                                          [self.page_nbytes] * len(refused))
+            for j, c in zip(refused, again):
+                codes[j] = c
+            self.metrics.no_space_retries.inc(len(refused))
+        return codes
 
     def remove_many(self, keys: Sequence[str]) -> list[int]:
         """Remove objects in ONE batch_remove: per key 0, or a negative code (-704 absent, -706 a
