@@ -113,12 +113,21 @@ def summarize(samples: dict[str, list[float]], nbytes: int) -> dict:
     return {
         "ssd_bytes": nbytes, "ssd_idle_bytes_s": med["ssd_idle"], "ssd_under_load_bytes_s": med["ssd_under_load"],
         "ssd_outproc_loop_bytes_s": med["ssd_outproc"], "sequential_read_bytes_s": med["sequential"],
-        "ssd_loop_it_s": med["loop_it_s"],
+        "ssd_loop_it_s": med["loop_it_s"], "ssd_idle_cores": med["ssd_idle_cores"], "cpu_cores": os.cpu_count(),
+        # Core-seconds per GB loaded, this process + the peer (what the loop's core is taken from).
+        "ssd_idle_cpu_s_per_gb": med["ssd_idle_cores"] / med["ssd_idle"] * 1e9,
         "ssd_under_load_ratio": med["ssd_under_load"] / med["ssd_idle"],
         "ssd_gil_ratio": med["ssd_under_load"] / med["ssd_outproc"],
         "ssd_idle_vs_sequential_ratio": med["ssd_idle"] / med["sequential"],
         "ssd_samples": samples,
     }
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User + system CPU seconds a process (all its threads) has used so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # NOTE: after the name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------------------------- page cache
@@ -210,12 +219,17 @@ class SsdCase:
             if not np.array_equal(self.dst[i], page_bytes(i)):
                 raise RuntimeError(f"page {i} loaded from the SSD tier differs from the one written")
 
-    def load_all(self, with_loop: bool) -> tuple[float, float, int]:
-        """Every page once, --batch pages a load, --in-flight loads queued: (bytes/s, loop it/s, SSD pages)."""
+    def load_all(self, with_loop: bool) -> tuple[float, float, int, float]:
+        """Every page once, --batch pages a load, --in-flight loads queued.
+
+        Returns (bytes/s, loop it/s, pages from the SSD tier, cores busy in this process and the peer).
+        """
         loads = (([self.keys[i] for i in idx], [self.dst.ctypes.data + i * PAGE_NBYTES for i in idx])
                  for idx in (range(f, min(f + self.batch, self.pages)) for f in range(0, self.pages, self.batch)))
+        cpu0, t0 = cpu_seconds() + cpu_seconds(self.peer.pid), time.perf_counter()
         gbps, its, ssd = drive_loads(self.io, loads, self.depth, with_loop)
-        return gbps * 1e9, its, ssd
+        cores = (cpu_seconds() + cpu_seconds(self.peer.pid) - cpu0) / (time.perf_counter() - t0)
+        return gbps * 1e9, its, ssd, cores
 
     def load_all_outproc_loop(self) -> float:
         busy = spawn_child(["--busy-loop", "600"])  # stopped below, when the loads are done
@@ -244,18 +258,19 @@ def run_ssd(args) -> dict:
 def measure(case: SsdCase, runs: int, quiet: bool) -> dict:
     before = case.tiers()
     samples: dict[str, list[float]] = {k: [] for k in ("ssd_idle", "ssd_under_load", "ssd_outproc", "sequential",
-                                                       "loop_it_s", "ssd_pages_per_load")}
+                                                       "loop_it_s", "ssd_pages_per_load", "ssd_idle_cores")}
     dropped = []
 
     def idle():
         case.dst[:] = 0
-        bps, _, ssd = case.load_all(with_loop=False)
+        bps, _, ssd, cores = case.load_all(with_loop=False)
         case.check()
         samples["ssd_idle"].append(bps)
+        samples["ssd_idle_cores"].append(cores)
         samples["ssd_pages_per_load"].append(ssd)
 
     def under_load():
-        bps, its, ssd = case.load_all(with_loop=True)
+        bps, its, ssd, _ = case.load_all(with_loop=True)
         samples["ssd_under_load"].append(bps)
         samples["loop_it_s"].append(its)
         samples["ssd_pages_per_load"].append(ssd)
@@ -294,7 +309,8 @@ def ssd_rows(res: dict) -> list[tuple[str, str, str]]:
          (f"disk-only {t['disk_only']}, in DRAM {t['in_dram']}, absent {t['absent']}; page cache dropped: "
           f"{'yes' if res['ssd_page_cache_dropped'] else 'NO'}")),
         ("    store_client load from SSD, loop idle", gb("ssd_idle_bytes_s"),
-         f"vs sequential read x{res['ssd_idle_vs_sequential_ratio']:.2f}"),
+         (f"vs sequential read x{res['ssd_idle_vs_sequential_ratio']:.2f}; {res['ssd_idle_cores']:.2f} of "
+          f"{res['cpu_cores']} cores busy (here + peer), {res['ssd_idle_cpu_s_per_gb']:.2f} core-s/GB")),
         ("    store_client load from SSD + in-process loop", gb("ssd_under_load_bytes_s"),
          f"under load / idle = {res['ssd_under_load_ratio']:.2f}  (target >= 0.8)"),
         ("    store_client load from SSD + loop in other process", gb("ssd_outproc_loop_bytes_s"),
