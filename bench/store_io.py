@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.store_io_children import PAGE_NBYTES, drive_loads, loop_iteration, spawn_child, stop_child
+from bench.store_io_ssd import run_ssd, ssd_rows
 
 
 # ---------------------------------------------------------------------------------- measurements
@@ -252,8 +253,6 @@ def run(args) -> dict:
 
 
 def table(res: dict) -> str:
-    from bench.store_io_ssd import ssd_rows
-
     rows = dram_rows(res) if "raw_gbps" in res else []
     rows += ssd_rows(res) if "ssd_idle_bytes_s" in res else []
     w = max(len(r[0]) for r in rows)
@@ -288,8 +287,6 @@ def dram_rows(res: dict) -> list[tuple[str, str, str]]:
 
 
 def run_all(args) -> dict:
-    from bench.store_io_ssd import run_ssd
-
     res = {} if args.ssd_only else run(args)
     if args.ssd or args.ssd_only:
         res.update(run_ssd(args), ssd_segment_mb=args.ssd_segment_mb)

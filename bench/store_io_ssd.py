@@ -190,7 +190,11 @@ class SsdCase:
         self.ssd_dir = os.path.join(workdir, "peer-ssd")
         self.peer = spawn_child(["--peer", master.master_address, master.metadata_url, str(args.ssd_segment_mb),
                                  self.ssd_dir, str(self.pages)], script=__file__)
-        self.write = json.loads(self.peer.stdout.readline())  # deadline: 30 s a chunk in the peer
+        line = self.peer.stdout.readline()  # deadline: 30 s a chunk in the peer
+        if not line.startswith("{"):
+            stop_child(self.peer)
+            raise RuntimeError(f"the SSD peer failed writing the pages: {line!r}")
+        self.write = json.loads(line)
         self.keys = [page_key(i) for i in range(self.pages)]
         self.dst = np.zeros((self.pages, PAGE_NBYTES), dtype=np.uint8)
         # NOTE: ssd_path makes KVStore attribute each page to its tier (one replica lookup per load),
