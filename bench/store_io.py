@@ -12,6 +12,9 @@ x fp32 = 737,280 bytes), with the objects in another process's segment (TCP loop
                GIL: the loop in another process during (4), and this loop while another process loads
   (6) per-page the seeds' pattern: one Python allocation + one file open/readinto + one copy per
                page, on a thread, under the same in-process loop
+  (7) SSD      with --ssd (--ssd-only: alone): ~1 GB of pages only on Mooncake's SSD tier, loaded by
+               store_client with the loop idle, under the in-process loop, with the loop in another
+               process, and the control: a plain sequential read of the same files (bench/store_io_ssd.py)
 
 (1) and (4) are one caller issuing one 32-page call at a time. (2) and (3) keep --in-flight loads
 (default 4: a busy prefill scheduler has several requests loading) queued on StoreIO, which merges
@@ -21,12 +24,13 @@ Headline ratios: (2)/(1), gil_ratio = (3)/(4), loop_slowdown_ratio = 1 - loop_wi
 Each measurement is repeated --runs times (interleaved, so machine noise hits all alike); the
 table shows medians. `--json` prints one JSON object as the last line. No torch.
 
-    python bench/store_io.py [--runs 3] [--seconds 2] [--json]
+    python bench/store_io.py [--runs 3] [--seconds 2] [--ssd | --ssd-only] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -44,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/engine.py would shadow the engine package.
 sys.path.insert(0, str(ROOT))
 
-from bench.store_io_children import PAGE_NBYTES, loop_iteration, spawn_child, stop_child
+from bench.store_io_children import PAGE_NBYTES, drive_loads, loop_iteration, spawn_child, stop_child
+from bench.store_io_ssd import run_ssd, ssd_rows
 
 
 # ---------------------------------------------------------------------------------- measurements
@@ -128,32 +133,8 @@ class Bench:
     # (2), (3) and (5)
     def client_gbps(self, with_loop: bool, depth: int) -> tuple[float, float]:
         """Loads through StoreIO, `depth` in flight; returns (GB/s, scheduler loop iterations/s)."""
-        state = {"table": {}}
-        nbytes, its, submitted, n = 0, 0, 0, 0
-        t0 = time.perf_counter()
-        end = t0 + self.seconds
-        while True:
-            now = time.perf_counter()
-            while submitted < depth and now < end:
-                idx = self.batches[n % len(self.batches)]
-                self.io.submit_load(len(idx), [self.keys[i] for i in idx], self._addrs(self.dst, idx))
-                submitted += 1
-                n += 1
-            if submitted == 0:
-                break
-            if with_loop:
-                loop_iteration(state)
-                its += 1
-                done = self.io.poll()
-            else:
-                done = self.io.poll(timeout_s=0.5)
-            for d in done:
-                if d.pages_ok != d.tag:
-                    raise RuntimeError(f"store_client load failed: {d}")
-                nbytes += d.pages_ok * PAGE_NBYTES
-                submitted -= 1
-        elapsed = time.perf_counter() - t0
-        return nbytes / elapsed / 1e9, its / elapsed
+        loads = (([self.keys[i] for i in idx], self._addrs(self.dst, idx)) for idx in itertools.cycle(self.batches))
+        return drive_loads(self.io, loads, depth, with_loop, self.seconds)[:2]
 
     def loop_with_outproc_loads(self, master) -> tuple[float, float]:
         """(this process's loop it/s, GB/s) while ANOTHER process runs raw loads: CPU cost, no GIL."""
@@ -272,7 +253,17 @@ def run(args) -> dict:
 
 
 def table(res: dict) -> str:
-    rows = [
+    rows = dram_rows(res) if "raw_gbps" in res else []
+    rows += ssd_rows(res) if "ssd_idle_bytes_s" in res else []
+    w = max(len(r[0]) for r in rows)
+    head = (f"pages of {res['page_nbytes']} B, {res['pages_per_batch']} pages per load, "
+            f"{res['loads_in_flight']} loads in flight, {res['io_threads']} I/O threads, medians of {res['runs']} runs"
+            + (f" x {res['seconds_per_measurement']} s" if "raw_gbps" in res else ""))
+    return "\n".join([head] + [f"{a:<{w}}  {b:>14}  {c}" for a, b, c in rows])
+
+
+def dram_rows(res: dict) -> list[tuple[str, str, str]]:
+    return [
         ("(1) raw batch_get_into, idle", f"{res['raw_gbps']:.2f} GB/s", ""),
         ("(2) store_client load, worker idle", f"{res['client_idle_gbps']:.2f} GB/s",
          f"(2)/(1) = {res['idle_ratio']:.2f}  (target >= 0.9)"),
@@ -293,11 +284,15 @@ def table(res: dict) -> str:
          f"vs {res['per_page_alone_gbps']:.2f} GB/s without the loop: x{res['per_page_loop_ratio']:.2f}"),
         ("    store_client under the loop, (3)/(2)", "", f"x{res['client_loop_ratio']:.2f}"),
     ]
-    w = max(len(r[0]) for r in rows)
-    head = (f"pages of {res['page_nbytes']} B, {res['pages_per_batch']} pages per load, "
-            f"{res['loads_in_flight']} loads in flight, {res['io_threads']} I/O threads, "
-            f"medians of {res['runs']} runs x {res['seconds_per_measurement']} s")
-    return "\n".join([head] + [f"{a:<{w}}  {b:>14}  {c}" for a, b, c in rows])
+
+
+def run_all(args) -> dict:
+    res = {} if args.ssd_only else run(args)
+    if args.ssd or args.ssd_only:
+        res.update(run_ssd(args), ssd_segment_mb=args.ssd_segment_mb)
+    res.update(page_nbytes=PAGE_NBYTES, pages_per_batch=args.batch, loads_in_flight=args.in_flight,
+               io_threads=args.io_threads, runs=args.runs)
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,15 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", type=int, default=4,
                    help="store_client loads kept in flight (requests a busy prefill scheduler has loading)")
     p.add_argument("--io-threads", type=int, default=None, help="StoreIO threads (default: store.io_threads)")
+    p.add_argument("--ssd", action="store_true", help="also (7): loading pages only on the SSD tier")
+    p.add_argument("--ssd-only", action="store_true", help="only (7), the SSD case")
+    p.add_argument("--ssd-pages", type=int, default=1456, help="(7): pages written (1,456 = 1.07 GB)")
+    p.add_argument("--ssd-segment-mb", type=int, default=64, help="(7): the DRAM segment in front of the disk")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = p.parse_args(argv)
     if args.io_threads is None:
         from store_client.config import StoreConfig
         args.io_threads = StoreConfig().io_threads
-    for name in ("runs", "pages", "batch", "io_threads", "in_flight"):
+    for name in ("runs", "pages", "batch", "io_threads", "in_flight", "ssd_pages", "ssd_segment_mb"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
-    res = run(args)
+    res = run_all(args)
     print(table(res))
     if args.json:
         print(json.dumps(res))

@@ -1,4 +1,5 @@
-"""The child processes of bench/store_io.py, each its own process so it has its own GIL.
+"""The child processes of bench/store_io.py, each its own process so it has its own GIL, and the
+pieces the bench's processes share (the page size, the scheduler loop, the load driver).
 
     python bench/store_io_children.py --busy-loop SECONDS          the scheduler loop, prints it/s
     python bench/store_io_children.py --hold-segment M META MB     holds the segment the objects live in
@@ -10,9 +11,11 @@ Each prints "ready" once set up; spawn_child() waits for it, stop_child() closes
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -28,6 +31,43 @@ def loop_iteration(state: dict) -> None:
     for i in range(400):
         k = i & 63
         table[k] = table.get(k, 0) + i
+
+
+def drive_loads(io, loads: Iterable[tuple[list[str], list[int]]], depth: int, with_loop: bool,
+                seconds: float = math.inf) -> tuple[float, float, int]:
+    """Keep `depth` loads of `loads` in flight on StoreIO until it is exhausted or `seconds` passed.
+
+    Returns (GB/s, scheduler loop iterations/s, pages read from the SSD tier). with_loop: the
+    CPU-bound loop runs on this thread between polls, else this thread sleeps in poll().
+    """
+    state, pending = {"table": {}}, iter(loads)
+    nbytes, its, ssd_pages, submitted, exhausted = 0, 0, 0, 0, False
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while True:
+        while submitted < depth and not exhausted and time.perf_counter() < end:
+            load = next(pending, None)
+            if load is None:
+                exhausted = True
+                break
+            io.submit_load(len(load[0]), *load)
+            submitted += 1
+        if submitted == 0:
+            break
+        if with_loop:
+            loop_iteration(state)
+            its += 1
+            done = io.poll()
+        else:
+            done = io.poll(timeout_s=0.5)
+        for d in done:
+            if d.pages_ok != d.tag:
+                raise RuntimeError(f"store_client load failed: {d}")
+            nbytes += d.pages_ok * PAGE_NBYTES
+            ssd_pages += sum(d.page_ssd)
+            submitted -= 1
+    elapsed = time.perf_counter() - t0
+    return nbytes / elapsed / 1e9, its / elapsed, ssd_pages
 
 
 def busy_loop_process(seconds: float) -> None:
@@ -75,8 +115,8 @@ def raw_loader_process(master: str, metadata: str, seconds: float, pages: int, b
     s.close()
 
 
-def spawn_child(args: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def spawn_child(args: list[str], script: str = __file__) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline().strip()  # deadline: the child prints within seconds or dies
     if line != "ready":
