@@ -10,7 +10,9 @@ the same thing for any --clients / --rounds / turn sizes:
     ssd   as full, but the store's DRAM holds about a third of the final working set and the SSD
           tier (`store.ssd_path`, a temporary directory per run) the rest: DRAM overflows into disk.
           The decode worker's prefix cache is off: its pool, sized for every client's longest
-          prompt, would otherwise hold the whole working set and no read would reach the store
+          prompt, would otherwise hold the whole working set and no read would reach the store.
+          The master's read lease is 1 s and it evicts 20% at a time, as docs/operations.md
+          advises for the SSD tier
     full  the store holds about half the final working set: eviction every late round, the steady
           state of a production cache. As in production, L1 is small next to the store (one
           longest prompt and a page margin: the prefill pool is working memory more than cache),
@@ -125,7 +127,12 @@ def preset_overrides(name: str, w: Workload, cfg: Config, kv_values_per_token: i
     share = {"l3": 1.5 / default_high_watermark(cfg), "full": 1 / 2, "ssd": 1 / 3}[name]
     segment_mb = max(16, math.ceil(share * final * pb / segments / MIB))
     sets += [f"prefill.num_pages={l1}", f"store.global_segment_size_mb={segment_mb}"]
-    return sets + [f"store.ssd_path={ssd_dir}", "decode.prefix_cache=false"] if name == "ssd" else sets
+    if name != "ssd":
+        return sets
+    # NOTE: a read leases a page in DRAM for master_kv_lease_ttl_ms (10 s by default): every round
+    # reads the whole working set, so DRAM filled with leased pages and refused writes (docs/workers.md)
+    return sets + [f"store.ssd_path={ssd_dir}", "decode.prefix_cache=false", "store.master_kv_lease_ttl_ms=1000",
+                   "store.master_eviction_ratio=0.2"]
 
 
 def describe(name: str, w: Workload, cfg: Config, kv_values_per_token: int) -> str:

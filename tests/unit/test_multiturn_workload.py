@@ -121,6 +121,7 @@ def test_the_ssd_preset_gives_dram_a_third_and_the_rest_to_the_ssd_tier():
     small = dict(s.split("=", 1) for s in preset_overrides("ssd", w, cfg, 1024, ssd_dir="/tmp/x"))
     assert small["store.global_segment_size_mb"] == "16" and small["store.ssd_path"] == "/tmp/x"
     assert small["decode.prefix_cache"] == "false"  # else D's pool would hold the whole working set
+    assert (small["store.master_kv_lease_ttl_ms"], small["store.master_eviction_ratio"]) == ("1000", "0.2")
     big = dict(s.split("=", 1) for s in preset_overrides("ssd", w, cfg, 4096, ssd_dir="/tmp/x"))
     full = dict(s.split("=", 1) for s in preset_overrides("full", w, cfg, 4096))
     assert big["store.global_segment_size_mb"] == "20" and full["store.global_segment_size_mb"] == "30"
