@@ -59,7 +59,8 @@ class StoreConfig:
     master_eviction_ratio: float = _key(0.05, "mooncake_master: fraction of objects its generic eviction "
                                         "removes at once", min=0.0, max=1.0)
     master_kv_lease_ttl_ms: int = _key(10000, "mooncake_master: an object read or written is not evicted for "
-                                       "this long (ms)", min=1)
+                                       "this long (ms). With the SSD tier set 1000: a DRAM full of leased pages "
+                                       "refuses writes (docs/operations.md, Tuning)", min=1)
     master_client_ttl_s: int = _key(10, "mooncake_master: a client silent this long is considered gone and "
                                     "its segment unmounted", min=1)
     master_enable_offload: bool = _key(False, "mooncake_master: let clients offload evicted objects to local "
