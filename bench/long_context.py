@@ -33,7 +33,7 @@ from bench.multiturn_client import HttpBackend
 from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
 from bench.multiturn_conversation import Prompt
 from bench.multiturn_run import Target, flush_l1, wait_quiet
-from bench.multiturn_stats import ideal_cached_tokens, mean, percentile, ratio, rounded
+from bench.multiturn_stats import TIERS, ideal_cached_tokens, mean, percentile, ratio, rounded
 from bench.multiturn_text import TurnSource
 from pdorch.config_loader import add_config_args, default_config_path
 
@@ -91,7 +91,7 @@ def summarize(replies) -> dict:
     ok = [(p, r) for p, r in replies if r.error is None]
     ttft = [r.ttft_s for _, r in ok if r.ttft_s is not None]
     prompt = sum(len(p.ids) for p, _ in ok)
-    tiers = {t: sum((r.tiers or {}).get(t, 0) for _, r in ok) for t in ("device", "host", "store", "ssd")}
+    tiers = {t: sum((r.tiers or {}).get(t, 0) for _, r in ok) for t in TIERS}
     return {"requests": len(replies), "failed": len(replies) - len(ok), "ttft_mean_s": mean(ttft),
             "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
             "hit_rate": ratio(sum(r.cached_tokens for _, r in ok), prompt),

@@ -23,7 +23,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-TIERS = ("device", "host", "store", "ssd")  # ssd: the store's SSD tier (0 without it)
+from pdorch.worker.prefill_rpc import CACHE_TIERS
+
+TIERS = CACHE_TIERS  # device, host, store, ssd (the store's SSD tier: 0 without it), as responses name them
 
 
 # ---------------------------------------------------------------------------------- per request

@@ -15,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdorch.worker.prefill_rpc import CACHE_TIERS
 
-TIERS = CACHE_TIERS
 # The master's SSD tier gauges (docs/workers.md, "The SSD tier"): objects and bytes on disk, capacity.
 SSD_GAUGES = {"file_cache_nums_": "objects", "master_allocated_file_size_bytes": "bytes",
               "master_total_file_capacity_bytes": "capacity_bytes"}
@@ -144,11 +143,11 @@ def render_status(status: dict[str, Any]) -> str:
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     tokens = status["tokens"]
     prompt = tokens.get("prompt", 0.0)
-    cached = {t: tokens.get(f"cached_{t}", 0.0) for t in TIERS}
+    cached = {t: tokens.get(f"cached_{t}", 0.0) for t in CACHE_TIERS}
     lines.append("")
     lines.append(f"prompt tokens {prompt:.0f}, completion tokens {tokens.get('completion', 0.0):.0f}")
     if prompt:
-        split = ", ".join(f"{t} {cached[t] / prompt:.1%}" for t in TIERS)
+        split = ", ".join(f"{t} {cached[t] / prompt:.1%}" for t in CACHE_TIERS)
         lines.append(f"cache hit rate {sum(cached.values()) / prompt:.1%} ({split})")
     else:
         lines.append("cache hit rate: no requests yet")
