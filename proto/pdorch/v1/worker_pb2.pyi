@@ -184,6 +184,50 @@ class WorkerStats(_message.Message):
     requests_aborted: int
     def __init__(self, requests_finished: _Optional[int] = ..., requests_failed: _Optional[int] = ..., prompt_tokens_computed: _Optional[int] = ..., prompt_tokens_cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., generated_tokens: _Optional[int] = ..., store_pages_written: _Optional[int] = ..., info: _Optional[_Union[WorkerInfo, _Mapping]] = ..., pool_integrity_ok: _Optional[bool] = ..., pool_integrity_error: _Optional[str] = ..., active_pages: _Optional[int] = ..., store_pages_loaded: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., requests_aborted: _Optional[int] = ...) -> None: ...
 
+class WatchKVRequest(_message.Message):
+    __slots__ = ("hash_scheme", "page_size", "layout_version", "epoch", "after_seq", "subscriber")
+    HASH_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    hash_scheme: str
+    page_size: int
+    layout_version: int
+    epoch: str
+    after_seq: int
+    subscriber: str
+    def __init__(self, hash_scheme: _Optional[str] = ..., page_size: _Optional[int] = ..., layout_version: _Optional[int] = ..., epoch: _Optional[str] = ..., after_seq: _Optional[int] = ..., subscriber: _Optional[str] = ...) -> None: ...
+
+class KVEventBatch(_message.Message):
+    __slots__ = ("worker_id", "epoch", "seq", "snapshot", "l1_stored", "l1_removed", "store_written", "store_removed", "free_pages", "queued_requests", "running_requests", "page_size")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    L1_STORED_FIELD_NUMBER: _ClassVar[int]
+    L1_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    STORE_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    STORE_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    epoch: str
+    seq: int
+    snapshot: bool
+    l1_stored: _containers.RepeatedScalarFieldContainer[str]
+    l1_removed: _containers.RepeatedScalarFieldContainer[str]
+    store_written: _containers.RepeatedScalarFieldContainer[str]
+    store_removed: _containers.RepeatedScalarFieldContainer[str]
+    free_pages: int
+    queued_requests: int
+    running_requests: int
+    page_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., l1_stored: _Optional[_Iterable[str]] = ..., l1_removed: _Optional[_Iterable[str]] = ..., store_written: _Optional[_Iterable[str]] = ..., store_removed: _Optional[_Iterable[str]] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "prefill_address", "timeout_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -60,6 +60,11 @@ class PrefillServiceStub:
                 request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.WatchKV = channel.unary_stream(
+                '/pdorch.v1.PrefillService/WatchKV',
+                request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
+                response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
+                _registered_method=True)
 
 
 class PrefillServiceServicer:
@@ -101,6 +106,13 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchKV(self, request, context):
+        """/ KV events: a snapshot, then batches of L1 and store changes (see WatchKVRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefillServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +140,11 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'WatchKV': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKV,
+                    request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.FromString,
+                    response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +293,33 @@ class PrefillService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def WatchKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdorch.v1.PrefillService/WatchKV',
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class DecodeServiceStub:
     """/ Decode worker (D).
@@ -311,6 +355,11 @@ class DecodeServiceStub:
                 '/pdorch.v1.DecodeService/Stats',
                 request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
                 response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+                _registered_method=True)
+        self.WatchKV = channel.unary_stream(
+                '/pdorch.v1.DecodeService/WatchKV',
+                request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
+                response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
                 _registered_method=True)
 
 
@@ -353,6 +402,13 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchKV(self, request, context):
+        """/ KV events: a snapshot, then batches of L1 and store changes (see WatchKVRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -380,6 +436,11 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.StatsRequest.FromString,
                     response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'WatchKV': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKV,
+                    request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.FromString,
+                    response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -518,6 +579,33 @@ class DecodeService:
             '/pdorch.v1.DecodeService/Stats',
             proto_dot_pdorch_dot_v1_dot_worker__pb2.StatsRequest.SerializeToString,
             proto_dot_pdorch_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pdorch.v1.DecodeService/WatchKV',
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
             options,
             channel_credentials,
             insecure,
