@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from hashlib import blake2b
 from operator import add, attrgetter
 
 from router.kv_index import stable_key
@@ -42,7 +43,12 @@ class ChoiceWeights:
 
 def seed_of(hashes: list[str]) -> int:
     """The tie-break seed of a prompt: its first page hash (0 without one)."""
-    return int(hashes[0][:16], 16) if hashes else 0
+    if not hashes:
+        return 0
+    try:
+        return int(hashes[0][:16], 16)
+    except ValueError:  # not a hex page hash (tests, simulations): any stable digest of it
+        return int.from_bytes(blake2b(hashes[0].encode(), digest_size=8).digest(), "big")
 
 
 def pick(tied: list, seed: int):

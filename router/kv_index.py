@@ -72,8 +72,8 @@ def _discard(holders: dict, h: str, addr: str) -> None:
 
 
 class _WorkerKV:
-    __slots__ = ("epoch", "seq", "has_snapshot", "behind", "live", "l1", "spec", "store",
-                 "load", "free_pages", "page_size", "worker_id")
+    __slots__ = ("behind", "epoch", "free_pages", "has_snapshot", "l1", "live", "load", "page_size",
+                 "seq", "spec", "store", "worker_id")
 
     def __init__(self):
         self.epoch, self.seq = "", 0
@@ -107,7 +107,7 @@ class CandidateView:
     by address, the mask of their slots, each one's slot (-1: unknown to the index), and the
     candidates in stable-key order (`order`, `keys`) for ties settled by a seed."""
 
-    __slots__ = ("workers", "by_addr", "mask", "slots", "order", "keys", "order_slots")
+    __slots__ = ("by_addr", "keys", "mask", "order", "order_slots", "slots", "workers")
 
     def __init__(self, workers: list, slot: dict[str, int]):
         self.workers = list(workers)
