@@ -7,15 +7,16 @@ router/kv_choice.py) driven by a simulated fleet, no model, no HTTP (bench/routi
   journal cuts a KVEventBatch (a real protobuf) every 50 ms, router r receives it
   delay_ms * (1 + r / routers) later; requests go to the routers round-robin (a Kubernetes Service);
   each router speculates the prompt it routed (until the worker's event confirms it);
-- 100k conversations: turns per conversation ~ Zipf(1.5) (capped at 20), exponential think time
+- 100k conversations: turns per conversation ~ Zipf(2) (capped at 10), exponential think time
   between turns, each turn the previous prompt plus 1-4 pages, behind one of 8 shared system
   prompts; worker restarts (a new epoch, an empty snapshot);
-- loads: queued + running from each worker's last batch (the same for every variant but the
-  oracle, which sees the exact loads); FIFO service (2 ms + 0.5 ms per computed page + 0.05 ms per
-  page read from the store).
+- loads: a router's load of a worker is queued + running from its last batch plus the requests this
+  router sent it since that batch was cut; FIFO service (2 ms + 0.5 ms per computed page + 0.05 ms
+  per page read from the store).
 
-Variants on the same requests: `oracle` (one router that knows every cache and load exactly, the
-same decision rules), `precise` (the replicas above), and for contrast today's guess-based
+Variants on the same requests: `oracle` (replicas sharing one index that knows every cache
+exactly, at once; the same decision, the same loads as the precise replicas, so the difference
+is the cache knowledge alone), `precise` (the replicas above), and for contrast today's guess-based
 router/policies.py CacheAware, one per replica (`guess`). Its decision is O(workers) in Python,
 so the contrast runs on a slice of the fleet (--contrast-scale of the workers and conversations,
 the same per-worker rate and cache sizes), with its own oracle and precise runs.
@@ -40,17 +41,26 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # NOTE: first: bench/engine.py would shadow the engine package
 
-from bench.routing_sim_fleet import (Fleet, GuessRouter, OracleRouter, PreciseRouter, Prompts, SimConfig,
-                                     make_requests)
+from bench.routing_sim_fleet import (
+    Fleet,
+    GuessRouter,
+    OracleRouter,
+    PreciseRouter,
+    Prompts,
+    SimConfig,
+    make_requests,
+)
+from proto.pdorch.v1.worker_pb2 import KVEventBatch
 from router.kv_index import KVIndex
 
-ROUTERS = {"oracle": OracleRouter, "precise": PreciseRouter, "guess": GuessRouter}
+ROUTERS = {"precise": PreciseRouter, "guess": GuessRouter}
 
 
 def simulate(cfg: SimConfig, kind: str, requests) -> dict:
@@ -60,15 +70,22 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
     slot = {a: i for i, a in enumerate(addrs)}
     now = [0.0]
     oracle = kind == "oracle"
-    routers = [ROUTERS[kind](cfg, addrs, lambda: now[0]) for _ in range(1 if oracle else cfg.routers)]
-    for r in routers:  # subscribe: an empty snapshot of each worker
-        for w in fleet.workers:
-            r.deliver(w.address, fleet.snapshot(w, as_proto=False), 0.0)
+    clock = lambda: now[0]
+    exact = KVIndex(cfg.speculative_ttl_s, clock) if oracle else None
+    routers = [OracleRouter(cfg, addrs, clock, exact) if oracle else ROUTERS[kind](cfg, addrs, clock)
+               for _ in range(cfg.routers)]
+    for w in fleet.workers:  # subscribe: an empty snapshot of each worker
+        b = fleet.snapshot(w, as_proto=False)
+        if exact is not None:
+            exact.apply(w.address, b)
+            exact.set_live(w.address, True)
+        for r in routers:
+            r.deliver(w.address, b, 0.0)
     proto = kind == "precise"  # the bytes on the wire are measured on the precise run
     rng = np.random.default_rng(cfg.seed + 1)
     duration = requests[-1].t if requests else 0.0
     restarts = sorted(zip(rng.uniform(0, duration, cfg.restarts), rng.integers(0, cfg.workers, cfg.restarts)))
-    delays = [0.0] if oracle else [cfg.delay_ms / 1000 * (1 + r / len(routers)) for r in range(len(routers))]
+    delays = [cfg.delay_ms / 1000 * (1 + r / len(routers)) for r in range(len(routers))]
     batch_s = cfg.batch_ms / 1000
     next_tick, ri = batch_s, 0
     prompts = Prompts(cfg)
@@ -77,8 +94,13 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
     delta_bytes = batches = 0
 
     def publish(w, batch, t: float) -> None:
+        if exact is not None:
+            exact.apply(w.address, batch)
+        plain = _plain(batch) if proto else batch
         for r, router in enumerate(routers):
-            router.queue.append((t + delays[r], w.address, batch, t))
+            # NOTE: router 0 reads the protobuf (its apply time is the one reported); the others get
+            # its fields read once: reading a repeated string field makes new str objects every time
+            router.queue.append((t + delays[r], w.address, batch if r == 0 else plain, t))
 
     gc.collect()
     gc.disable()  # NOTE: the simulator's own heap (fleet, queued batches) would charge its GC pauses to decisions
@@ -115,8 +137,8 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         reasons[why] = reasons.get(why, 0) + 1
         i = slot[addr]
         l1, st = fleet.serve(i, hashes, t)
-        if oracle:  # its index learns at once (the load numbers still come at the batch cuts)
-            router.index.apply(addr, fleet.cut(fleet.workers[i], False))
+        if exact is not None:  # the oracle learns at once (the replicas' loads still come with the batch cuts)
+            exact.apply(addr, fleet.cut(fleet.workers[i], False))
         r_ok = prompts.reusable(req.conv)
         reusable += r_ok
         reused += min(l1 + st, r_ok)
@@ -142,9 +164,8 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         "decision_cpu_us_p99": round(float(np.percentile(cpu, 99)) / 1000, 1),
         "reasons": reasons, "fleet_l1_pages": pages, "fleet_store_pages": len(fleet.store),
     }
-    if kind != "guess":
-        applied = sum(r.applied for r in routers)
-        out["apply_us_per_batch"] = round(sum(r.apply_ns for r in routers) / max(1, applied) / 1000, 2)
+    if kind == "precise":  # router 0's: it reads the protobufs
+        out["apply_us_per_batch"] = round(routers[0].apply_ns / max(1, routers[0].applied) / 1000, 2)
         st = routers[0].index.stats()
         out["index"] = {k: st[k] for k in ("l1_entries", "store_pages", "speculative_live", "speculative_confirmed",
                                            "speculative_expired", "memory_bytes")}
@@ -156,6 +177,14 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         del routers, router, q
         out["index"]["tracemalloc_bytes"] = traced_index_bytes(snaps)
     return out
+
+
+def _plain(batch: KVEventBatch) -> SimpleNamespace:
+    return SimpleNamespace(worker_id=batch.worker_id, epoch=batch.epoch, seq=batch.seq, snapshot=batch.snapshot,
+                           l1_stored=list(batch.l1_stored), l1_removed=list(batch.l1_removed),
+                           store_written=list(batch.store_written), store_removed=list(batch.store_removed),
+                           free_pages=batch.free_pages, queued_requests=batch.queued_requests,
+                           running_requests=batch.running_requests, page_size=batch.page_size)
 
 
 def traced_index_bytes(snaps: list) -> int:

@@ -39,8 +39,8 @@ class SimConfig:
     store_pages: int = 300_000  # shared
     rate_per_worker: float = 20.0  # requests/s
     think_s: float = 2.0  # mean gap between a conversation's turns
-    zipf_a: float = 1.5  # turns per conversation ~ Zipf(a), capped
-    max_turns: int = 20
+    zipf_a: float = 2.0  # turns per conversation ~ Zipf(a), capped (mean ~1.9 turns)
+    max_turns: int = 10
     sys_prompts: int = 8
     sys_pages: int = 2
     first_pages: tuple[int, int] = (4, 24)  # the first turn's own pages (uniform, inclusive)
@@ -206,20 +206,22 @@ class Fleet:
         w.dirty = True
         return run, srun - run
 
+    def _load(self, w: Worker) -> dict:
+        return {"free_pages": self.cfg.l1_pages - len(w.l1), "queued_requests": max(0, w.load - 1),
+                "running_requests": min(1, w.load), "page_size": 16}
+
     def cut(self, w: Worker, as_proto: bool):
         """The worker's next delta batch (a KVEventBatch, or a plain object where bytes don't matter)."""
         stored, removed, written, sremoved = w.take()
         w.seq += 1
-        fields = dict(worker_id=w.address, epoch=w.epoch, seq=w.seq, l1_stored=stored, l1_removed=removed,
-                      store_written=written, store_removed=sremoved, free_pages=self.cfg.l1_pages - len(w.l1),
-                      queued_requests=max(0, w.load - 1), running_requests=min(1, w.load), page_size=16)
+        fields = {"worker_id": w.address, "epoch": w.epoch, "seq": w.seq, "l1_stored": stored, "l1_removed": removed,
+                  "store_written": written, "store_removed": sremoved, **self._load(w)}
         return KVEventBatch(**fields) if as_proto else SimpleNamespace(snapshot=False, **fields)
 
     def snapshot(self, w: Worker, as_proto: bool = True):
         store = self.store
-        fields = dict(worker_id=w.address, epoch=w.epoch, seq=w.seq, snapshot=True, l1_stored=list(w.l1),
-                      store_written=[h for h in w.written if h in store], free_pages=self.cfg.l1_pages - len(w.l1),
-                      queued_requests=max(0, w.load - 1), running_requests=min(1, w.load), page_size=16)
+        fields = {"worker_id": w.address, "epoch": w.epoch, "seq": w.seq, "snapshot": True, "l1_stored": list(w.l1),
+                  "store_written": [h for h in w.written if h in store], **self._load(w)}
         if as_proto:
             return KVEventBatch(**fields)
         return SimpleNamespace(l1_removed=(), store_removed=(), **fields)
@@ -295,8 +297,16 @@ class GuessRouter(PreciseRouter):
 
 
 class OracleRouter(PreciseRouter):
-    """Knows every cache exactly (an index fed each change as it happens, no guesses) and sends
-    every request (the only router), so its load signal counts every request, without delay."""
+    """Knows every cache exactly: one index shared by the replicas and fed each change as it
+    happens (no guesses); each replica keeps its own loads, as a precise replica does (the same
+    load rules, the same load knowledge: the difference is the cache knowledge alone)."""
+
+    def __init__(self, cfg: SimConfig, addresses: list[str], clock, index: KVIndex):
+        super().__init__(cfg, addresses, clock)
+        self.index = index
+
+    def deliver(self, addr: str, batch, cut_t: float) -> None:
+        self._load(addr, batch, cut_t)  # the shared index had it at once
 
     def choose(self, hashes: list[str]) -> tuple[str, str]:
         w, why = choose_prefill(self.index, self.cands, hashes, self.weights)

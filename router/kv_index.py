@@ -41,6 +41,7 @@ from collections import deque
 from hashlib import blake2b
 from itertools import islice
 
+
 def _add(holders: dict, h: str, addr: str) -> None:
     """holders[h] is the one address holding h (the common case: a str costs nothing extra), or a set."""
     cur = holders.get(h)
@@ -132,7 +133,7 @@ class KVIndex:
         self._free_slots: list[int] = []
         self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
         self._store: dict[str, str | set[str]] = {}  # hash -> claiming address(es)
-        self._spec_q: deque[tuple[float, str, str]] = deque()  # (expiry, address, hash), in expiry order
+        self._spec_q: deque[tuple[float, str, set[str]]] = deque()  # (expiry, address, hashes), in expiry order
         self._views: list[CandidateView] = []
         self.spec_confirmed = 0
         self.spec_expired = 0
@@ -186,7 +187,7 @@ class KVIndex:
             if v.workers == candidates:
                 return v
         v = CandidateView(candidates, self._slot)
-        self._views = [v, *self._views[:3]]  # prefill and decode lists, a few without a failed worker
+        self._views = [v, *self._views[:15]]  # prefill and decode lists, some without a failed worker
         return v
 
     def _mask(self, addresses) -> int:
@@ -362,26 +363,39 @@ class KVIndex:
         now = self.clock()
         self._expire(now)
         w = self._state(address)
+        new = set(hashes)
+        new -= w.l1
+        if not new:
+            return
         exp = now + self.ttl
-        l1, spec, q = w.l1, w.spec, self._spec_q
-        for h in hashes:
-            if h in l1:
-                continue
-            if h not in spec:
-                self._hold(h, address)
-            spec[h] = exp  # a repeated guess extends it; its older queue entry is skipped
-            q.append((exp, address, h))
+        spec = w.spec
+        fresh = new.difference(spec)  # a repeated guess only extends (its older queue entry is skipped)
+        spec.update(dict.fromkeys(new, exp))
+        if fresh:
+            holders = self._l1
+            unheld = fresh.difference(holders)
+            if unheld:
+                holders.update(dict.fromkeys(unheld, address))
+            if len(unheld) != len(fresh):
+                hold = self._hold
+                for h in fresh.difference(unheld):
+                    hold(h, address)
+        self._spec_q.append((exp, address, new))
 
     def _expire(self, now: float) -> None:
         q = self._spec_q
         while q and q[0][0] <= now:
-            exp, address, h = q.popleft()
+            exp, address, hashes = q.popleft()
             w = self._workers.get(address)
-            if w is not None and w.spec.get(h) == exp:
-                del w.spec[h]
-                self.spec_expired += 1
-                if h not in w.l1:
-                    self._unhold(h, address)
+            if w is None:
+                continue
+            spec, l1 = w.spec, w.l1
+            for h in hashes:
+                if spec.get(h) == exp:  # not confirmed, not guessed again since
+                    del spec[h]
+                    self.spec_expired += 1
+                    if h not in l1:
+                        self._unhold(h, address)
 
     # ------------------------------------------------------------------ matching
     def l1_runs(self, hashes: list[str], addresses=None) -> dict[str, int]:
@@ -499,7 +513,7 @@ class KVIndex:
         for holders in (self._l1, self._store):  # masks / sets of >= 2 holders (a str costs nothing)
             total += self._multi_holder_bytes(holders)
         total += size(self._slot) + size(self._addr_at) + sum(size(v.by_addr) + size(v.slots) for v in self._views)
-        total += len(self._spec_q) * (size((0.0, "", "")) + size(0.0))
+        total += sum(size(e) + size(e[0]) + size(e[2]) for e in self._spec_q)  # the guesses' sets (ttl's worth)
         return total
 
     @staticmethod
