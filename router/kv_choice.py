@@ -115,7 +115,7 @@ _BUSY = 1 << 60  # the load of a non-holder when only holders may win
 
 def _holder_loads(view, mask: int, loads: list[int]) -> list[int]:
     """`loads` (in view.order) with every worker outside `mask` made _BUSY: C loops only."""
-    bits = format(mask, "b")[::-1] + "0" * (len(view.slots) + 1)  # slot -1 reads the pad '0'
+    bits = format(mask, "b")[::-1].ljust(max(view.slots, default=0) + 1, "0") + "0"  # slot -1: the last '0'
     penalty = map({"1": 0, "0": _BUSY}.__getitem__, map(bits.__getitem__, view.order_slots))
     return list(map(add, loads, penalty))
 

@@ -125,3 +125,18 @@ def test_decode_prefers_its_own_prefix_cache_with_room_for_the_rest():
     feed(idx, "d1:1", l1=["h0"], free=0)
     feed(idx, "d2:1", l1=["h0"], free=0)
     assert choose_decode(idx, [d1, d2, d3], prompt) == (d1, "no_room")
+
+
+def test_many_holders_among_candidates_with_higher_slots():
+    idx = KVIndex()
+    holders = [W(f"h{i}:1", load=1 + i % 3) for i in range(80)]  # slots 0..79 hold the prefix
+    others = [W(f"o{i}:1") for i in range(300)]  # slots 80..379, idle, hold nothing
+    for w in holders:
+        feed(idx, w.address, l1=["p0", "p1"])
+    for w in others:
+        feed(idx, w.address)
+    cands = holders[:70] + others[-5:]
+    w, why = choose_prefill(idx, cands, ["p0", "p1", "p2"], ChoiceWeights(load_imbalance_threshold=8))
+    assert (w.load, why) == (1, "prefix_match") and w in holders  # the least loaded holder
+    w, why = choose_prefill(idx, cands, ["p0", "p1", "p2"], ChoiceWeights(load_imbalance_threshold=0))
+    assert (w in others, why) == (True, "imbalance")
