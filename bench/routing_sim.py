@@ -215,16 +215,19 @@ def run(cfg: SimConfig, contrast_scale: float, linearity: list[float], log) -> d
     res["precise_over_oracle"] = round(res["precise"]["hit_rate"] / res["oracle"]["hit_rate"], 4)
     small = dataclasses.replace(cfg, workers=max(2, round(cfg.workers * contrast_scale)),
                                 conversations=max(10, round(cfg.conversations * contrast_scale)),
+                                store_pages=max(1, round(cfg.store_pages * contrast_scale)),
                                 restarts=max(1, round(cfg.restarts * contrast_scale)))
     sreqs = make_requests(small) if small != cfg else reqs
     contrast = {"workers": small.workers, "conversations": small.conversations}
     for kind in ("oracle", "precise", "guess"):
         if small == cfg and kind != "guess":
-            contrast[kind] = {k: res[kind][k] for k in ("hit_rate", "decision_us_p50", "decision_us_p99")}
+            contrast[kind] = {k: res[kind][k] for k in ("hit_rate", "decision_us_p50", "decision_us_p99",
+                                                        "decision_cpu_us_p99")}
             continue
         s = time.monotonic()
         r = simulate(small, kind, sreqs)
-        contrast[kind] = {k: r[k] for k in ("hit_rate", "decision_us_p50", "decision_us_p99", "reasons")}
+        contrast[kind] = {k: r[k] for k in ("hit_rate", "decision_us_p50", "decision_us_p99", "decision_cpu_us_p99",
+                                            "reasons")}
         log(f"  contrast {kind:8s} ({small.workers} workers) hit {r['hit_rate']}  "
             f"decision p99 {r['decision_us_p99']} µs  ({time.monotonic() - s:.0f} s)")
     for kind in ("precise", "guess"):
@@ -233,7 +236,7 @@ def run(cfg: SimConfig, contrast_scale: float, linearity: list[float], log) -> d
     res["linearity"] = []
     base = dataclasses.replace(small, routers=2)
     for f in linearity:
-        c = dataclasses.replace(base, l1_pages=round(cfg.l1_pages * f), store_pages=round(cfg.store_pages * contrast_scale * f))
+        c = dataclasses.replace(base, l1_pages=round(cfg.l1_pages * f), store_pages=round(small.store_pages * f))
         r = simulate(c, "precise", make_requests(c))
         ix = r["index"]
         held = ix["l1_entries"] + ix["store_pages"]
@@ -258,6 +261,7 @@ def summary(res: dict) -> dict:
         "oracle_hit_rate": o["hit_rate"], "precise_hit_rate": p["hit_rate"],
         "precise_over_oracle": res["precise_over_oracle"],
         "decision_us_p50": p["decision_us_p50"], "decision_us_p99": p["decision_us_p99"],
+        "decision_cpu_us_p50": p["decision_cpu_us_p50"], "decision_cpu_us_p99": p["decision_cpu_us_p99"],
         "apply_us_per_batch": p["apply_us_per_batch"],
         "index_memory_bytes": p["index"]["memory_bytes"], "index_tracemalloc_bytes": p["index"]["tracemalloc_bytes"],
         "index_pages": p["index"]["l1_entries"] + p["index"]["store_pages"],
