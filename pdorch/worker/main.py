@@ -8,7 +8,7 @@ gRPC on `{role}.host:port` and Prometheus on `{role}.metrics_port`, registers in
     drain               a decode worker streams on for decode.drain_timeout_s, then hands what is left to
                         other decode workers (DecodeWorker.drain); a prefill worker's calls get
                         prefill.drain_timeout_s to finish (the server refuses new ones meanwhile)
-    stop the server, the metrics server, the worker
+    end the KV event streams (WatchKV), stop the server, the metrics server, the worker
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def refusal_counter(role: str, registry) -> Counter:
     (a token rotation done right refuses no Prefill or Generate), every method at 0 from the start."""
     counter = Counter(f"pdorch_{role}_grpc_unauthenticated", "Calls refused UNAUTHENTICATED (grpc.token), by "
                       "method", ["method"], registry=registry)
-    for method in ("Prefill" if role == "prefill" else "Generate", "Abort", "Flush", "Info", "Stats"):
+    for method in ("Prefill" if role == "prefill" else "Generate", "Abort", "Flush", "Info", "Stats", "WatchKV"):
         counter.labels(method)
     return counter
 
@@ -132,6 +132,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     if hasattr(worker, "drain"):  # the decode worker drains its streams itself (hands them on)
         worker.drain(section.drain_timeout_s)
         grace = 2.0
+    worker.kv_events.end_streams()  # WatchKV streams never end by themselves: the grace would run out
     server.stop(grace=grace).wait(grace + 5.0)
     if metrics_server is not None:
         metrics_server.shutdown()
