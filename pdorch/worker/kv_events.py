@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -43,6 +43,9 @@ QUEUE_BATCHES = 64  # per subscriber: ~3 s of batches under steady change
 RING_BATCHES = 1024  # recent batches kept for resumes (~1 min of changes, ~17 min of heartbeats)
 RING_HASHES = 1 << 18
 MAX_PENDING = 1 << 18  # distinct hashes changed between two cuts
+# Open subscriptions at most (each holds a gRPC thread: pdorch/worker/main.py sizes its pool with it);
+# one per router replica is the use, so this is far above it.
+MAX_SUBSCRIBERS = 64
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ class EventBatch:
 
 
 class StreamEnded(Exception):
-    """The worker ended this subscription: `reason` is "slow", "overflow", "stopped" or "unsubscribed"."""
+    """The worker ended this subscription: `reason` is "slow", "overflow", "stopped", "full" (MAX_SUBSCRIBERS
+    open already) or "unsubscribed"."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -130,21 +134,37 @@ class Subscription:
 
 class _TrackedSet:
     """A set of hashes (oldest first) that remembers, per hash touched since the last cut, whether it
-    was in the set at that cut. With max_items, the oldest items leave it when it is full."""
+    was in the set at that cut. With max_items, the oldest items leave it when it is full.
+
+    NOTE: a plain dict, not an OrderedDict: a snapshot copies it under the lock, and list() of an
+    OrderedDict of 262k keys takes ~70 ms (a dict's ~5 ms). Age order for the bound is kept apart:
+    `_order` holds (hash, generation) as written; entries whose generation is no longer the hash's
+    are skipped, and the deque is rebuilt when such entries outnumber the live ones."""
 
     def __init__(self, max_items: int | None = None):
-        self.items: OrderedDict[str, None] = OrderedDict()
+        self.items: dict[str, int] = {}  # hash -> generation of its last add
         self.before: dict[str, bool] = {}
         self._max = max_items
+        self._order: deque[tuple[str, int]] = deque()
+        self._gen = 0
 
     def add(self, h: str) -> None:
         if h not in self.before:
             self.before[h] = h in self.items
-        self.items[h] = None
-        self.items.move_to_end(h)
-        if self._max is not None and len(self.items) > self._max:
-            old, _ = self.items.popitem(last=False)
-            self.before.setdefault(old, True)
+        if self._max is None:
+            self.items[h] = 0
+            return
+        self._gen += 1
+        self.items.pop(h, None)  # re-inserted: newest in the dict's order too
+        self.items[h] = self._gen
+        self._order.append((h, self._gen))
+        while len(self.items) > self._max:
+            old, gen = self._order.popleft()
+            if self.items.get(old) == gen:
+                del self.items[old]
+                self.before.setdefault(old, True)
+        if len(self._order) > 2 * len(self.items) + 1024:
+            self._order = deque(self.items.items())
 
     def discard(self, h: str) -> None:
         if h not in self.before:
@@ -155,6 +175,7 @@ class _TrackedSet:
         for h in self.items:
             self.before.setdefault(h, True)
         self.items.clear()
+        self._order.clear()
 
     def cut(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(added, removed) since the last cut, in the order first touched; starts a new interval."""
@@ -163,11 +184,17 @@ class _TrackedSet:
         return (tuple(h for h, was in before.items() if not was and h in items),
                 tuple(h for h, was in before.items() if was and h not in items))
 
-    def at_last_cut(self) -> tuple[str, ...]:
-        """The set as it was at the last cut (what a snapshot with the last seq holds)."""
-        before = self.before
-        return (tuple(h for h in self.items if before.get(h, True))
-                + tuple(h for h, was in before.items() if was and h not in self.items))
+    def copy(self) -> tuple[list[str], dict[str, bool]]:
+        """(items, before) as they are: C-speed copies, so a snapshot holds the lock briefly."""
+        return list(self.items), dict(self.before)
+
+
+def state_at_cut(copy: tuple[list[str], dict[str, bool]]) -> tuple[str, ...]:
+    """A _TrackedSet (its copy()) as it was at the last cut: what a snapshot with the last seq holds."""
+    items, before = copy
+    now = set(items)
+    return (tuple(h for h in items if before.get(h, True))
+            + tuple(h for h, was in before.items() if was and h not in now))
 
 
 class KVEventJournal:
@@ -180,6 +207,7 @@ class KVEventJournal:
                  cut_interval_s: float = CUT_INTERVAL_S, heartbeat_s: float = HEARTBEAT_S,
                  queue_batches: int = QUEUE_BATCHES, ring_batches: int = RING_BATCHES,
                  ring_hashes: int = RING_HASHES, max_pending: int = MAX_PENDING,
+                 max_subscribers: int = MAX_SUBSCRIBERS,
                  clock: Callable[[], float] = time.monotonic):
         self.worker_id = worker_id
         self.page_size = page_size
@@ -187,7 +215,7 @@ class KVEventJournal:
         self.epoch = uuid.uuid4().hex  # a fresh one per process start: state of another epoch is gone
         self.cut_interval_s, self.heartbeat_s = cut_interval_s, heartbeat_s
         self.queue_batches, self.ring_batches, self.ring_hashes = queue_batches, ring_batches, ring_hashes
-        self.max_pending = max_pending
+        self.max_pending, self.max_subscribers = max_pending, max_subscribers
         self._load_fn, self._clock = load_fn, clock
         self._lock = threading.Lock()
         self._l1 = _TrackedSet()
@@ -335,26 +363,29 @@ class KVEventJournal:
                   after_seq: int = 0, subscriber: str = "") -> Subscription | str:
         """The refusal text (it names the field and both values), or a Subscription: the batches after
         after_seq when `epoch` is this one and the ring holds them all, else a snapshot; then every
-        batch published after them, in its queue. Once the worker stops: a subscription already
-        ended ("stopped")."""
+        batch published after them, in its queue. Once the worker stops, or with max_subscribers open:
+        a subscription already ended ("stopped", "full")."""
         refused = self.refusal(hash_scheme, page_size, layout_version)
         if refused is not None:
             self.metrics.refused.labels(refused[0]).inc()
             return refused[1]
         sub = Subscription(subscriber or "?", self.queue_batches)
         with self._lock:
-            if not self._accepting:
-                sub._end("stopped")
+            full = len(self._subs) >= self.max_subscribers
+            if full or not self._accepting:
+                sub._end("full" if full and self._accepting else "stopped")
                 return sub
-            if self._resumable(epoch, after_seq):
+            resume = self._resumable(epoch, after_seq)
+            if resume:
                 sub.initial = [b for b in self._ring if b.seq > after_seq]
-                kind = "resume"
             else:
-                sub.initial = [EventBatch(self.epoch, self._seq, True, l1_stored=self._l1.at_last_cut(),
-                                          store_written=self._store.at_last_cut(), free_pages=self._last_load[0],
-                                          queued=self._last_load[1], running=self._last_load[2])]
-                kind = "snapshot"
+                l1, store, seq, load = self._l1.copy(), self._store.copy(), self._seq, self._last_load
             self._subs.append(sub)
+        kind = "resume" if resume else "snapshot"
+        if not resume:  # built outside the lock: producers wait only for the copies
+            sub.initial = [EventBatch(self.epoch, seq, True, l1_stored=state_at_cut(l1),
+                                      store_written=state_at_cut(store), free_pages=load[0], queued=load[1],
+                                      running=load[2])]
         (self.metrics.resumes if kind == "resume" else self.metrics.snapshots).inc()
         log.info("KV event subscriber %s: %s from seq %d (epoch %s)", sub.name, kind,
                  sub.initial[0].seq if sub.initial else self._seq + 1, self.epoch[:8])

@@ -4,6 +4,7 @@
     initial batches (a snapshot, or the batches after the subscriber's after_seq), then the queue
     the journal dropped it (it fell behind: "slow")     -> RESOURCE_EXHAUSTED: resubscribe (resume)
     the worker stops (KVEventJournal.end_streams)       -> UNAVAILABLE
+    MAX_SUBSCRIBERS open already                        -> RESOURCE_EXHAUSTED
     the client goes away                                -> the subscription is removed
 
 The caller's token is checked by the server's interceptor, as for every RPC (pdorch/worker/tokens.py).

@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.worker.rpc import add_port, server_interceptors
 from pdorch.worker.runtime import configure_torch
 
@@ -99,7 +100,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         raise SystemExit("\n".join(f"{prog}: {line}" for line in str(e).splitlines())) from None
     # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
-    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16
+    # WatchKV streams (one per router replica) hold theirs for good: room for the most it admits.
+    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16 + MAX_SUBSCRIBERS
     refused = refusal_counter(role, worker.recorder.registry)
     server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
     add_to_server(worker, server)

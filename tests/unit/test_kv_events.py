@@ -217,6 +217,14 @@ def test_refusal_names_the_field_and_both_values(field, args, words):
     assert j.num_subscribers() == 0
 
 
+def test_subscriptions_beyond_the_bound_end_at_once():
+    j = journal(max_subscribers=2)
+    a, b = sub_of(j), sub_of(j)
+    assert sub_of(j).ended == "full"
+    j.unsubscribe(a)
+    assert sub_of(j).ended is None and b.ended is None
+
+
 def test_end_streams_ends_every_subscription_and_refuses_new_ones():
     j = journal()
     s = sub_of(j)
