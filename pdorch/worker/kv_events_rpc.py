@@ -12,10 +12,13 @@ The caller's token is checked by the server's interceptor, as for every RPC (pdo
 NOTE: a subscriber that stops reading blocks this handler in gRPC's send once the flow-control
 window is full, and no wait of ours could see it. The journal keeps queueing until that queue is
 full and drops the subscriber; the drop then cancels the RPC, which is what frees the blocked send
-(and this thread).
+(and this thread). When the worker stops, only a send in progress for over STUCK_S is cancelled
+(a send just under way ends by itself, and the stream then ends UNAVAILABLE, not CANCELLED).
 """
 
 from __future__ import annotations
+
+import time
 
 import grpc
 
@@ -23,6 +26,7 @@ from pdorch.worker.kv_events import EventBatch, KVEventJournal, StreamEnded
 from proto.pdorch.v1 import worker_pb2 as pb
 
 WAIT_S = 0.5  # every wait for the next batch is this long at most (then the RPC is checked again)
+STUCK_S = 0.2  # a send in progress this long is blocked on the subscriber's window
 
 
 def batch_to_proto(worker_id: str, page_size: int, b: EventBatch) -> pb.KVEventBatch:
@@ -38,10 +42,11 @@ def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.
                             request.after_seq, request.subscriber or context.peer())
     if isinstance(sub, str):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, sub)
-    sending = False
+    sending = None  # when the send in progress began
 
     def ended() -> None:  # from the journal's thread: a send blocked on a full window never returns else
-        if sending:
+        since = sending
+        if since is not None and (sub.ended != "stopped" or time.monotonic() - since > STUCK_S):
             context.cancel()
 
     sub.on_end(ended)
@@ -50,9 +55,9 @@ def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.
         return batch_to_proto(journal.worker_id, journal.page_size, batch)
     try:
         for batch in sub.initial:
-            sending = True
+            sending = time.monotonic()
             yield to_proto(batch)
-            sending = False
+            sending = None
         while context.is_active():
             try:
                 batch = sub.get(WAIT_S)
@@ -62,11 +67,12 @@ def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.
                               "(resubscribe with epoch and after_seq)")
             if batch is None:
                 continue
-            sending = True
-            if sub.ended is not None:  # dropped between get() and here: ended() saw sending False
+            sending = time.monotonic()
+            if sub.ended is not None:  # dropped between get() and here: ended() saw no send
+                sending = None
                 continue  # the next get() raises
             yield to_proto(batch)
-            sending = False
+            sending = None
     finally:
         journal.unsubscribe(sub)
 
