@@ -271,3 +271,24 @@ def test_allocator_listener_sees_new_hashes_evictions_and_flush():
 
 def test_hashes_of_strips_the_fingerprint():
     assert hashes_of(["fp-1/abc", "def"]) == ["abc", "def"]
+
+
+def test_worker_journal_is_fed_by_the_allocator_the_store_writes_and_the_evictor():
+    from types import SimpleNamespace
+
+    from pdorch.worker.kv_events import worker_journal
+
+    evicted = []
+    rt = SimpleNamespace(cfg=SimpleNamespace(model=SimpleNamespace(page_size=PAGE),
+                                             store=SimpleNamespace(evict_index_pages=100)),
+                         allocator=PageAllocator(2), store_io=SimpleNamespace(on_saved=None),
+                         evictor=SimpleNamespace(on_removed=None))
+    j = worker_journal(rt, "w", lambda: WorkerLoad(0, 0, 0, 0), CollectorRegistry(), evicted.append)
+    j.stop()  # the publisher stopped: cuts by hand
+    rt.allocator.cache("h1", rt.allocator.allocate(1)[0])
+    rt.store_io.on_saved(["fp/h1", "fp/h2"])
+    b = j.cut()
+    assert (b.l1_stored, b.store_written) == (("h1",), ("h1", "h2"))
+    rt.evictor.on_removed(["fp/h2"])
+    assert evicted == [["fp/h2"]]  # the scheduler still hears of it
+    assert j.cut().store_removed == ("h2",)
