@@ -34,11 +34,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from proto.pdorch.v1 import worker_pb2
 from router.kv_index import KVIndex
 from router.workers import Worker, WorkerPool
-from store_client.page_hash import KV_LAYOUT_VERSION
+from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 
 log = logging.getLogger("pdorch.router.kv_watch")
 
-HASH_SCHEME = "sha256-chain"  # store_client/page_hash.py
 _BACKOFF_S, _BACKOFF_MAX_S, _REFUSED_RETRY_S = 0.2, 5.0, 30.0
 
 

@@ -11,12 +11,15 @@ process subscribing to their WatchKV streams.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
+import grpc
 import httpx
 import pytest
 
 from proto.pdorch.v1 import worker_pb2 as pb
+from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import prompt, router_workers, start_router
 
@@ -131,3 +134,63 @@ def test_a_restarted_worker_is_a_new_epoch_and_its_old_pages_leave_the_index(clu
         assert _index_pages(router.url, holder) == 0, "the old epoch's pages are gone"
     finally:
         router.stop()
+
+
+def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model_dir):
+    """The prefill worker's chain evictor removes pages while traffic runs; a subscriber of our own
+    sees each store_removed batch, and every removed page must have left the router's index (its
+    store run) within 1 s of that batch."""
+    # 2 x 16 MiB of store (P's and D's segments) = 4,096 tiny-model pages (8 KiB); chain eviction from
+    # 5 % full (~200 pages) down to 3 %
+    store = {"global_segment_size_mb": 16, "evict_high_watermark": 0.05, "evict_low_watermark": 0.03}
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, num_prefill=1, store=store,
+                            decode={"prefix_cache": False}, kv_lease_ttl_ms=200)
+    router = start_router(cluster, tiny_model_dir, policy="cache_aware")
+    index = router.app.state.kv_watcher.index
+    removed: dict[str, float] = {}  # hash -> when our own subscriber saw it removed
+    rewritten: set[str] = set()
+    stop = threading.Event()
+
+    def watch():
+        req = pb.WatchKVRequest(hash_scheme=HASH_SCHEME, page_size=PAGE, layout_version=KV_LAYOUT_VERSION)
+        call = cluster.prefill_stub().WatchKV(req, timeout=120)
+        try:
+            for batch in call:
+                now = time.monotonic()
+                rewritten.update(h for h in batch.store_written if h in removed)
+                for h in batch.store_removed:
+                    removed.setdefault(h, now)
+                if stop.is_set():
+                    break
+        except grpc.RpcError:
+            pass  # the cluster stopping ends the stream
+        finally:
+            call.cancel()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        _wait("KV event streams live", lambda: _all_live(router))
+        watcher.start()
+        traffic = threading.Thread(target=lambda: [_generate(router.url, prompt(110 * PAGE + 3, seed=seed))
+                                                   for seed in (8, 9, 10)])
+        traffic.start()
+        left: dict[str, float] = {}  # hash -> when the router's index no longer held it
+        deadline = time.monotonic() + 90
+        while (traffic.is_alive() or len(left) < len(removed)) and time.monotonic() < deadline:
+            now = time.monotonic()
+            for h, t in list(removed.items()):
+                if h not in left and index.store_run([h]) == 0:
+                    left[h] = now
+            time.sleep(0.02)
+        traffic.join(120)
+        stop.set()
+        assert removed, "the chain evictor removed nothing"
+        lags = sorted(left[h] - removed[h] for h in removed if h in left and h not in rewritten)
+        missing = [h for h in removed if h not in left and h not in rewritten]
+        assert not missing, f"{len(missing)} removed pages still in the router's index"
+        assert lags[-1] < 1.0, f"a removal reached the index {lags[-1]:.2f} s after the worker published it"
+        print(f"{len(lags)} removals, index lag p50 {lags[len(lags) // 2] * 1000:.0f} ms, max {lags[-1] * 1000:.0f} ms")
+    finally:
+        stop.set()
+        router.stop()
+        cluster.stop()
