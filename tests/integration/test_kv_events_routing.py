@@ -194,3 +194,31 @@ def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model
         stop.set()
         router.stop()
         cluster.stop()
+
+
+def test_the_next_turn_goes_to_the_decode_worker_whose_own_cache_holds_the_conversation(tmp_path, tiny_model_dir):
+    cluster = start_cluster(tmp_path, tiny_model_dir, with_store=False, num_prefill=1)
+    cluster.wait_ready(cluster.spawn_worker("decode"))
+    router = start_router(cluster, tiny_model_dir, policy="cache_aware")
+    decodes = [w.address for w in cluster.workers if w.role == "decode"]
+    try:
+        _wait("KV event streams live", lambda: _all_live(router))
+        for seed in (11, 12, 13, 14):
+            conv = prompt(TURN1_PAGES * PAGE + 3, seed=seed)
+            before = {a: router_workers(router)[a]["routed"] for a in decodes}
+            _generate(router.url, conv)
+            mid = {a: router_workers(router)[a]["routed"] for a in decodes}
+            (first,) = [a for a in decodes if mid[a] > before[a]]
+            _wait("the turn's pages in its decode worker's entry", lambda: _index_pages(router.url, first) >= TURN1_PAGES)
+            meta = _generate(router.url, conv + prompt(PAGE, seed=seed + 50))
+            after = {a: router_workers(router)[a]["routed"] for a in decodes}
+            (second,) = [a for a in decodes if after[a] > mid[a]]
+            assert second == first, f"turn 2 of conversation {seed} went to the other decode worker"
+            assert meta["cached_tokens_details"]["device"] >= TURN1_PAGES * PAGE, meta
+        used = {a for a in decodes if router_workers(router)[a]["routed"]}
+        assert len(used) == 2, "new conversations spread over both decode workers"
+        choices = _metric(router.url, "pdorch_router_decode_choices_total")
+        assert choices.get('{reason="prefix_match"}', 0) >= 4, choices
+    finally:
+        router.stop()
+        cluster.stop()
