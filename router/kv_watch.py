@@ -139,7 +139,7 @@ class KVWatcher:
                 if outcome == "gap":
                     st.resyncs += 1
                     return "gap"
-                st.applied += 1
+                st.applied += outcome != "duplicate"  # a batch already applied (a replay's overlap)
                 st.snapshots += outcome == "snapshot"
                 if st.state != "live":
                     log.info("KV events of %s %s: live (epoch %s, seq %d)", w.role, w.address, batch.epoch, batch.seq)
