@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "ttft_last_over_round1": v["ttft_last_over_round1"],
                                   "rounds": [{f: r[f] for f in ("round", "hit_rate", "ideal_hit_rate",
                                                                  "capacity_ideal_hit_rate", "ttft_mean_s",
-                                                                 "p2d_bytes_per_request", "prefill_calls_avoided")}
+                                                                 "p2d_bytes_per_request", "prefill_calls_avoided", "tier_tokens")}
                                              for r in v["rounds"]]} for k, v in variants.items()}
         print(json.dumps(rounded(out)))
     return 0
