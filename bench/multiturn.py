@@ -11,7 +11,7 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
                                                 and store-aware routing off, (f) as (a) but the
                                                 decode worker's prefix cache off; same workload
     python -m bench.multiturn --preset ssd --compare   (a) DRAM + SSD, (g) DRAM only, (b) store off
-    python -m bench.multiturn --routers 3 [--compare]  3 router replicas, clients spread over them
+    python -m bench.multiturn --routers 3 [--compare]  3 router replicas, requests spread over them
                                                 round-robin (a Kubernetes Service); --compare: (r1) one
                                                 router, (rn) N routers on KV events, (rg) N routers
                                                 on the guess-based index (router.kv_events=false)
@@ -99,8 +99,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=PRESETS, default="l3", help="cluster sizes (see bench/multiturn_presets.py)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers of the cluster")
     p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
-    p.add_argument("--routers", type=int, default=1, help="router replicas (pdorch serve --routers); client c "
-                   "sends every turn to router c mod N")
+    p.add_argument("--routers", type=int, default=1, help="router replicas (pdorch serve --routers); requests "
+                   "go to them round-robin, as a Kubernetes Service spreads connections")
     p.add_argument("--url", help="load a running router instead of starting a cluster")
     p.add_argument("--compare", action="store_true", help="run variants a-e on the same workload")
     p.add_argument("--variants", help="with --compare: only these, comma-separated (e.g. a,e)")

@@ -67,8 +67,9 @@ async def sse_events(response: httpx.Response):
 class HttpBackend:
     def __init__(self, url: str | list[str], api: str, model: str, output_tokens: int, timeout_s: float,
                  max_connections: int, api_key: str = ""):
-        """`url`: a router, or router replicas: client c sends every turn to url[c % N] (a Service's spread)."""
+        """`url`: a router, or router replicas (requests spread over them round-robin)."""
         self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+        self._sent = 0
         self.url, self.api, self.model, self.output_tokens = self.urls[0], api, model, output_tokens
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), headers=headers,
@@ -78,7 +79,10 @@ class HttpBackend:
         await self.client.aclose()
 
     def _router(self, prompt: Prompt) -> str:
-        return self.urls[prompt.client % len(self.urls)]
+        """Round-robin per request, as a Kubernetes Service spreads new connections over a router
+        Deployment's pods: a router sees 1/N of each conversation's turns."""
+        self._sent += 1
+        return self.urls[self._sent % len(self.urls)]
 
     async def send(self, prompt: Prompt) -> Reply:
         try:

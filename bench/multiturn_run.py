@@ -34,7 +34,7 @@ class Target:
     """Where requests go and what to watch: a router URL (+ metrics) or the in-process engine."""
 
     url: str = ""
-    urls: list = dataclasses.field(default_factory=list)  # router replicas: client c sends to urls[c % N]
+    urls: list = dataclasses.field(default_factory=list)  # router replicas: requests go round-robin
     model: str = ""
     api_key: str = ""
     admin_key: str = ""
