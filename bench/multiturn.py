@@ -11,6 +11,10 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
                                                 and store-aware routing off, (f) as (a) but the
                                                 decode worker's prefix cache off; same workload
     python -m bench.multiturn --preset ssd --compare   (a) DRAM + SSD, (g) DRAM only, (b) store off
+    python -m bench.multiturn --routers 3 [--compare]  3 router replicas, requests spread over them
+                                                round-robin (a Kubernetes Service); --compare: (r1) one
+                                                router, (rn) N routers on KV events, (rg) N routers
+                                                on the guess-based index (router.kv_events=false)
     python -m bench.multiturn --sweep [--shapes A,B]   a grid of cache shapes (bench/multiturn_sweep.py):
                                                 per shape the worst hit / free-L1 capacity-bound ideal
 
@@ -59,8 +63,17 @@ VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=fal
                                          "router.store_aware_routing=false"]),
             "f": ("decode prefix cache off", ["decode.prefix_cache=false"]),
             # --preset ssd: the same store without its SSD tier (a: DRAM + SSD, b: store off)
-            "g": ("DRAM only", ["store.ssd_path="])}
+            "g": ("DRAM only", ["store.ssd_path="]),
+            # --routers N --compare: the same cluster behind 1 router, N routers, N routers without KV events
+            "r1": ("1 router", []), "rn": ("N routers, KV events", []),
+            "rg": ("N routers, guess-based index", ["router.kv_events=false"])}
 SSD_VARIANTS = ("a", "g", "b")  # what --preset ssd --compare runs
+ROUTER_VARIANTS = ("r1", "rn", "rg")  # what --routers N --compare runs
+
+
+def routers_of(key: str, args) -> int:
+    """Router replicas of a variant: r1 one, the others --routers."""
+    return 1 if key == "r1" else args.routers
 
 
 def parser() -> argparse.ArgumentParser:
@@ -86,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=PRESETS, default="l3", help="cluster sizes (see bench/multiturn_presets.py)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers of the cluster")
     p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
+    p.add_argument("--routers", type=int, default=1, help="router replicas (pdorch serve --routers); requests "
+                   "go to them round-robin, as a Kubernetes Service spreads connections")
     p.add_argument("--url", help="load a running router instead of starting a cluster")
     p.add_argument("--compare", action="store_true", help="run variants a-e on the same workload")
     p.add_argument("--variants", help="with --compare: only these, comma-separated (e.g. a,e)")
@@ -149,6 +164,7 @@ def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
     tok, model_dir, kv_per_token, page, name = facts
     extra = VARIANTS[key][1] if args.compare else []
     base = effective_config(args.config, extra + args.config_overrides)
+    routers = routers_of(key, args)
     preset = "none" if args.url else args.preset  # NOTE: a running cluster keeps its sizes
     ssd_dir = tempfile.mkdtemp(prefix="pdorch-multiturn-ssd-") if preset == "ssd" else ""
     sets = (sized(w, base, kv_per_token) if sized else
@@ -172,11 +188,12 @@ def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
             target.url = args.url.rstrip("/")
             target.worker_metrics, target.master_metrics = metrics_urls(cfg, args.prefill, args.decode)
         else:
-            sets += port_overrides(args.prefill, args.decode)
+            sets += port_overrides(args.prefill, args.decode, routers)
             log_dir = f"{args.log_dir}/{key}" if args.log_dir else None
-            cluster = ServeCluster(args.config, sets, args.prefill, args.decode, log_dir).start()
-            say(f"[{key}] cluster ready at {cluster.url} (logs in {cluster.log_dir})")
-            target.url = cluster.url
+            cluster = ServeCluster(args.config, sets, args.prefill, args.decode, log_dir,
+                                   num_routers=routers).start()
+            say(f"[{key}] cluster ready at {' '.join(cluster.urls)} (logs in {cluster.log_dir})")
+            target.url, target.urls = cluster.url, cluster.urls
             target.worker_metrics, target.master_metrics = metrics_urls(cluster.cfg, args.prefill, args.decode)
             target.processes = cluster.processes()
         with tqdm(total=w.clients * w.rounds, file=sys.stderr, desc=f"[{key}] requests", unit="req") as bar:
@@ -212,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     facts = model_facts(args.url, cfg)
     w = Workload(args.clients, args.rounds, args.first_tokens, args.turn_tokens, args.output_tokens, args.api,
                  args.max_parallel)
-    keys = (list(SSD_VARIANTS) if args.preset == "ssd" else list(VARIANTS)) if args.compare else ["a"]
+    if args.routers < 1:
+        p.error(f"--routers must be >= 1, got {args.routers}")
+    if args.routers > 1 and args.url:
+        p.error("--routers starts its own cluster: not with --url")
+    if args.compare:
+        keys = list(ROUTER_VARIANTS if args.routers > 1 else SSD_VARIANTS if args.preset == "ssd"
+                    else (k for k in VARIANTS if k not in ROUTER_VARIANTS))
+    else:
+        keys = ["a"]
     if args.url and args.compare:
         keys = ["a", "d"]  # NOTE: a running cluster cannot be reconfigured into b, c and e
     if args.variants:
@@ -241,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {k: v for k, v in main_res.items() if k != "rss_series"}
         out.update(bench="multiturn", label=label, preset=args.preset, api=w.api, clients=w.clients,
+                   routers=args.routers,
                    rounds_count=w.rounds, first_tokens=w.first_tokens, turn_tokens=w.turn_tokens,
                    output_tokens=w.output_tokens, round_barrier=args.round_barrier, seed=args.seed,
                    commit=commit(), plot=str(plot), elapsed_s=time.monotonic() - t0)
@@ -249,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "ttft_last_over_round1": v["ttft_last_over_round1"],
                                   "rounds": [{f: r[f] for f in ("round", "hit_rate", "ideal_hit_rate",
                                                                  "capacity_ideal_hit_rate", "ttft_mean_s",
-                                                                 "p2d_bytes_per_request", "prefill_calls_avoided")}
+                                                                 "p2d_bytes_per_request", "prefill_calls_avoided", "tier_tokens")}
                                              for r in v["rounds"]]} for k, v in variants.items()}
         print(json.dumps(rounded(out)))
     return 0

@@ -65,15 +65,24 @@ async def sse_events(response: httpx.Response):
 
 
 class HttpBackend:
-    def __init__(self, url: str, api: str, model: str, output_tokens: int, timeout_s: float,
+    def __init__(self, url: str | list[str], api: str, model: str, output_tokens: int, timeout_s: float,
                  max_connections: int, api_key: str = ""):
-        self.url, self.api, self.model, self.output_tokens = url.rstrip("/"), api, model, output_tokens
+        """`url`: a router, or router replicas (requests spread over them round-robin)."""
+        self.urls = [u.rstrip("/") for u in ([url] if isinstance(url, str) else url)]
+        self._sent = 0
+        self.url, self.api, self.model, self.output_tokens = self.urls[0], api, model, output_tokens
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=30.0), headers=headers,
                                         limits=httpx.Limits(max_connections=max_connections + 4))
 
     async def close(self) -> None:
         await self.client.aclose()
+
+    def _router(self, prompt: Prompt) -> str:
+        """Round-robin per request, as a Kubernetes Service spreads new connections over a router
+        Deployment's pods: a router sees 1/N of each conversation's turns."""
+        self._sent += 1
+        return self.urls[self._sent % len(self.urls)]
 
     async def send(self, prompt: Prompt) -> Reply:
         try:
@@ -87,7 +96,7 @@ class HttpBackend:
         body = {"input_ids": prompt.ids, "stream": True, "rid": f"mt-{prompt.client}-{prompt.round}",
                 "sampling_params": {"max_new_tokens": self.output_tokens, "temperature": 0.0, "ignore_eos": True}}
         reply, clock = Reply(output_ids=[]), TokenClock()
-        async with self.client.stream("POST", self.url + "/generate", json=body) as r:
+        async with self.client.stream("POST", self._router(prompt) + "/generate", json=body) as r:
             if r.status_code != 200:
                 return Reply(output_ids=[], error=f"HTTP {r.status_code}: {(await r.aread()).decode()[:160]}")
             async for event in sse_events(r):
@@ -110,7 +119,7 @@ class HttpBackend:
         body = {"model": self.model, "messages": prompt.messages, "max_tokens": self.output_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         reply, clock, parts = Reply(output_ids=None), TokenClock(), []
-        async with self.client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
+        async with self.client.stream("POST", self._router(prompt) + "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 return Reply(output_ids=None, error=f"HTTP {r.status_code}: {(await r.aread()).decode()[:160]}")
             async for event in sse_events(r):

@@ -33,14 +33,14 @@ _ROLES = (("mooncake_master", "master"), ("prefill_node", "prefill"), ("decode_n
           ("-m router", "router"))
 
 
-def port_overrides(num_prefill: int, num_decode: int) -> list[str]:
+def port_overrides(num_prefill: int, num_decode: int, num_routers: int = 1) -> list[str]:
     """--set flags moving every listening port of the cluster to free ones."""
     h = "127.0.0.1"
     return [f"store.master_address={h}:{free_port(h)}", f"store.metadata_server=http://{h}:{free_port(h)}/metadata",
             f"store.master_metrics_port={free_port(h)}",
             f"prefill.port={free_port_run(num_prefill, h)}", f"prefill.metrics_port={free_port_run(num_prefill, h)}",
             f"decode.port={free_port_run(num_decode, h)}", f"decode.metrics_port={free_port_run(num_decode, h)}",
-            f"router.port={free_port(h)}"]
+            f"router.port={free_port_run(num_routers, h)}"]
 
 
 def effective_config(config_path: str | None, overrides: list[str]) -> Config:
@@ -63,13 +63,15 @@ def metrics_urls(cfg: Config, num_prefill: int, num_decode: int) -> tuple[list[s
 
 class ServeCluster:
     def __init__(self, config_path: str | None, overrides: list[str], num_prefill: int = 1, num_decode: int = 1,
-                 log_dir: str | None = None, ready_timeout_s: float = 600.0, stop_timeout_s: float = 60.0):
+                 log_dir: str | None = None, ready_timeout_s: float = 600.0, stop_timeout_s: float = 60.0,
+                 num_routers: int = 1):
         self.config_path, self.overrides = config_path, list(overrides)
-        self.num_prefill, self.num_decode = num_prefill, num_decode
+        self.num_prefill, self.num_decode, self.num_routers = num_prefill, num_decode, num_routers
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="pdorch-bench-"))
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
         self.cfg = effective_config(config_path, self.overrides)
         self.url = ""
+        self.urls: list[str] = []  # every router replica's (router.port + i); url is the first
         self.proc: subprocess.Popen | None = None
         self._children: dict[str, int] = {}
 
@@ -83,7 +85,7 @@ class ServeCluster:
     def start(self) -> ServeCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "pdorch.cli", "serve", "--prefill", str(self.num_prefill),
-                "--decode", str(self.num_decode), "--log-dir", str(self.log_dir),
+                "--decode", str(self.num_decode), "--routers", str(self.num_routers), "--log-dir", str(self.log_dir),
                 "--startup-timeout", str(self.ready_timeout_s)]
         argv += ["--config", self.config_path] if self.config_path else []
         argv += [a for s in self.overrides for a in ("--set", s)]
@@ -107,6 +109,8 @@ class ServeCluster:
             m = re.search(READY_LINE + r" (\S+)", self.output())
             if m:
                 self.url = m.group(1)
+                base = self.url.rpartition(":")
+                self.urls = [f"{base[0]}:{int(base[2]) + i}" for i in range(self.num_routers)]
                 self._children = self._find_children()
                 return
             if self.proc.poll() is not None:
@@ -137,7 +141,8 @@ class ServeCluster:
         names = {"serve": self.proc.pid}
         for role, items in found.items():
             for i, (_, pid) in enumerate(sorted(items)):
-                names[role if role in ("master", "router") else f"{role}-{i}"] = pid
+                single = role == "master" or (role == "router" and len(items) == 1)
+                names[role if single else f"{role}-{i}"] = pid
         return names
 
     def processes(self) -> dict[str, int]:

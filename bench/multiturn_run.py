@@ -34,6 +34,7 @@ class Target:
     """Where requests go and what to watch: a router URL (+ metrics) or the in-process engine."""
 
     url: str = ""
+    urls: list = dataclasses.field(default_factory=list)  # router replicas: requests go round-robin
     model: str = ""
     api_key: str = ""
     admin_key: str = ""
@@ -110,7 +111,7 @@ async def run_workload(target: Target, w: Workload, tokenizer, page_size: int, p
     if target.engine is not None:
         backend = target.engine
     else:
-        backend = HttpBackend(target.url, w.api, target.model, w.output_tokens, opts.timeout,
+        backend = HttpBackend(target.urls or [target.url], w.api, target.model, w.output_tokens, opts.timeout,
                               w.max_parallel or w.clients, target.api_key)
     snapshots = {-1: counters0}
     rss_at_end: dict[int, dict] = {}

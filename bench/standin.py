@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
+from store_client.page_hash import page_hashes
 
 
 @dataclass
@@ -41,6 +42,13 @@ class Behavior:
     calls: list = field(default_factory=list)  # requests received (GenerateRequest / PrefillRequest)
     cancelled: list = field(default_factory=list)  # request ids whose stream the caller cancelled
     flushes: int = 0
+    # WatchKV: a snapshot, then the page hashes of every Prefill as l1_stored (a cut every 50 ms, a
+    # heartbeat every second), as a worker streams them. `kv_script`: per subscription, the batches
+    # to send instead (then the stream stays open); `kv_events=False`: UNIMPLEMENTED (an old worker).
+    kv_events: bool = True
+    kv_script: list = field(default_factory=list)  # list of lists of KVEventBatch
+    kv_subscriptions: list = field(default_factory=list)  # WatchKVRequests received
+    kv_pending: list = field(default_factory=list)  # page hashes not yet published
 
 
 # The RPCs both stand-ins answer alike (each servicer sets `role` and `flush_pages`).
@@ -59,6 +67,28 @@ async def _abort_rpc(self, request, context) -> worker_pb2.AbortResponse:
     return worker_pb2.AbortResponse(found=False)
 
 
+async def _watch_kv_rpc(self, request, context):
+    b = self.b
+    if not b.kv_events:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "stand-in: no WatchKV")
+    b.kv_subscriptions.append(request)
+    if b.kv_script:
+        for batch in b.kv_script.pop(0):
+            yield batch
+        await asyncio.sleep(3600)  # the caller ends it
+    epoch, seq, quiet = f"{self.worker_id}-epoch", 1, 0.0
+    yield worker_pb2.KVEventBatch(worker_id=self.worker_id, epoch=epoch, seq=seq, snapshot=True,
+                                  page_size=b.page_size, free_pages=1024)
+    while True:
+        await asyncio.sleep(0.05)
+        quiet += 0.05
+        if b.kv_pending or quiet >= 1.0:
+            stored, b.kv_pending[:] = list(b.kv_pending), []
+            seq, quiet = seq + 1, 0.0
+            yield worker_pb2.KVEventBatch(worker_id=self.worker_id, epoch=epoch, seq=seq, l1_stored=stored,
+                                          page_size=b.page_size, free_pages=1024)
+
+
 class StandinPrefill(worker_pb2_grpc.PrefillServiceServicer):
     def __init__(self, b: Behavior, worker_id: str):
         self.b, self.worker_id = b, worker_id
@@ -66,6 +96,7 @@ class StandinPrefill(worker_pb2_grpc.PrefillServiceServicer):
     async def Prefill(self, request, context):
         b = self.b
         b.calls.append(request)
+        b.kv_pending.extend(request.page_hashes)
         try:
             if b.fail_before_first > 0:
                 b.fail_before_first -= 1
@@ -80,7 +111,7 @@ class StandinPrefill(worker_pb2_grpc.PrefillServiceServicer):
             cached=worker_pb2.CachedTokens(device=b.cached_device, store=b.cached_store))
 
     role, flush_pages = "prefill", 3
-    Info, Flush, Abort = _info_rpc, _flush_rpc, _abort_rpc
+    Info, Flush, Abort, WatchKV = _info_rpc, _flush_rpc, _abort_rpc, _watch_kv_rpc
 
 
 class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
@@ -95,7 +126,7 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
             self._prefill_stubs[request.prefill_address] = stub
         return await stub.Prefill(worker_pb2.PrefillRequest(
             request_id=request.request_id, token_ids=request.token_ids, sampling=request.sampling,
-            page_size=self.b.page_size), timeout=30)
+            page_size=self.b.page_size, page_hashes=page_hashes(request.token_ids, self.b.page_size)), timeout=30)
 
     async def Generate(self, request, context):
         b = self.b
@@ -128,7 +159,7 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
             raise
 
     role, flush_pages = "decode", 5
-    Info, Flush, Abort = _info_rpc, _flush_rpc, _abort_rpc
+    Info, Flush, Abort, WatchKV = _info_rpc, _flush_rpc, _abort_rpc, _watch_kv_rpc
 
 
 async def serve(role: str, port: int, b: Behavior, worker_id: str = "", ready: threading.Event | None = None,

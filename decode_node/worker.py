@@ -40,6 +40,7 @@ from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
+from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob
 from pdorch.worker.prompt_pages import reusable_pages
@@ -67,8 +68,6 @@ class DecodeWorker:
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
                                          dc.prefix_cache)
-        if rt.evictor is not None:
-            rt.evictor.on_removed = self.scheduler.store_evicted  # the prefix cache keeps what the store dropped
         self.prefill_client = PrefillClient(cfg.grpc)
         self.prompt_kv = PromptKV(rt, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
@@ -79,9 +78,13 @@ class DecodeWorker:
         self._requests: dict[str, DecodeRequest] = {}
         self._draining = False
         self.recorder.bind_load(self.load, rt.allocator.num_total)
+        # the evictor's removals go to the scheduler too: the prefix cache keeps what the store dropped
+        self.kv_events = worker_journal(rt, worker_id, self.load, self.recorder.registry,
+                                        self.scheduler.store_evicted)
         self.scheduler.start()
 
     def close(self) -> None:
+        self.kv_events.stop()
         self.scheduler.stop()
         self.prompt_kv.close()
         self.fence.stop()

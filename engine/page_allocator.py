@@ -74,6 +74,9 @@ class PageAllocator:
         self.stale_after: float | None = None  # seconds evictable after which a page goes first; None = never
         self.num_evicted = 0  # cached pages reclaimed by allocate(), for metrics
         self.evicted_unpersisted: Counter[str] = Counter()  # cached pages lost from L1 and store, by reason
+        # Told what enters and leaves the cache (pdorch/worker/kv_events.py): l1_stored(hashes) for a new
+        # hash, l1_removed(hashes) for pages allocate() took back, l1_cleared() on flush. None: off.
+        self.listener = None
 
     # -- queries -----------------------------------------------------------------------------
     def num_available(self) -> int:
@@ -141,6 +144,7 @@ class PageAllocator:
         out = self._take_free(min(n, len(self._free)))
         for page in out:
             self._ref[page] = 1
+        evicted = [] if self.listener is not None and n > len(out) else None
         for _ in range(n - len(out)):
             lru, newest = self._victim_tier()
             page, h = lru.popitem(last=newest)
@@ -153,6 +157,10 @@ class PageAllocator:
             self.num_evicted += 1
             self._ref[page] = 1
             out.append(page)
+            if evicted is not None:
+                evicted.append(h)
+        if evicted:
+            self.listener.l1_removed(evicted)
         return out
 
     def retain(self, page_ids) -> None:
@@ -256,6 +264,8 @@ class PageAllocator:
         self._hash_to_page[page_hash] = page_id
         self._page_to_hash[page_id] = page_hash
         self._uses[page_id] = 1
+        if self.listener is not None:
+            self.listener.l1_stored((page_hash,))
         return page_id
 
     def flush(self) -> int:
@@ -275,6 +285,8 @@ class PageAllocator:
         self._uses.clear()
         self._persisted.clear()
         self._unpersisted_reason.clear()
+        if self.listener is not None:
+            self.listener.l1_cleared()
         return dropped
 
     def check_integrity(self) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdorch.config_schema import config_json_schema
+from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.generated_file import write_or_check
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "charts" / "pdorch" / "values.schema.json"
@@ -103,7 +104,9 @@ def values_schema() -> dict[str, Any]:
                   service=obj("router Service", type={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                               port=PORT, annotations=OBJ),
                   autoscaling=obj("router HPA", enabled=BOOL, minReplicas={"type": "integer", "minimum": 1},
-                                  maxReplicas={"type": "integer", "minimum": 1},
+                                  # NOTE: each replica holds a KV event stream per worker, which serves
+                                  # at most MAX_SUBSCRIBERS (pdorch/worker/kv_events.py)
+                                  maxReplicas={"type": "integer", "minimum": 1, "maximum": MAX_SUBSCRIBERS},
                                   targetCPUUtilizationPercentage={"type": "integer", "minimum": 1,
                                                                   "maximum": 100}),
                   podDisruptionBudget=_budget("router PDB"),

@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                        "model.source=PATH, served under its directory's name (both overridable with --set)")
     serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    serve.add_argument("--routers", type=int, default=1, metavar="R",
+                       help="router replicas on router.port + i, all routing to the same workers, as a Kubernetes "
+                       "Service spreads clients over a router Deployment's pods (default 1)")
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
     serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
                        help="give up if not ready after S seconds (default 600)")
@@ -131,7 +134,7 @@ def _serve(args, cfg) -> int:
     from pdorch.launcher import LocalCluster, ServeOptions
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
     opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout,
-                        restart=not args.exit_on_failure)
+                        restart=not args.exit_on_failure, num_routers=args.routers)
     try:
         return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
     except KeyboardInterrupt:  # during model preparation, before any child runs

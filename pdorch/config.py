@@ -149,6 +149,20 @@ class RouterConfig:
     store_aware_routing: bool = _key(True, "cache_aware with the store on: a prefix the store already holds goes "
                                      "to the least-loaded prefill worker instead of queueing behind the one whose "
                                      "L1 holds it (a store read is cheaper than the wait)")
+    kv_events: bool = _key(True, "cache_aware routes on the workers' KV events (WatchKV: what each worker's prefix "
+                           "cache and the store hold, as a snapshot then deltas), so every router replica keeps "
+                           "the same index; off = only the routing-time guess (what this router sent where)")
+    kv_l1_weight: float = _key(1.0, "With kv_events: score of each prompt page a worker's own prefix cache holds",
+                               min=0.0)
+    kv_store_weight: float = _key(0.5, "With kv_events: score of each further prompt page the store holds (a "
+                                  "batched store read, cheaper than computing, dearer than the worker's own cache)",
+                                  min=0.0)
+    kv_speculative_ttl_s: float = _key(10.0, "With kv_events: seconds a routing-time guess (the prompt's pages "
+                                       "counted in the chosen worker's cache before its events say so) lives "
+                                       "unless an event confirms it", min=0.0)
+    kv_stale_after_s: float = _key(3.0, "With kv_events: a worker's stream silent this long (workers send a "
+                                   "batch at least every second) is stale: the policy routes to it on the guess",
+                                   min=0.5)
     mid_stream_failover: str = _key("auto", "A stream whose decode worker dies (connection lost) resumes on another "
                                      "decode worker with the prompt + the tokens already streamed, the client's "
                                      "stream going on unbroken; auto = only with the store on and "

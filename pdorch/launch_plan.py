@@ -65,8 +65,9 @@ class LaunchPlan:
     config: Config  # the effective config as the router sees it (ports and discovery filled in)
     children: tuple[ChildSpec, ...]  # in start order: master, prefill-*, decode-*, router
     torch_threads: int
-    router_url: str
+    router_url: str  # the first router's (with --routers N: router_urls[0])
     devices: tuple[str, ...] = ()  # each worker's model.device, prefill-0.. then decode-0..
+    router_urls: tuple[str, ...] = ()  # every router replica's, in order (router.port + i)
 
     def by_role(self, role: str) -> list[ChildSpec]:
         return [c for c in self.children if c.role == role]
@@ -116,11 +117,16 @@ def worker_devices(cfg: Config, num_workers: int, gpu_count: int | None = None) 
 def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_path: str,
                        user_overrides: tuple[str, ...] = (), python: str = sys.executable,
                        master_argv: tuple[str, ...] | None = None,
-                       cpu_count: int | None = None, gpu_count: int | None = None) -> LaunchPlan:
+                       cpu_count: int | None = None, gpu_count: int | None = None,
+                       num_routers: int = 1) -> LaunchPlan:
     """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
-    ports (None: store disabled or the caller builds it later); raises PlanError."""
+    ports (None: store disabled or the caller builds it later); raises PlanError.
+    `num_routers` > 1: router replicas on router.port + i (and router.metrics_port + i), named
+    router-0.., all routing to the same workers (each keeps its own index from the workers' KV events)."""
     if num_prefill < 1 or num_decode < 1:
         raise PlanError(f"--prefill and --decode must be >= 1, got {num_prefill} and {num_decode}")
+    if num_routers < 1:
+        raise PlanError(f"--routers must be >= 1, got {num_routers}")
     threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
     devices = iter(worker_devices(cfg, num_prefill + num_decode, gpu_count))
     public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
@@ -150,14 +156,21 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
                                         decode=tuple(addresses["decode"]))
         router_sets = [f"discovery.prefill={','.join(discovery.prefill)}",
                        f"discovery.decode={','.join(discovery.decode)}"]
-    router_argv = (python, "-m", "router") + base + tuple(a for s in router_sets for a in ("--set", s))
-    children.append(ChildSpec("router", "router", router_argv, cfg.router.host,
-                              (("router.port", cfg.router.port),), secret_env(cfg, "router")))
+    urls = []
+    for i in range(num_routers):
+        port, metrics = cfg.router.port + i, cfg.router.metrics_port + i if cfg.router.metrics_port else 0
+        if max(port, metrics) > 65535:
+            raise PlanError(f"router.port: router-{i} would need port {max(port, metrics)}; choose a lower base port")
+        sets = router_sets + ([f"router.port={port}", f"router.metrics_port={metrics}"] if num_routers > 1 else [])
+        router_argv = (python, "-m", "router") + base + tuple(a for s in sets for a in ("--set", s))
+        name = "router" if num_routers == 1 else f"router-{i}"
+        ports = (("router.port", port),) + ((("router.metrics_port", metrics),) if metrics and num_routers > 1 else ())
+        children.append(ChildSpec(name, "router", router_argv, cfg.router.host, ports, secret_env(cfg, "router")))
+        urls.append(f"http://{_advertised(cfg.router.host)}:{port}")
     _check_distinct_ports(children)
     effective = dataclasses.replace(cfg, discovery=discovery)
-    url = f"http://{_advertised(cfg.router.host)}:{cfg.router.port}"
     placed = tuple(s.partition("=")[2] for c in children for s in c.argv if s.startswith("model.device="))
-    return LaunchPlan(effective, tuple(children), threads, url, placed)
+    return LaunchPlan(effective, tuple(children), threads, urls[0], placed, tuple(urls))
 
 
 def _override_key(override: str) -> str:

@@ -64,6 +64,7 @@ class ServeOptions:
     restart_backoff_s: float = 1.0  # first restart delay; doubles per consecutive failure
     restart_backoff_max_s: float = 30.0
     restart_reset_s: float = 60.0  # a child that ran this long starts again from restart_backoff_s
+    num_routers: int = 1  # router replicas (router.port + i), all routing to the same workers
 
 
 def curl_example(url: str, model: str, with_api_key: bool) -> str:
@@ -164,7 +165,7 @@ class LocalCluster:
                 raise ServeError(str(e)) from None
             master_argv = tuple(master.command())
         return plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
-                                  self.user_overrides, master_argv=master_argv)
+                                  self.user_overrides, master_argv=master_argv, num_routers=self.opts.num_routers)
 
     def _check_ports_free(self, plan: LaunchPlan) -> None:
         taken = [f"{port} ({key} of {c.name})" for c in plan.children for key, port in c.ports
@@ -186,12 +187,12 @@ class LocalCluster:
                 ports = ", ".join(f"{n} :{p}" for n, (_, p) in zip(labels, specs[0].ports))
                 what = f"mooncake_master {ports}"
             elif role == "router":
-                what = f"router {plan.router_url}"
+                what = "router " + ", ".join(plan.router_urls)
             else:
                 what = "workers " + ", ".join(f"{s.name} :{s.ports[0][1]}" for s in specs)
             if role == "router":
                 self._wait(f"[{step}] {what}: waiting for /health_generate", deadline,
-                           lambda: _health_ok(plan.router_url + "/health_generate", 30.0))
+                           lambda: all(_health_ok(u + "/health_generate", 30.0) for u in plan.router_urls))
             else:
                 waiting = "loading the model" if role == "workers" else "starting"
                 self._wait(f"[{step}] {what}: {waiting}", deadline,
@@ -279,8 +280,10 @@ class LocalCluster:
         store = "store on" if cfg.store.enabled else "store off"
         devices = ", ".join(f"{c.name} {d}" for c, d in zip(plan.by_role("prefill") + plan.by_role("decode"),
                                                              plan.devices))
+        more = f"; {len(plan.router_urls)} router replicas: {' '.join(plan.router_urls)}" \
+            if len(plan.router_urls) > 1 else ""
         self._say(f"\npdorch is ready at {plan.router_url} ({self.opts.num_prefill} prefill + "
-                  f"{self.opts.num_decode} decode, {store}, {plan.torch_threads} torch thread(s) per worker; "
+                  f"{self.opts.num_decode} decode, {store}, {plan.torch_threads} torch thread(s) per worker{more}; "
                   f"devices: {devices}; "
                   f"started in {elapsed_s:.1f} s)\n\nTry it:\n"
                   f"{curl_example(plan.router_url, cfg.model.served_name, bool(cfg.router.api_key))}\n\n"
@@ -299,7 +302,7 @@ class LocalCluster:
         # Router first (stop taking requests), then the workers, then the master last.
         # NOTE: in stages, not all at once: a worker's shutdown still talks to the master
         # (unmounting its store segment) and hangs until SIGKILL when the master is gone first.
-        router = [c for c in self.children if c.name == "router"]
+        router = [c for c in self.children if c.name.partition("-")[0] == "router"]
         master = [c for c in self.children if c.name == "master"]
         workers = [c for c in self.children if c not in router and c not in master]
         killed = []

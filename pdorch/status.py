@@ -128,16 +128,23 @@ def add_pdorch_evictions(status: dict[str, Any]) -> None:
         store["pdorch_evicted_by_role"] = by_role
 
 
+def _kv_events(stream: dict | None) -> str:
+    """A worker's KV event stream as the router sees it: state, batches applied, resyncs."""
+    if not stream:
+        return "-"
+    return f"{stream['state']} ({stream['applied']} applied, {stream['resyncs']} resyncs)"
+
+
 def render_status(status: dict[str, Any]) -> str:
     rows = [("role", "address", "health", "circuit", "in flight", "routed", "errors", "queued", "running",
-             "free pages")]
+             "free pages", "kv events")]
     for w in sorted(status["workers"], key=lambda w: (w.get("role", ""), w.get("address", ""))):
         info = w.get("info") or {}
         pages = f"{info['free_pages']}/{info['total_pages']}" if "total_pages" in info else "-"
         rows.append((w.get("role", "?"), w.get("address", "?"), "ok" if w.get("healthy") else "DOWN",
                      str(w.get("circuit", "-")), str(w.get("in_flight", "-")), str(w.get("routed", "-")),
                      str(w.get("errors", "-")), str(info.get("queued_requests", "-")),
-                     str(info.get("running_requests", "-")), pages))
+                     str(info.get("running_requests", "-")), pages, _kv_events(w.get("kv_events"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"router {status['url']}: {len(status['workers'])} workers", ""]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -18,6 +18,7 @@ import time
 
 from engine.page_allocator import pages_for
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import reusable_pages
@@ -49,11 +50,13 @@ class PrefillWorker:
                                            self._pusher, self.recorder, pc.persist_wait_s,
                                            PrefetchPolicy.from_config(pc))
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
-        if rt.evictor is not None:
-            rt.evictor.on_removed = self._scheduler.store_evicted  # L1 keeps what the store dropped
+        # the evictor's removals go to the scheduler too: L1 keeps what the store dropped
+        self.kv_events = worker_journal(rt, worker_id, lambda: self._scheduler.load, self.recorder.registry,
+                                        self._scheduler.store_evicted)
         self._scheduler.start()
 
     def close(self) -> None:
+        self.kv_events.stop()
         self._scheduler.stop()
         self._pusher.close()
         self.rt.close()

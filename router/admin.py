@@ -91,7 +91,14 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
     async def workers(request: Request):
         """Admin: every known worker with health, circuit state, load and last Info."""
         auth.check_admin(request.headers.get("authorization"))
-        return json_response({"workers": [w.describe() for w in pool.workers()]})
+        watcher = getattr(app.state, "kv_watcher", None)
+        out = []
+        for w in pool.workers():
+            d = w.describe()
+            if watcher is not None:  # its KV event stream (router/kv_watch.py)
+                d["kv_events"] = watcher.describe(w.address)
+            out.append(d)
+        return json_response({"workers": out})
 
     @app.post("/flush_cache", openapi_extra={"parameters": [{
         "name": "store", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},
@@ -111,7 +118,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         if failed:
             raise upstream_error(f"flush failed on {len(failed)} of {len(ws)} workers: "
                                  + "; ".join(f"{r['address']}: {r['error']}" for r in failed))
-        svc.policy.reset()
+        svc.policy.reset(store)
         return json_response({"status": "ok", **body})
 
     app.add_api_route("/flush_cache", flush_cache, methods=["GET"], include_in_schema=False)

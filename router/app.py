@@ -30,6 +30,9 @@ from router.generation import GenerationHandlers
 from router.kv_layout import KVLayout
 from router.metrics import RouterMetrics
 from router.openapi import document_bodies
+from router.kv_choice import ChoiceWeights
+from router.kv_index import KVIndex
+from router.kv_watch import KVWatcher, kv_index_metrics
 from router.policies import make_policy
 from router.service import RouterService
 from router.workers import WorkerPool
@@ -80,11 +83,23 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                       cfg.grpc,  # the workers' shared gRPC token and TLS
                       KVLayout.from_config(cfg.model, model_dir))
     store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
-    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index)
+    kv_index = watcher = None
+    if rc.policy == "cache_aware" and rc.kv_events:  # route on what the workers say they hold
+        kv_index = KVIndex(speculative_ttl_s=rc.kv_speculative_ttl_s)
+        watcher = KVWatcher(pool, kv_index, cfg.model.page_size, name=f"router:{rc.port}",
+                            stale_after_s=rc.kv_stale_after_s)
+        metrics.extra.append(watcher.collect)
+        metrics.extra.append(kv_index_metrics(kv_index))
+    weights = ChoiceWeights(rc.kv_l1_weight, rc.kv_store_weight if cfg.store.enabled else 0.0,
+                            rc.load_imbalance_threshold)
+    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index,
+                         kv_index, weights)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
     metrics.in_flight = lambda: svc.in_flight  # gauges are read at scrape time
     metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
     metrics.prefill_choices = lambda: getattr(policy, "decisions", {})
+    metrics.decode_choices = lambda: getattr(policy, "decode_decisions", {})
+    metrics.guess_fallbacks = lambda: getattr(policy, "guess_fallbacks", 0)
     auth = Auth(rc.api_key, rc.admin_key, rc.previous_api_key)
     discovery = make_discovery(cfg.discovery, pool)
 
@@ -93,9 +108,13 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
         await discovery.start()
         await pool.check_all()
         pool.start()
+        if watcher is not None:
+            await watcher.start()
         try:
             yield
         finally:
+            if watcher is not None:
+                await watcher.stop()
             await discovery.stop()
             await pool.close()
 
@@ -104,6 +123,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.state.service = svc
     app.state.pool = pool
     app.state.metrics = metrics
+    app.state.kv_watcher = watcher  # pdorch status: each worker's stream state (router/admin.py)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):

@@ -101,7 +101,7 @@ class Dispatcher:
             if job.session:
                 self.affinity.remember(job.session, p)
         self.policy.on_routed(p, ctx)
-        return p, self.policy.choose_decode(decodes)
+        return p, self.policy.choose_decode(decodes, ctx)
 
     async def _blame(self, p: Worker, d: Worker, error: str) -> None:
         """Probe both workers; charge the failure to whichever does not answer (D if both do)."""

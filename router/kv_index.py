@@ -315,6 +315,11 @@ class KVIndex:
                 for a in cur:
                     workers[a].store.discard(h)
 
+    def clear_store(self) -> None:
+        """The whole store was cleared (the router's /flush_cache?store=true, which no worker sees)."""
+        for address, w in self._workers.items():
+            self._clear_store(address, w)
+
     def _clear_store(self, address, w) -> None:
         claims = self._store
         for h in w.store:

@@ -14,7 +14,7 @@ in one process without duplicate-metric errors.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -149,6 +149,9 @@ class RouterMetrics:
         self.in_flight: Callable[[], float] = lambda: 0.0
         self.workers_healthy: Callable[[], dict[str, int]] = dict
         self.prefill_choices: Callable[[], dict[str, int]] = dict  # the policy's choices by reason
+        self.decode_choices: Callable[[], dict[str, int]] = dict
+        self.guess_fallbacks: Callable[[], int] = lambda: 0
+        self.extra: list[Callable[[], Iterable]] = []  # more families read at scrape time (KV events, index)
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -187,6 +190,17 @@ class RouterMetrics:
         for reason, n in self.prefill_choices().items():
             choices.add_metric((reason,), n)
         yield choices
+        decode = CounterMetricFamily("pdorch_router_decode_choices", "Decode worker choices on KV events, by "
+                                     "reason (without events, or with a stale stream, decode is least load)",
+                                     labels=("reason",))
+        for reason, n in self.decode_choices().items():
+            decode.add_metric((reason,), n)
+        yield decode
+        yield CounterMetricFamily("pdorch_router_kv_guess_fallbacks", "Prefill choices made on the routing-time "
+                                  "guess because a candidate's KV event stream was not live (router.kv_events)",
+                                  value=self.guess_fallbacks())
+        for families in self.extra:
+            yield from families()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,8 +16,14 @@ NOTE: page hashes are chained (hash i covers pages 0..i), so "hash i is in the i
 the whole prefix up to page i was routed there; the leading run is the matched prefix.
 Every choice is counted by reason (`decisions`, exported as pdorch_router_prefill_choices_total).
 
-Decode is always least load. Session affinity (a header value) pins a session to the prefill
-worker it first went to while that worker stays routable.
+With KV events (`router.kv_events`, the default): the index is not a guess but what the workers
+say their caches and the store hold (router/kv_index.py, fed by router/kv_watch.py), and the choice
+is router/kv_choice.py's: a deterministic function of that index and the loads, so router replicas
+agree. The guess above is still kept: a worker whose stream is not live (connecting, stale,
+refused, or a worker without WatchKV) is routed on it, counted in `guess_fallbacks`. The decode worker is then chosen the same way, on
+what its own prefix cache holds (short tails go where they are served locally); without events,
+decode is least load. Session affinity (a header value) pins a session to the prefill worker it
+first went to while that worker stays routable.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill
+from router.kv_index import KVIndex
 from router.workers import Worker
 
 
@@ -89,10 +97,10 @@ class Policy:
     def forget(self, worker: Worker) -> None:
         pass
 
-    def reset(self) -> None:
-        """Forget learned state (after /flush_cache)."""
+    def reset(self, store: bool = False) -> None:
+        """Forget learned state (after /flush_cache; `store`: the store was cleared too)."""
 
-    def choose_decode(self, workers: list[Worker]) -> Worker:
+    def choose_decode(self, workers: list[Worker], ctx: RouteContext | None = None) -> Worker:
         return _least_loaded(workers, self._decode_rr)
 
 
@@ -116,8 +124,13 @@ class CacheAware(Policy):
     REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered")
 
     def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8,
-                 store_index_pages: int = 0):
+                 store_index_pages: int = 0, kv_index: KVIndex | None = None,
+                 weights: ChoiceWeights | None = None):
         super().__init__()
+        self.kv_index = kv_index  # None: KV events off, the guess alone
+        self.weights = weights or ChoiceWeights(load_imbalance_threshold=load_imbalance_threshold)
+        self.decode_decisions: dict[str, int] = {}
+        self.guess_fallbacks = 0  # choices made on the guess because a candidate's stream was not live
         self.capacity = cache_index_pages
         self.threshold = load_imbalance_threshold
         self.index: dict[str, LRUSet] = {}  # worker address -> recently routed page hashes
@@ -130,9 +143,26 @@ class CacheAware(Policy):
         return idx.leading_matches(hashes) if idx is not None else 0
 
     def choose(self, workers, ctx):
-        worker, reason = self._choose(workers, ctx)
-        self.decisions[reason] += 1
+        kv, reason = self.kv_index, "stale"
+        if kv is not None and ctx.page_hashes:
+            chosen, reason = choose_prefill(kv, [_Published(w, kv) for w in workers], ctx.page_hashes, self.weights)
+        if reason == "stale":  # events off, or the chosen worker's stream is not live: the guess decides
+            worker, reason = self._choose(workers, ctx)
+            self.guess_fallbacks += kv is not None and bool(ctx.page_hashes)
+        else:
+            worker = chosen.worker
+        self.decisions[reason] = self.decisions.get(reason, 0) + 1
         return worker
+
+    def choose_decode(self, workers, ctx=None):
+        kv = self.kv_index
+        if kv is None or ctx is None or not ctx.page_hashes:
+            return _least_loaded(workers, self._decode_rr)
+        chosen, reason = choose_decode(kv, [_Published(w, kv) for w in workers], ctx.page_hashes, self.weights)
+        if reason == "stale":
+            return _least_loaded(workers, self._decode_rr)
+        self.decode_decisions[reason] = self.decode_decisions.get(reason, 0) + 1
+        return chosen.worker
 
     def _choose(self, workers, ctx) -> tuple[Worker, str]:
         least = _least_loaded(workers, self._rr)
@@ -152,6 +182,8 @@ class CacheAware(Policy):
         return best, "prefix_match"
 
     def on_routed(self, worker, ctx):
+        if ctx.page_hashes and self.kv_index is not None:  # counted as its L1 until its events say so
+            self.kv_index.speculate(worker.address, ctx.page_hashes)
         if ctx.page_hashes:
             self.index.setdefault(worker.address, LRUSet(self.capacity)).touch(ctx.page_hashes)
             if self.store_index is not None:  # its prefill worker writes the prompt's pages back
@@ -160,24 +192,41 @@ class CacheAware(Policy):
     def forget(self, worker):
         self.index.pop(worker.address, None)
 
-    def reset(self):
+    def reset(self, store: bool = False):
+        """After /flush_cache: the guess is forgotten. The KV index learns the L1 flushes from the
+        workers' events; a store clear (`?store=true`, a child process) no worker sees: its claims go here."""
+        if store and self.kv_index is not None:
+            self.kv_index.clear_store()
         self.index.clear()
         if self.store_index is not None:
             self.store_index = LRUSet(self.store_index.capacity)
+
+
+class _Published:
+    """A worker as the KV-event choice sees it: its load is the larger of this router's requests in flight
+    and the queued + running requests the worker itself last published (what every replica sees)."""
+
+    __slots__ = ("worker", "address", "load")
+
+    def __init__(self, worker: Worker, kv: KVIndex):
+        self.worker, self.address = worker, worker.address
+        self.load = max(worker.in_flight, kv.load(worker.address) or 0)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RoundRobin, LeastLoad, CacheAware)}
 
 
 def make_policy(name: str, cache_index_pages: int, load_imbalance_threshold: int,
-                store_index_pages: int = 0) -> Policy:
-    """`store_index_pages` > 0: cache_aware also remembers that many page hashes sent to the store."""
+                store_index_pages: int = 0, kv_index: KVIndex | None = None,
+                weights: ChoiceWeights | None = None) -> Policy:
+    """`store_index_pages` > 0: cache_aware also remembers that many page hashes sent to the store.
+    `kv_index`: cache_aware routes on the workers' KV events (the guess only for stale workers)."""
     try:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"router.policy: unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
     if cls is CacheAware:
-        return CacheAware(cache_index_pages, load_imbalance_threshold, store_index_pages)
+        return CacheAware(cache_index_pages, load_imbalance_threshold, store_index_pages, kv_index, weights)
     return cls(cache_index_pages=cache_index_pages, load_imbalance_threshold=load_imbalance_threshold)
 
 

@@ -105,6 +105,9 @@ class StoreIO:
         self._done_cv = threading.Condition()
         self._closed = False
         self.on_complete = on_complete
+        # Told the keys every save put in the store (written, or found there already), on the thread
+        # that completes it, before the completion is delivered: the worker's KV events. None: off.
+        self.on_saved: Callable[[list[str]], None] | None = None
         self._threads = [threading.Thread(target=self._worker, args=(i == 0 and cfg.io_threads > 1,),
                                           name=f"store-io-{i}", daemon=True) for i in range(cfg.io_threads)]
         for t in self._threads:
@@ -323,6 +326,9 @@ class StoreIO:
         page_ok = tuple(job.page_ok if page_ok is None else page_ok) or (False,) * len(job.keys)
         done = IOCompletion(job.tag, job.op, sum(page_ok), reason, len(job.keys), job.skipped,
                             time.monotonic() - job.submitted, page_ok, tuple(page_ssd))
+        saved = self.on_saved
+        if saved is not None and job.op == SAVE and done.pages_ok:
+            saved([k for k, good in zip(job.keys, page_ok) if good])
         with self._done_cv:
             self._done.append(done)
             self._done_cv.notify_all()

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 # interleaving, padding): it is part of every store key, so old pages are never read as the new layout.
 # v1 = page-first [num_layers, 2 (K,V), num_kv_heads, page_size, head_dim], C-contiguous.
 KV_LAYOUT_VERSION = 1
+# The name of this hashing scheme, as KV event subscribers give it (WatchKVRequest.hash_scheme).
+HASH_SCHEME = "sha256-chain"
 
 _KV_DTYPES = ("float32", "bfloat16", "float16")
 _MAX_TOKEN_ID = 2**32 - 1

@@ -8,7 +8,7 @@ gRPC on `{role}.host:port` and Prometheus on `{role}.metrics_port`, registers in
     drain               a decode worker streams on for decode.drain_timeout_s, then hands what is left to
                         other decode workers (DecodeWorker.drain); a prefill worker's calls get
                         prefill.drain_timeout_s to finish (the server refuses new ones meanwhile)
-    stop the server, the metrics server, the worker
+    end the KV event streams (WatchKV), stop the server, the metrics server, the worker
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.worker.rpc import add_port, server_interceptors
 from pdorch.worker.runtime import configure_torch
 
@@ -63,7 +64,7 @@ def refusal_counter(role: str, registry) -> Counter:
     (a token rotation done right refuses no Prefill or Generate), every method at 0 from the start."""
     counter = Counter(f"pdorch_{role}_grpc_unauthenticated", "Calls refused UNAUTHENTICATED (grpc.token), by "
                       "method", ["method"], registry=registry)
-    for method in ("Prefill" if role == "prefill" else "Generate", "Abort", "Flush", "Info", "Stats"):
+    for method in ("Prefill" if role == "prefill" else "Generate", "Abort", "Flush", "Info", "Stats", "WatchKV"):
         counter.labels(method)
     return counter
 
@@ -99,7 +100,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         raise SystemExit("\n".join(f"{prog}: {line}" for line in str(e).splitlines())) from None
     # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
-    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16
+    # WatchKV streams (one per router replica) hold theirs for good: room for the most it admits.
+    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16 + MAX_SUBSCRIBERS
     refused = refusal_counter(role, worker.recorder.registry)
     server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
     add_to_server(worker, server)
@@ -132,6 +134,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     if hasattr(worker, "drain"):  # the decode worker drains its streams itself (hands them on)
         worker.drain(section.drain_timeout_s)
         grace = 2.0
+    worker.kv_events.end_streams()  # WatchKV streams never end by themselves: the grace would run out
     server.stop(grace=grace).wait(grace + 5.0)
     if metrics_server is not None:
         metrics_server.shutdown()

@@ -2,7 +2,7 @@
 shared token and TLS (`grpc.*` config keys) on the workers' servers and on their callers.
 
 A worker passed to `WorkerServicer` must offer `abort(request_id) -> bool`, `flush() -> int`,
-`info()` and `stats()`. The role's servicer subclasses it and adds its own request RPC; the
+`info()`, `stats()` and `kv_events` (a KVEventJournal, streamed by WatchKV). The role's servicer subclasses it and adds its own request RPC; the
 generated `add_*Servicer_to_server` only needs the method names.
 
     server side   grpc.server(..., interceptors=server_interceptors(rpc)); add_port(server, address, rpc)
@@ -55,6 +55,11 @@ class WorkerServicer:
     def Stats(self, request, context):
         with grpc_errors(context, "Stats"):
             return self._worker.stats()
+
+    def WatchKV(self, request, context):
+        from pdorch.worker.kv_events_rpc import watch_kv  # here: the router imports this module too
+
+        yield from watch_kv(self._worker.kv_events, request, context)
 
 
 def _read(path: str, key: str) -> bytes:

@@ -160,3 +160,22 @@ def test_each_local_worker_gets_its_own_gpu():
 ])
 def test_device_placement(overrides, gpus, expected):
     assert worker_devices(local(**overrides), 3, gpu_count=gpus) == expected
+
+
+def test_three_routers_get_consecutive_ports_and_the_same_workers():
+    plan = plan_local_cluster(local(**{"router.metrics_port": "9390"}), 2, 1, "/c.yaml", python="py",
+                              master_argv=MASTER, cpu_count=4, num_routers=3)
+    routers = plan.by_role("router")
+    assert [c.name for c in routers] == ["router-0", "router-1", "router-2"]
+    base = local().router.port
+    assert [dict(c.ports) for c in routers] == [
+        {"router.port": base + i, "router.metrics_port": 9390 + i} for i in range(3)]
+    assert plan.router_urls == tuple(f"http://127.0.0.1:{base + i}" for i in range(3))
+    assert plan.router_url == plan.router_urls[0]
+    discovery = [[s for s in sets(c.argv) if s.startswith("discovery.prefill=")] for c in routers]
+    assert discovery[0] == discovery[1] == discovery[2] != []
+
+
+def test_zero_routers_is_refused_by_flag_name():
+    with pytest.raises(PlanError, match="--routers must be >= 1"):
+        plan_local_cluster(local(), 1, 1, "/c.yaml", python="py", master_argv=MASTER, num_routers=0)

@@ -31,8 +31,8 @@ def test_render_shows_workers_load_and_hit_rates():
     text = render_status({"url": "http://r", "workers": workers, "tokens": token_counters(metrics_text())})
     lines = text.splitlines()
     assert lines[0] == "router http://r: 2 workers"
-    assert lines[3].split() == ["decode", "127.0.0.1:50171", "DOWN", "-", "-", "-", "-", "-", "-", "-"]
-    assert lines[4].split() == ["prefill", "127.0.0.1:50161", "ok", "closed", "2", "7", "0", "1", "2", "500/512"]
+    assert lines[3].split() == ["decode", "127.0.0.1:50171", "DOWN", "-", "-", "-", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["prefill", "127.0.0.1:50161", "ok", "closed", "2", "7", "0", "1", "2", "500/512", "-"]
     assert "cache hit rate 74.0% (device 48.0%, host 0.0%, store 16.0%, ssd 10.0%)" in text
 
 
@@ -76,3 +76,13 @@ def test_the_ssd_tier_is_read_from_the_masters_gauges_and_shown():
     store = {"url": "http://m/metrics", "eviction": "chain", "master_eviction": {}, "ssd": ssd}
     text = render_status({"url": "http://r", "workers": [], "tokens": {}, "store": store})
     assert "ssd tier: 96 objects, 24 MiB on disk (capacity 2 GiB, not enforced by Mooncake)" in text
+
+
+def test_render_shows_each_workers_kv_event_stream():
+    from pdorch.status import render_status
+
+    stream = {"state": "live", "received": 9, "applied": 9, "snapshots": 1, "resyncs": 2, "disconnects": 0,
+              "last_error": ""}
+    text = render_status({"url": "http://r", "tokens": {}, "workers": [
+        {"role": "prefill", "address": "a:1", "healthy": True, "kv_events": stream}]})
+    assert "live (9 applied, 2 resyncs)" in text.splitlines()[3]

@@ -260,3 +260,18 @@ def test_cancel_saves_with_a_minimum_age_spares_fresh_saves(make_io):
     store.gate.set()
     done = {d.tag: d.reason for d in _wait(io, 3)}
     assert done == {"first": "ok", "old": "cancelled", "fresh": "ok"}
+
+
+def test_on_saved_is_told_the_keys_of_saves_only_those_the_store_took(make_io):
+    told = []
+    ok_io = make_io(FakeStore(save_chunk_pages=2))
+    ok_io.on_saved = told.append
+    ok_io.submit_load("l", _keys("l", 2), [1, 2])
+    ok_io.submit_save("s", _keys("s", 3), [1, 2, 3])
+    _wait(ok_io, 2)
+    assert told == [_keys("s", 3)]  # once per save (not per chunk), no loads
+    failing = make_io(FakeStore(save_result="no_space"))
+    failing.on_saved = told.append
+    failing.submit_save("f", _keys("f", 2), [1, 2])
+    _wait(failing, 1)
+    assert told == [_keys("s", 3)]
