@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     # Kubernetes has stopped sending new connections by then: docs/operations.md).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, proxy_headers=False,
                             timeout_graceful_shutdown=rc.drain_timeout_s, http=RouterHttpProtocol)
+    # NOTE: everything loaded so far (tokenizer, FastAPI, pydantic schemas, protobuf) lives as long as
+    # the process; frozen, the collector no longer walks it each time the requests' short-lived
+    # objects trigger a collection of the older generations (~4% of the router's CPU under load).
+    gc.freeze()
     uvicorn.Server(config).run(sockets=sockets)  # see router/listen.py
     return 0
 

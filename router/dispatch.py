@@ -143,8 +143,9 @@ class Dispatcher:
                         # NOTE: unless the router's own stop check ended a resumed stream before D did:
                         # then closing the attempt cancels D's call.
                         att.finished = self._done(att.d) and not (resumption and resumption.cut_short)
-                    for m in batch:
-                        streamed.extend(m.token_ids)
+                    if self.failover:  # only a resumption reads them
+                        for m in batch:
+                            streamed.extend(m.token_ids)
                     yield batch
                     if att.finished:
                         return

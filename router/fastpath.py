@@ -103,7 +103,7 @@ class FastPath:
                 self.metrics.requests.labels(route, message["status"]).inc()
             await send(message)
 
-        watcher = asyncio.get_running_loop().create_task(watch())
+        watcher = task.get_loop().create_task(watch())
         try:
             try:
                 response = await handler(Request(scope), body)

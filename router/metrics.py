@@ -141,6 +141,10 @@ class RouterMetrics:
         self.failover_computed_tokens = LoopCounter("pdorch_router_failover_computed_tokens",
                                                     "Resumed streams: prompt + streamed tokens computed again")
         self._precreate()
+        # NOTE: the hot path's labelled children, looked up once (labels() is a dict lookup, a tuple
+        # and a call each time; a request updates ~a dozen).
+        self.cached_tokens_by_tier = [(tier, self.cached_tokens.labels(tier)) for tier in CACHE_TIERS]
+        self._routed: dict[tuple[str, str], _CounterChild] = {}
         self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
                           self.completion_tokens, self.worker_routed, self.worker_errors, self.retries,
                           self.failovers, self.failover_gap, self.failover_cached_tokens,
@@ -169,8 +173,11 @@ class RouterMetrics:
 
     def routed_to(self, role: str, worker: str) -> None:
         """A request went to `worker`: counted, and its error series exists (at 0) from now on."""
-        self.worker_routed.labels(role, worker).inc()
-        self.worker_errors.labels(role, worker)
+        child = self._routed.get((role, worker))
+        if child is None:
+            child = self._routed[(role, worker)] = self.worker_routed.labels(role, worker)
+            self.worker_errors.labels(role, worker)
+        child.inc()
 
     def collect(self):
         """The registry's view (prometheus_client collector protocol)."""

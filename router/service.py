@@ -196,8 +196,8 @@ class _Run:
         text = self._fold(batch)
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
-        for tier, n in p.cached_by_tier().items():
-            m.cached_tokens.labels(tier).inc(n)
+        for tier, child in m.cached_tokens_by_tier:
+            child.inc(getattr(p, tier))
         return text
 
     # NOTE: an async iterator class, not an async generator: a consumer that stops early (the

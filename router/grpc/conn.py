@@ -180,7 +180,9 @@ class Connection(asyncio.Protocol):
             increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
             if stream_id == 0:
                 self.send_window += increment
-                for call in list(self.streams.values()):
+                # NOTE: grpc-core sends these several times per call; only a call with request
+                # bytes still unsent has anything to resume.
+                for call in [c for c in self.streams.values() if c._pending]:
                     self._send_pending(call)
             else:
                 call = self.streams.get(stream_id)

@@ -24,8 +24,8 @@ class _Recorder:
     def close(self) -> None:
         self.closed = True
 
-    def get_extra_info(self, name):
-        return f"info:{name}"
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, f"info:{name}")
 
 
 def test_sse_head_is_written_with_the_first_event():
@@ -47,7 +47,16 @@ def test_other_responses_pass_through_and_close_flushes_a_held_head():
     h.write(SSE_HEAD)
     h.close()
     assert t.writes == [json_head, SSE_HEAD] and t.closed
-    assert h.get_extra_info("peername") == "info:peername"
+    assert h.get_extra_info("sslcontext") == "info:sslcontext"
+
+
+def test_uvicorn_reads_the_addresses_the_loop_holds():
+    """uvicorn's address look-ups get the transport's own peername/sockname, not a socket's syscalls."""
+    from uvicorn.protocols.utils import get_local_addr, get_remote_addr
+
+    h = _HeadHoldingTransport(_Recorder())
+    assert get_remote_addr(h) == ("127.0.0.1", 50000)
+    assert get_local_addr(h) == ("127.0.0.1", 8000)
 
 
 def test_router_stream_starts_with_head_and_first_event_in_one_read(pd_router):
