@@ -140,6 +140,7 @@ class KVWatcher:
                     st.resyncs += 1
                     return "gap"
                 st.applied += outcome != "duplicate"  # a batch already applied (a replay's overlap)
+                w.kv_routed_mark = w.routed  # its load numbers now include what this router sent so far
                 st.snapshots += outcome == "snapshot"
                 if st.state != "live":
                     log.info("KV events of %s %s: live (epoch %s, seq %d)", w.role, w.address, batch.epoch, batch.seq)

@@ -54,6 +54,7 @@ class Worker:
     info: worker_pb2.WorkerInfo | None = None
     in_flight: int = 0
     routed: int = 0
+    kv_routed_mark: int = 0  # `routed` when its last KV event batch arrived (router/kv_watch.py)
     errors: int = 0
     last_error: str = ""
     meta: dict = field(default_factory=dict)  # discovery-provided info (etcd value)
