@@ -37,12 +37,13 @@ def drive_loads(io, loads: Iterable[tuple[list[str], list[int]]], depth: int, wi
                 seconds: float = math.inf) -> tuple[float, float, int]:
     """Keep `depth` loads of `loads` in flight on StoreIO until it is exhausted or `seconds` passed.
 
-    Returns (GB/s, scheduler loop iterations/s, pages read from the SSD tier). with_loop: the
-    CPU-bound loop runs on this thread between polls, else this thread sleeps in poll().
+    Returns (GB/s, scheduler loop iterations/s, pages read from the SSD tier, cores this thread
+    used). with_loop: the CPU-bound loop runs on this thread between polls, else this thread sleeps
+    in poll().
     """
     state, pending = {"table": {}}, iter(loads)
     nbytes, its, ssd_pages, submitted, exhausted = 0, 0, 0, 0, False
-    t0 = time.perf_counter()
+    cpu0, t0 = time.thread_time(), time.perf_counter()
     end = t0 + seconds
     while True:
         while submitted < depth and not exhausted and time.perf_counter() < end:
@@ -67,7 +68,7 @@ def drive_loads(io, loads: Iterable[tuple[list[str], list[int]]], depth: int, wi
             ssd_pages += sum(d.page_ssd)
             submitted -= 1
     elapsed = time.perf_counter() - t0
-    return nbytes / elapsed / 1e9, its / elapsed, ssd_pages
+    return nbytes / elapsed / 1e9, its / elapsed, ssd_pages, (time.thread_time() - cpu0) / elapsed
 
 
 def busy_loop_process(seconds: float) -> None:

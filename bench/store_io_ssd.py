@@ -1,14 +1,15 @@
 """The SSD case of bench/store_io.py (`--ssd`): loading pages that live only in Mooncake's SSD tier.
 
-Setup (docs/workers.md, "The SSD tier"): a master with offload on and 200 ms leases; a peer process
+Setup (docs/workers.md, "The SSD tier"): a master with offload on and 1 s leases; a peer process
 that owns the only DRAM segment (small: --ssd-segment-mb) with the SSD tier on in a directory of its
 own (file-per-key backend, 1 s offload heartbeat). The peer writes --ssd-pages pages (1,456 x 737,280
 B = 1.07 GB, a refused -200 write retried); its segment holds few of them, so the master drops the
 others' DRAM copies once they are on disk. This process, a pure client as a worker reading another
 worker's pages, counts the disk-only keys with batch_get_replica_desc.
 
-Then, interleaved (the order rotated each run), medians of --runs, the files' page cache dropped
-before each measurement:
+Then one unmeasured idle pass (the peer settles after its writes: a first measurement took its
+CPU), and interleaved (the order rotated each run), medians of --runs, the files' page cache
+dropped before each measurement:
   ssd idle          store_client (StoreIO -> KVStore) loads every page once, the scheduler idle
   ssd under load    the same while the CPU-bound Python scheduler loop runs in this process
   ssd + outproc     the same while that loop runs in another process (CPU contention, no GIL)
@@ -40,6 +41,10 @@ sys.path.insert(0, str(ROOT))  # NOTE: first, as in bench/store_io.py (bench/eng
 from bench.store_io_children import PAGE_NBYTES, drive_loads, spawn_child, stop_child
 
 WRITE_CHUNK = 8  # pages per batch_put_from, as bench/ssd_offload.py
+# The read lease, as --preset ssd sets it. NOTE: 200 ms failed loads when the machine was busy: in a
+# batch mixing DRAM and disk pages Mooncake fails the DRAM ones (LEASE_EXPIRED, "lease expired before
+# data transfer completed") when the whole batch outlasts the lease; such batches took 0.2-0.6 s here.
+SSD_LEASE_MS = 1000
 OS_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -116,11 +121,33 @@ def summarize(samples: dict[str, list[float]], nbytes: int) -> dict:
         "ssd_loop_it_s": med["loop_it_s"], "ssd_idle_cores": med["ssd_idle_cores"], "cpu_cores": os.cpu_count(),
         # Core-seconds per GB loaded, this process + the peer (what the loop's core is taken from).
         "ssd_idle_cpu_s_per_gb": med["ssd_idle_cores"] / med["ssd_idle"] * 1e9,
+        "ssd_under_load_cpu_s_per_gb": med["ssd_under_load_io_cores"] / med["ssd_under_load"] * 1e9,
+        "ssd_idle_other_cores": med["ssd_idle_other_cores"],
+        "ssd_under_load_io_cores": med["ssd_under_load_io_cores"],
+        "ssd_under_load_loop_cores": med["ssd_under_load_loop_cores"],
+        "ssd_under_load_other_cores": med["ssd_under_load_other_cores"],
+        # The CPU bound: the cores the loop and the rest of the machine left, at the idle loads' cost per
+        # byte, against the idle rate (1.0: the CPU left does not bound the loads).
+        "ssd_cpu_bound_ratio": min(1.0, cpu_left_bytes_s(med) / med["ssd_idle"]),
         "ssd_under_load_ratio": med["ssd_under_load"] / med["ssd_idle"],
         "ssd_gil_ratio": med["ssd_under_load"] / med["ssd_outproc"],
         "ssd_idle_vs_sequential_ratio": med["ssd_idle"] / med["sequential"],
         "ssd_samples": samples,
     }
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores have been busy so far, every process and the kernel (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_left_bytes_s(med: dict) -> float:
+    """Bytes/s the loads could reach under the loop if CPU were their only limit: the cores left
+    (all, less the loop's thread and the rest of the machine) at the idle loads' core-s per byte."""
+    left = os.cpu_count() - med["ssd_under_load_loop_cores"] - med["ssd_under_load_other_cores"]
+    return max(0.0, left) / (med["ssd_idle_cores"] / med["ssd_idle"])
 
 
 def cpu_seconds(pid: int | str = "self") -> float:
@@ -226,19 +253,24 @@ class SsdCase:
     def load_all(self, with_loop: bool) -> tuple[float, float, int, float]:
         """Every page once, --batch pages a load, --in-flight loads queued.
 
-        Returns (bytes/s, loop it/s, pages from the SSD tier, cores busy in this process and the peer).
+        Returns (bytes/s, loop it/s, pages from the SSD tier, cores: {"io": busy in this process and
+        the peer, the loop's thread excepted; "loop": the loop's thread; "other": the rest of the
+        machine, the master, the kernel and any process outside the bench}).
         """
         loads = (([self.keys[i] for i in idx], [self.dst.ctypes.data + i * PAGE_NBYTES for i in idx])
                  for idx in (range(f, min(f + self.batch, self.pages)) for f in range(0, self.pages, self.batch)))
-        cpu0, t0 = cpu_seconds() + cpu_seconds(self.peer.pid), time.perf_counter()
-        gbps, its, ssd = drive_loads(self.io, loads, self.depth, with_loop)
-        cores = (cpu_seconds() + cpu_seconds(self.peer.pid) - cpu0) / (time.perf_counter() - t0)
+        ours0, all0 = cpu_seconds() + cpu_seconds(self.peer.pid), machine_busy_seconds()
+        t0 = time.perf_counter()
+        gbps, its, ssd, loop = drive_loads(self.io, loads, self.depth, with_loop)
+        dt = time.perf_counter() - t0
+        ours = (cpu_seconds() + cpu_seconds(self.peer.pid) - ours0) / dt
+        cores = {"io": ours - loop, "loop": loop, "other": (machine_busy_seconds() - all0) / dt - ours}
         return gbps * 1e9, its, ssd, cores
 
     def load_all_outproc_loop(self) -> float:
         busy = spawn_child(["--busy-loop", "600"])  # stopped below, when the loads are done
         try:
-            return self.load_all(with_loop=False)[0]
+            return self.load_all(with_loop=False)[0]  # NOTE: its cores' "other" holds the busy loop
         finally:
             busy.kill()
             busy.wait(timeout=10)
@@ -251,7 +283,7 @@ def run_ssd(args) -> dict:
     from store_client.master import MasterProcess
 
     with tempfile.TemporaryDirectory(prefix="store_io_ssd_") as workdir, \
-            MasterProcess(log_dir=workdir, kv_lease_ttl_ms=200, enable_offload=True) as master:
+            MasterProcess(log_dir=workdir, kv_lease_ttl_ms=SSD_LEASE_MS, enable_offload=True) as master:
         case = SsdCase(master, args, workdir)
         try:
             return measure(case, args.runs, args.json)
@@ -261,8 +293,9 @@ def run_ssd(args) -> dict:
 
 def measure(case: SsdCase, runs: int, quiet: bool) -> dict:
     before = case.tiers()
-    samples: dict[str, list[float]] = {k: [] for k in ("ssd_idle", "ssd_under_load", "ssd_outproc", "sequential",
-                                                       "loop_it_s", "ssd_pages_per_load", "ssd_idle_cores")}
+    samples: dict[str, list[float]] = {k: [] for k in (
+        "ssd_idle", "ssd_under_load", "ssd_outproc", "sequential", "loop_it_s", "ssd_pages_per_load", "ssd_idle_cores",
+        "ssd_idle_other_cores", "ssd_under_load_io_cores", "ssd_under_load_loop_cores", "ssd_under_load_other_cores")}
     dropped = []
 
     def idle():
@@ -270,13 +303,16 @@ def measure(case: SsdCase, runs: int, quiet: bool) -> dict:
         bps, _, ssd, cores = case.load_all(with_loop=False)
         case.check()
         samples["ssd_idle"].append(bps)
-        samples["ssd_idle_cores"].append(cores)
+        samples["ssd_idle_cores"].append(cores["io"] + cores["loop"])
+        samples["ssd_idle_other_cores"].append(cores["other"])
         samples["ssd_pages_per_load"].append(ssd)
 
     def under_load():
-        bps, its, ssd, _ = case.load_all(with_loop=True)
+        bps, its, ssd, cores = case.load_all(with_loop=True)
         samples["ssd_under_load"].append(bps)
         samples["loop_it_s"].append(its)
+        for k in ("io", "loop", "other"):
+            samples[f"ssd_under_load_{k}_cores"].append(cores[k])
         samples["ssd_pages_per_load"].append(ssd)
 
     def outproc():
@@ -286,6 +322,8 @@ def measure(case: SsdCase, runs: int, quiet: bool) -> dict:
         samples["sequential"].append(sequential_read_bytes_s(case.files))
 
     order = [sequential, idle, under_load, outproc]
+    drop_page_cache(case.files)
+    case.load_all(with_loop=False)  # unmeasured: see the module's docstring
     for r in range(runs):
         for measurement in order[r % 4:] + order[:r % 4]:  # NOTE: rotated: no case is always first
             dropped.append(drop_page_cache(case.files))
@@ -317,6 +355,12 @@ def ssd_rows(res: dict) -> list[tuple[str, str, str]]:
           f"{res['cpu_cores']} cores busy (here + peer), {res['ssd_idle_cpu_s_per_gb']:.2f} core-s/GB")),
         ("    store_client load from SSD + in-process loop", gb("ssd_under_load_bytes_s"),
          f"under load / idle = {res['ssd_under_load_ratio']:.2f}  (target >= 0.8)"),
+        ("    cores under load: loads / loop thread / rest", "",
+         (f"{res['ssd_under_load_io_cores']:.2f} / {res['ssd_under_load_loop_cores']:.2f} / "
+          f"{res['ssd_under_load_other_cores']:.2f} of {res['cpu_cores']} (idle: rest {res['ssd_idle_other_cores']:.2f}); "
+          f"loads {res['ssd_under_load_cpu_s_per_gb']:.2f} core-s/GB")),
+        ("    CPU bound: cores left / idle core-s per byte", "",
+         f"x{res['ssd_cpu_bound_ratio']:.2f} of idle"),
         ("    store_client load from SSD + loop in other process", gb("ssd_outproc_loop_bytes_s"),
          f"in-process / other process = {res['ssd_gil_ratio']:.2f}"),
         ("    sequential read of the same files (the disk)", gb("sequential_read_bytes_s"), ""),

@@ -1,11 +1,11 @@
 """Which store tier a read will come from: Mooncake DRAM or its SSD offload files.
 
 Mooncake's batch_get_into says only how many bytes it read, not from where. With the SSD tier on,
-KVStore asks the master for each key's replicas first (one batch_get_replica_desc RPC, about 2 ms
-for 96 keys here) and counts a page as an SSD read when its key has a complete disk replica and no
-complete memory replica: Mooncake reads a memory replica when there is one. The answer is the
-master's at lookup time; an eviction between the lookup and the read (milliseconds) is counted as
-DRAM although it came from disk.
+KVStore asks the master for each key's replicas (one batch_get_replica_desc RPC, about 2 ms for 96
+keys here, on its own thread while the read runs: store.py says why) and counts a page as an SSD
+read when its key has a complete disk replica and no complete memory replica: Mooncake reads a memory replica when there is one. The answer is the
+master's at lookup time, within milliseconds of the read's start; an eviction in between is
+counted as DRAM although it came from disk.
 """
 
 from __future__ import annotations

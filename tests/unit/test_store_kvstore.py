@@ -54,3 +54,44 @@ def test_metrics_can_be_created_once_per_registry():
     StoreMetrics(reg)
     with pytest.raises(ValueError, match="Duplicated"):
         StoreMetrics(reg)
+
+
+class FakeSsdClient:
+    """A Mooncake client whose replica lookup blocks until the read has started (so it can only pass
+    when the lookup runs beside the read, not before it): keys starting with "d" are disk-only."""
+
+    def __init__(self):
+        import threading
+
+        self.read_started = threading.Event()
+        self.lookup_thread = None
+
+    def batch_get_replica_desc(self, keys):
+        import threading
+        from types import SimpleNamespace
+
+        self.lookup_thread = threading.current_thread().name
+        assert self.read_started.wait(5), "the lookup ran before the read started"
+        done = SimpleNamespace(name="COMPLETE")
+        disk = SimpleNamespace(status=done, is_memory_replica=lambda: False, is_disk_replica=lambda: True,
+                               is_local_disk_replica=lambda: False)
+        mem = SimpleNamespace(status=done, is_memory_replica=lambda: True, is_disk_replica=lambda: False,
+                              is_local_disk_replica=lambda: False)
+        return {k: [disk] if k.startswith("d") else [mem] for k in keys}
+
+    def batch_get_into(self, keys, addrs, sizes):
+        self.read_started.set()
+        return list(sizes)
+
+
+def test_ssd_tier_lookup_runs_beside_the_read_and_attributes_pages(tmp_path):
+    store = KVStore(StoreConfig(enabled=False, ssd_path=str(tmp_path)), 4096, StoreMetrics(CollectorRegistry()),
+                    component="t")
+    fake = FakeSsdClient()
+    store._connector.client = lambda: fake  # connected, without a master
+    try:
+        got = store.load(["d0", "m1", "d2"], [1, 2, 3])
+        assert got == LoadResult(3, "ok", (True, True, True), (True, False, True))
+        assert fake.lookup_thread.startswith("store-tier")
+    finally:
+        store.close()
