@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pdorch.config_schema import config_json_schema
-from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.generated_file import write_or_check
+from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "charts" / "pdorch" / "values.schema.json"
 

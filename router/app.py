@@ -27,12 +27,12 @@ from router.errors import APIError
 from router.fastpath import FastPath
 from router.formats import json_response
 from router.generation import GenerationHandlers
-from router.kv_layout import KVLayout
-from router.metrics import RouterMetrics
-from router.openapi import document_bodies
 from router.kv_choice import ChoiceWeights
 from router.kv_index import KVIndex
+from router.kv_layout import KVLayout
 from router.kv_watch import KVWatcher, kv_index_metrics
+from router.metrics import RouterMetrics
+from router.openapi import document_bodies
 from router.policies import make_policy
 from router.service import RouterService
 from router.workers import WorkerPool

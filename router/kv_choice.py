@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from operator import add, attrgetter
 
-from router.kv_index import stable_key
+from router.kv_candidates import stable_key
 
 REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered", "stale", "no_room")
 

@@ -38,8 +38,9 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from hashlib import blake2b
 from itertools import islice
+
+from router.kv_candidates import CandidateView
 
 
 def _add(holders: dict, h: str, addr: str) -> None:
@@ -85,40 +86,6 @@ class _WorkerKV:
         self.free_pages: int | None = None
         self.page_size = 0
         self.worker_id = ""
-
-
-_STABLE: dict[str, int] = {}
-
-
-def stable_key(address: str) -> int:
-    """A 64-bit key of an address, the same in every process (unlike hash()): deterministic ties."""
-    k = _STABLE.get(address)
-    if k is None:
-        if len(_STABLE) > 1 << 17:  # addresses churned for a long time: forget the old ones
-            _STABLE.clear()
-        k = _STABLE[address] = int.from_bytes(blake2b(address.encode(), digest_size=8).digest(), "big")
-    return k
-
-
-class CandidateView:
-    """Candidates (objects with .address) as the index sees them, built once per distinct list:
-    by address, the mask of their slots, each one's slot (-1: unknown to the index), and the
-    candidates in stable-key order (`order`, `keys`) for ties settled by a seed."""
-
-    __slots__ = ("by_addr", "keys", "mask", "order", "order_slots", "slots", "workers")
-
-    def __init__(self, workers: list, slot: dict[str, int]):
-        self.workers = list(workers)
-        self.by_addr = {w.address: w for w in workers}
-        self.slots = [slot.get(w.address, -1) for w in workers]
-        self.mask = 0
-        for i in self.slots:
-            if i >= 0:
-                self.mask |= 1 << i
-        pairs = sorted(((stable_key(w.address), i) for i, w in enumerate(workers)))
-        self.keys = [k for k, _ in pairs]
-        self.order = [workers[i] for _, i in pairs]
-        self.order_slots = [self.slots[i] for _, i in pairs]
 
 
 class KVIndex:

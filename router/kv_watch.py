@@ -146,7 +146,7 @@ class KVWatcher:
                     log.info("KV events of %s %s: live (epoch %s, seq %d)", w.role, w.address, batch.epoch, batch.seq)
                 st.state = "live"
                 self.index.set_live(w.address, True)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             st.disconnects += 1
             st.last_error = f"no KV event batch within {self.stale_after_s:g} s"
             return "ended"

@@ -209,7 +209,7 @@ class _Published:
     NOTE: the published number alone is ~50 ms old: replicas then all pile onto the same idle worker
     (bench/routing_sim.py measured 5 % of the oracle's hit rate lost to it at 50 workers)."""
 
-    __slots__ = ("worker", "address", "load")
+    __slots__ = ("address", "load", "worker")
 
     def __init__(self, worker: Worker, kv: KVIndex):
         self.worker, self.address = worker, worker.address

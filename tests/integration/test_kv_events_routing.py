@@ -38,7 +38,7 @@ def _metric(url: str, name: str) -> dict[str, float]:
     """label text -> value of one metric family in the router's /metrics."""
     out = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             labels, _, value = line.rpartition(" ")
             out[labels[len(name):]] = float(value)
     return out
@@ -209,7 +209,8 @@ def test_the_next_turn_goes_to_the_decode_worker_whose_own_cache_holds_the_conve
             _generate(router.url, conv)
             mid = {a: router_workers(router)[a]["routed"] for a in decodes}
             (first,) = [a for a in decodes if mid[a] > before[a]]
-            _wait("the turn's pages in its decode worker's entry", lambda: _index_pages(router.url, first) >= TURN1_PAGES)
+            _wait("the turn's pages in its decode worker's entry",
+                  lambda first=first: _index_pages(router.url, first) >= TURN1_PAGES)
             meta = _generate(router.url, conv + prompt(PAGE, seed=seed + 50))
             after = {a: router_workers(router)[a]["routed"] for a in decodes}
             (second,) = [a for a in decodes if after[a] > mid[a]]
