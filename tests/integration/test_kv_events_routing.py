@@ -216,8 +216,28 @@ def test_the_next_turn_goes_to_the_decode_worker_whose_own_cache_holds_the_conve
             (second,) = [a for a in decodes if after[a] > mid[a]]
             assert second == first, f"turn 2 of conversation {seed} went to the other decode worker"
             assert meta["cached_tokens_details"]["device"] >= TURN1_PAGES * PAGE, meta
-        used = {a for a in decodes if router_workers(router)[a]["routed"]}
-        assert len(used) == 2, "new conversations spread over both decode workers"
+        # A new conversation while one decode worker is busy goes to the other (load-aware). NOTE: not
+        # "sequential new conversations spread": idle ties are settled by a hash of the prompt against
+        # each worker's address (replicas agree), and the ports are random, so 4 prompts can all land
+        # on one of 2 workers.
+        busy_prompt = prompt(TURN1_PAGES * PAGE + 3, seed=90)
+        long = threading.Thread(target=lambda: httpx.post(router.url + "/generate", timeout=120, json={
+            "input_ids": busy_prompt, "sampling_params": {"max_new_tokens": 1500, "temperature": 0.0,
+                                                          "ignore_eos": True}}))
+        before = {a: router_workers(router)[a]["routed"] for a in decodes}
+        long.start()
+        try:
+            _wait("the long request on a decode worker",
+                  lambda: any(router_workers(router)[a]["in_flight"] for a in decodes))
+            busy = {a for a in decodes if router_workers(router)[a]["in_flight"]}
+            mid = {a: router_workers(router)[a]["routed"] for a in decodes}
+            _generate(router.url, prompt(TURN1_PAGES * PAGE + 3, seed=91))
+            after = {a: router_workers(router)[a]["routed"] for a in decodes}
+            assert len(busy) == 1 and sum(mid.values()) == sum(before.values()) + 1, (before, mid)
+            (new,) = [a for a in decodes if after[a] > mid[a]]
+            assert new not in busy, "a new conversation went to the busy decode worker while the other was idle"
+        finally:
+            long.join(120)
         choices = _metric(router.url, "pdorch_router_decode_choices_total")
         assert choices.get('{reason="prefix_match"}', 0) >= 4, choices
     finally:
