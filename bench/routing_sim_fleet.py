@@ -18,6 +18,7 @@ import numpy as np
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
 from router.kv_choice import ChoiceWeights, choose_prefill
 from router.kv_index import KVIndex
+from router.kv_loads import LoadBoard
 from router.policies import CacheAware, RouteContext
 
 _K = 0x9E3779B97F4A7C15F39CC0605CEDC8341082276BF3A27251F86C6A11D0C18E95  # odd: a bijection mod 2^256
@@ -240,13 +241,15 @@ class PreciseRouter:
     """A router replica: its own KVIndex fed by the event streams, router/kv_choice.py's decision,
     a speculative entry per routed prompt. A worker's load: queued + running of its last batch plus
     the requests this router sent it since that batch was cut (a 50 ms old load alone herds every
-    replica onto the same idle worker: 4% of the oracle's hits lost at 50 workers)."""
+    replica onto the same idle worker: 4% of the oracle's hits lost at 50 workers). The loads are
+    also kept on a LoadBoard (router/kv_loads.py), as a fleet-sized router keeps them."""
 
     def __init__(self, cfg: SimConfig, addresses: list[str], clock):
         self.clock = clock
         self.index = KVIndex(cfg.speculative_ttl_s, clock)
         self.cands = [Cand(a) for a in addresses]
         self.by_addr = {c.address: c for c in self.cands}
+        self.board = LoadBoard({a: 0 for a in addresses})
         self.sent: dict[str, deque] = {a: deque() for a in addresses}  # times this router sent it a request
         self.weights = ChoiceWeights(load_imbalance_threshold=cfg.load_imbalance_threshold)
         self.queue: deque = deque()  # (deliver time, address, batch, cut time)
@@ -266,14 +269,18 @@ class PreciseRouter:
         sent = self.sent[addr]
         while sent and sent[0] <= cut_t:
             sent.popleft()
-        self.by_addr[addr].load = batch.queued_requests + batch.running_requests + len(sent)
+        c = self.by_addr[addr]
+        c.load = batch.queued_requests + batch.running_requests + len(sent)
+        self.board.set(addr, c.load)
 
     def routed(self, addr: str) -> None:
-        self.by_addr[addr].load += 1
+        c = self.by_addr[addr]
+        c.load += 1
+        self.board.set(addr, c.load)
         self.sent[addr].append(self.clock())
 
     def choose(self, hashes: list[str]) -> tuple[str, str]:
-        w, why = choose_prefill(self.index, self.cands, hashes, self.weights)
+        w, why = choose_prefill(self.index, self.cands, hashes, self.weights, board=self.board)
         self.index.speculate(w.address, hashes)
         return w.address, why
 
@@ -309,5 +316,5 @@ class OracleRouter(PreciseRouter):
         self._load(addr, batch, cut_t)  # the shared index had it at once
 
     def choose(self, hashes: list[str]) -> tuple[str, str]:
-        w, why = choose_prefill(self.index, self.cands, hashes, self.weights)
+        w, why = choose_prefill(self.index, self.cands, hashes, self.weights, board=self.board)
         return w.address, why

@@ -23,12 +23,15 @@ class CandidateView:
     by address, the mask of their slots, each one's slot (-1: unknown to the index), and the
     candidates in stable-key order (`order`, `keys`) for ties settled by a seed."""
 
-    __slots__ = ("by_addr", "keys", "mask", "order", "order_slots", "slots", "workers")
+    __slots__ = ("board_covers", "board_tag", "by_addr", "keys", "mask", "order", "order_slots", "slot_of", "slots",
+                 "workers")
 
     def __init__(self, workers: list, slot: dict[str, int]):
         self.workers = list(workers)
         self.by_addr = {w.address: w for w in workers}
         self.slots = [slot.get(w.address, -1) for w in workers]
+        self.slot_of = {w.address: s for w, s in zip(workers, self.slots)}
+        self.board_tag, self.board_covers = None, False  # which LoadBoard holds exactly these (kv_choice)
         self.mask = 0
         for i in self.slots:
             if i >= 0:

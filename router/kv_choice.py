@@ -15,6 +15,11 @@ worker, so ties are broken by the prompt's first page hash against a stable hash
 (router/kv_index.py stable_key), never by a counter or by the candidates' order (each replica lists
 its workers in its own discovery order).
 
+Loads: each candidate's `.load`, or a LoadBoard (router/kv_loads.py) the caller keeps up to date
+(`board`): then the lowest load and the least loaded are found without reading every candidate's
+load (at 1,000 workers that read was most of a decision). The board is used only when it holds
+exactly the candidates; the choice is the same either way.
+
 Decode: the decode worker whose own prefix cache holds the longest run and has room (free pages)
 for the rest of the prompt, load-aware the same way; the store run is the same for every decode
 worker (each reads it alike), so it only decides `store_covered`.
@@ -59,10 +64,25 @@ def pick(tied: list, seed: int):
     return min(tied, key=lambda w: stable_key(w.address) ^ seed)
 
 
-def least_loaded(view, seed: int, loads: list[int] | None = None):
+def covering(view, board):
+    """`board` if it holds exactly the view's candidates (checked once per view and board version),
+    else None: the loads are then read from the candidates."""
+    if board is None:
+        return None
+    tag = (id(board), board.version)
+    if view.board_tag != tag:
+        view.board_tag = tag
+        view.board_covers = len(board) == len(view.by_addr) and all(a in board for a in view.by_addr)
+    return board if view.board_covers else None
+
+
+def least_loaded(view, seed: int, loads: list[int] | None = None, board=None):
     """The least loaded of a CandidateView's workers: among the tied, the first in stable-key order
     at or after the seed (a ring: replicas agree, and prompts spread over idle workers). C loops
-    only: one pass over the loads (`loads`: in view.order, if the caller has them)."""
+    only: one pass over the loads (`loads`: in view.order, if the caller has them), or none with a
+    covering `board`."""
+    if board is not None:
+        return view.by_addr[board.least(seed)]
     if loads is None:
         loads = list(map(_load, view.order))
     low = min(loads)
@@ -73,41 +93,48 @@ def least_loaded(view, seed: int, loads: list[int] | None = None):
         return view.order[loads.index(low)]
 
 
-def _least_of(workers: list, seed: int):
+def _least_of(workers: list, seed: int, board=None):
     """least_loaded for a short list (the holders of a prefix)."""
+    if board is not None:
+        loads = [board.load(w.address) for w in workers]
+        low = min(loads)
+        return pick([w for w, n in zip(workers, loads) if n == low], seed)
     low = min(map(_load, workers))
     return pick([w for w in workers if w.load == low], seed)
 
 
 def choose_prefill(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
-                   seed: int | None = None) -> tuple[object, str]:
+                   seed: int | None = None, board=None) -> tuple[object, str]:
     """(worker, reason) among `candidates` (objects with .address and .load), for a prompt's page
-    hashes. `seed`: the tie-break seed (default: from the first page hash)."""
+    hashes. `seed`: the tie-break seed (default: from the first page hash). `board`: the
+    candidates' loads (a LoadBoard), if the caller keeps one."""
     seed = seed_of(hashes) if seed is None else seed
     view = index.view(candidates)
+    board = covering(view, board)
     if not hashes:
-        return least_loaded(view, seed), "no_prefix"
+        return least_loaded(view, seed, board=board), "no_prefix"
     run, mask = index.longest_l1(hashes, view)
-    return _decide(index, view, hashes, weights, seed, run, mask)
+    return _decide(index, view, hashes, weights, seed, run, mask, board)
 
 
 def choose_decode(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
-                  seed: int | None = None) -> tuple[object, str]:
+                  seed: int | None = None, board=None) -> tuple[object, str]:
     """As choose_prefill, for decode workers: their own prefix caches, and room for the rest of the
     prompt (free pages of their last batch; unknown counts as room)."""
     seed = seed_of(hashes) if seed is None else seed
     view = index.view(candidates)
+    board = covering(view, board)
     if not hashes:
-        return least_loaded(view, seed), "no_prefix"
+        return least_loaded(view, seed, board=board), "no_prefix"
     runs = index.l1_runs(hashes, view)
     if not runs:
-        return _decide(index, view, hashes, weights, seed, 0, [])
+        return _decide(index, view, hashes, weights, seed, 0, [], board)
     n = len(hashes)
     roomy = {a: r for a, r in runs.items() if (f := index.free_pages(a)) is None or f >= n - r}
     if not roomy:
-        return least_loaded(view, seed), "no_room"
+        return least_loaded(view, seed, board=board), "no_room"
     run = max(roomy.values())
-    return _decide(index, view, hashes, weights, seed, run, [a for a, r in roomy.items() if r == run])
+    return _decide(index, view, hashes, weights, seed, run, [a for a, r in roomy.items() if r == run], board)
 
 
 _BUSY = 1 << 60  # the load of a non-holder when only holders may win
@@ -120,37 +147,42 @@ def _holder_loads(view, mask: int, loads: list[int]) -> list[int]:
     return list(map(add, loads, penalty))
 
 
-def _decide(index, view, hashes, weights, seed, run, holders):
-    """`holders`: a mask of the index's slots, or a list of addresses."""
+def _decide(index, view, hashes, weights, seed, run, holders, board=None):
+    """`holders`: a mask of the index's slots, or a list of addresses. `board`: a covering LoadBoard."""
     store_run = index.store_run(hashes)
     # score(r) is linear on each side of store_run, so the best is at r = 0 or at the longest run
     floor = weights.store * store_run
     score = weights.l1 * run + weights.store * max(0, store_run - run)
     if not holders or score <= floor:  # nobody's L1 beats reading the store (or computing)
-        return least_loaded(view, seed), "store_covered" if store_run else "no_match"
+        return least_loaded(view, seed, board=board), "store_covered" if store_run else "no_match"
     loads = None
     if type(holders) is int:
         if holders == view.mask:  # every candidate holds it: the least loaded
-            top = least_loaded(view, seed)
+            top = least_loaded(view, seed, board=board)
             return top, "prefix_match" if index.is_live(top.address) else "stale"
         if holders.bit_count() <= 64:
-            top = _least_of([view.by_addr[a] for a in index.addresses_of(holders)], seed)
-        else:  # many holders (a widely shared prefix): one pass over every load anyway
+            top = _least_of([view.by_addr[a] for a in index.addresses_of(holders)], seed, board)
+        elif board is not None:  # many holders (a widely shared prefix): the board's levels, lowest first
+            top = view.by_addr[board.least_among(seed, holders, view.slot_of)]
+        else:  # many holders and no board: one pass over every load anyway
             loads = list(map(_load, view.order))
             top = least_loaded(view, seed, _holder_loads(view, holders, loads))
     else:
-        top = _least_of([view.by_addr[a] for a in holders], seed)
+        top = _least_of([view.by_addr[a] for a in holders], seed, board)
     if not index.is_live(top.address):
         return top, "stale"
-    if top.load == 0:  # nobody is below 0: no need to read every load
+    top_load = top.load if board is None else board.load(top.address)
+    if top_load == 0:  # nobody is below 0: no need to read every load
         return top, "prefix_match"
-    if loads is None:
-        loads = list(map(_load, view.order))
-    low = min(loads)
-    if top.load <= low:
+    if board is not None:
+        low = board.low()
+    else:
+        loads = loads or list(map(_load, view.order))
+        low = min(loads)
+    if top_load <= low:
         return top, "prefix_match"
     if store_run >= run:
-        return least_loaded(view, seed, loads), "store_covered"
-    if top.load - low > weights.load_imbalance_threshold:
-        return least_loaded(view, seed, loads), "imbalance"
+        return least_loaded(view, seed, loads, board), "store_covered"
+    if top_load - low > weights.load_imbalance_threshold:
+        return least_loaded(view, seed, loads, board), "imbalance"
     return top, "prefix_match"
