@@ -96,7 +96,7 @@ def least_loaded(view, seed: int, loads: list[int] | None = None, board=None):
 def _least_of(workers: list, seed: int, board=None):
     """least_loaded for a short list (the holders of a prefix)."""
     if board is not None:
-        loads = [board.load(w.address) for w in workers]
+        loads = board.loads_of([w.address for w in workers])
         low = min(loads)
         return pick([w for w, n in zip(workers, loads) if n == low], seed)
     low = min(map(_load, workers))

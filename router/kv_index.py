@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from itertools import islice
+from itertools import islice, takewhile
 
 from router.kv_candidates import CandidateView
 
@@ -445,13 +445,7 @@ class KVIndex:
         return i, alive
 
     def store_run(self, hashes: list[str]) -> int:
-        claims = self._store
-        n = 0
-        for h in hashes:
-            if h not in claims:
-                break
-            n += 1
-        return n
+        return len(list(takewhile(self._store.__contains__, hashes)))  # a C loop
 
     # ------------------------------------------------------------------ introspection
     def workers(self) -> list[str]:

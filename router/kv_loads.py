@@ -36,6 +36,9 @@ class LoadBoard:
     def load(self, address: str) -> int:
         return self._load[address]
 
+    def loads_of(self, addresses: list[str]) -> list[int]:
+        return list(map(self._load.__getitem__, addresses))  # NOTE: a C loop
+
     def set(self, address: str, load: int) -> None:
         old = self._load.get(address)
         if old == load:
