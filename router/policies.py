@@ -137,6 +137,7 @@ class CacheAware(Policy):
         # page hashes sent to the store (None: store off or store-aware routing off)
         self.store_index = LRUSet(store_index_pages) if store_index_pages > 0 else None
         self.decisions = dict.fromkeys(self.REASONS, 0)
+        self._published: dict[str, _Published] = {}  # address -> its wrapper for the KV choice
 
     def matched_pages(self, worker: Worker, hashes: list[str]) -> int:
         idx = self.index.get(worker.address)
@@ -145,7 +146,7 @@ class CacheAware(Policy):
     def choose(self, workers, ctx):
         kv, reason = self.kv_index, "stale"
         if kv is not None and ctx.page_hashes:
-            chosen, reason = choose_prefill(kv, [_Published(w, kv) for w in workers], ctx.page_hashes, self.weights)
+            chosen, reason = choose_prefill(kv, self._candidates(workers), ctx.page_hashes, self.weights)
         if reason == "stale":  # events off, or the chosen worker's stream is not live: the guess decides
             worker, reason = self._choose(workers, ctx)
             self.guess_fallbacks += kv is not None and bool(ctx.page_hashes)
@@ -158,11 +159,25 @@ class CacheAware(Policy):
         kv = self.kv_index
         if kv is None or ctx is None or not ctx.page_hashes:
             return _least_loaded(workers, self._decode_rr)
-        chosen, reason = choose_decode(kv, [_Published(w, kv) for w in workers], ctx.page_hashes, self.weights)
+        chosen, reason = choose_decode(kv, self._candidates(workers), ctx.page_hashes, self.weights)
         if reason == "stale":
             return _least_loaded(workers, self._decode_rr)
         self.decode_decisions[reason] = self.decode_decisions.get(reason, 0) + 1
         return chosen.worker
+
+    def _candidates(self, workers: list[Worker]) -> list[_Published]:
+        """The workers as the KV choice sees them, loads refreshed. NOTE: the same wrapper per worker
+        call after call: the index caches its view of a list of the same objects (sorted by stable
+        key), and new wrappers per request rebuilt it every time (O(workers log workers))."""
+        kv, pubs, out = self.kv_index, self._published, []
+        for w in workers:
+            p = pubs.get(w.address)
+            if p is None or p.worker is not w:  # new, or a worker re-added under the same address
+                if len(pubs) > 4 * len(workers) + 64:  # workers come and go: drop the departed ones
+                    pubs.clear()
+                p = pubs[w.address] = _Published(w)
+            out.append(p.refresh(kv))
+        return out
 
     def _choose(self, workers, ctx) -> tuple[Worker, str]:
         least = _least_loaded(workers, self._rr)
@@ -211,13 +226,17 @@ class _Published:
 
     __slots__ = ("address", "load", "worker")
 
-    def __init__(self, worker: Worker, kv: KVIndex):
-        self.worker, self.address = worker, worker.address
+    def __init__(self, worker: Worker):
+        self.worker, self.address, self.load = worker, worker.address, 0
+
+    def refresh(self, kv: KVIndex) -> _Published:
+        worker = self.worker
         published = kv.load(worker.address)
         if published is None:
             self.load = worker.in_flight
         else:
             self.load = max(worker.in_flight, published + worker.routed - worker.kv_routed_mark)
+        return self
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RoundRobin, LeastLoad, CacheAware)}

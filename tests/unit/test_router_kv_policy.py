@@ -103,3 +103,19 @@ def test_a_store_clear_drops_the_store_claims_an_l1_flush_keeps_them():
     assert index.store_run(HASHES) == len(HASHES)
     policy.reset(store=True)
     assert index.store_run(HASHES) == 0
+
+
+def test_repeated_choices_reuse_one_candidate_view_and_see_each_load_change():
+    index = KVIndex()
+    for a in ("a:1", "b:1"):
+        index.apply(a, _snapshot(l1=HASHES[:4]))  # both hold the prefix: load decides
+        index.set_live(a, True)
+    policy = _policy(index)
+    a, b = _w("a:1", load=3), _w("b:1", load=0)
+    assert policy.choose([a, b], RouteContext(HASHES)).address == "b:1"
+    view = index.view(policy._candidates([a, b]))
+    b.in_flight = 5
+    assert policy.choose([a, b], RouteContext(HASHES)).address == "a:1"  # the new load, not a cached one
+    assert index.view(policy._candidates([a, b])) is view  # the same wrappers: the cached view
+    a2 = _w("a:1", load=0)  # a worker re-added under the same address is a new candidate
+    assert policy.choose([a2, b], RouteContext(HASHES)) is a2
