@@ -95,12 +95,9 @@ def least_loaded(view, seed: int, loads: list[int] | None = None, board=None):
 
 def _least_of(workers: list, seed: int, board=None):
     """least_loaded for a short list (the holders of a prefix)."""
-    if board is not None:
-        loads = board.loads_of([w.address for w in workers])
-        low = min(loads)
-        return pick([w for w, n in zip(workers, loads) if n == low], seed)
-    low = min(map(_load, workers))
-    return pick([w for w in workers if w.load == low], seed)
+    loads = list(map(_load, workers)) if board is None else board.loads_of([w.address for w in workers])
+    low = min(loads)
+    return pick([w for w, n in zip(workers, loads) if n == low], seed)
 
 
 def choose_prefill(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
