@@ -146,12 +146,17 @@ def _holder_loads(view, mask: int, loads: list[int]) -> list[int]:
 
 def _decide(index, view, hashes, weights, seed, run, holders, board=None):
     """`holders`: a mask of the index's slots, or a list of addresses. `board`: a covering LoadBoard."""
-    store_run = index.store_run(hashes)
-    # score(r) is linear on each side of store_run, so the best is at r = 0 or at the longest run
-    floor = weights.store * store_run
-    score = weights.l1 * run + weights.store * max(0, store_run - run)
-    if not holders or score <= floor:  # nobody's L1 beats reading the store (or computing)
-        return least_loaded(view, seed, board=board), "store_covered" if store_run else "no_match"
+    if not holders:  # nobody's L1 holds its first page: whether the store does names the reason
+        return least_loaded(view, seed, board=board), "store_covered" if index.store_run(hashes[:1]) else "no_match"
+    store_run = None  # NOTE: read only where it decides: a long prompt's store run is a page walk of its own
+    # score(r) is linear on each side of store_run, so the best is at r = 0 or at the longest run; with
+    # l1 > store >= 0 an L1 run > 0 beats the store whatever its run (score - floor >= (l1 - store) * run)
+    if not (run > 0 and weights.l1 > weights.store >= 0):
+        store_run = index.store_run(hashes)
+        floor = weights.store * store_run
+        score = weights.l1 * run + weights.store * max(0, store_run - run)
+        if score <= floor:  # nobody's L1 beats reading the store (or computing)
+            return least_loaded(view, seed, board=board), "store_covered" if store_run else "no_match"
     loads = None
     if type(holders) is int:
         if holders == view.mask:  # every candidate holds it: the least loaded
@@ -178,7 +183,7 @@ def _decide(index, view, hashes, weights, seed, run, holders, board=None):
         low = min(loads)
     if top_load <= low:
         return top, "prefix_match"
-    if store_run >= run:
+    if (store_run if store_run is not None else index.store_run(hashes[:run])) >= run:
         return least_loaded(view, seed, loads, board), "store_covered"
     if top_load - low > weights.load_imbalance_threshold:
         return least_loaded(view, seed, loads, board), "imbalance"

@@ -70,6 +70,17 @@ def _discard(holders: dict, h: str, addr: str) -> None:
         del holders[h]
 
 
+class _Guess:
+    """One speculate() call: its pages, until `exp`; `pending`: how many of them are still this guess's
+    (not confirmed by the worker's events, not guessed again since), so an expiry with none left
+    is one check, not a walk of its pages."""
+
+    __slots__ = ("address", "exp", "hashes", "pending")
+
+    def __init__(self, exp: float, address: str, hashes: set[str]):
+        self.exp, self.address, self.hashes, self.pending = exp, address, hashes, len(hashes)
+
+
 class _WorkerKV:
     __slots__ = ("behind", "epoch", "free_pages", "has_snapshot", "l1", "live", "load", "page_size",
                  "seq", "spec", "store", "worker_id")
@@ -80,7 +91,7 @@ class _WorkerKV:
         self.behind = False  # a gap seen since the last in-order batch
         self.live = False
         self.l1: set[str] = set()
-        self.spec: dict[str, float] = {}  # speculative hash -> expiry (not in l1)
+        self.spec: dict[str, _Guess] = {}  # speculative hash -> the guess that owns it (not in l1)
         self.store: set[str] = set()  # store pages this worker claims
         self.load: int | None = None
         self.free_pages: int | None = None
@@ -100,8 +111,9 @@ class KVIndex:
         self._free_slots: list[int] = []
         self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
         self._store: dict[str, str | set[str]] = {}  # hash -> claiming address(es)
-        self._spec_q: deque[tuple[float, str, set[str]]] = deque()  # (expiry, address, hashes), in expiry order
+        self._spec_q: deque[_Guess] = deque()  # in expiry order
         self._views: list[CandidateView] = []
+        self._match: tuple | None = None  # (hashes, run, mask) of the last longest_l1, while still true
         self.spec_confirmed = 0
         self.spec_expired = 0
         self.outcomes = dict.fromkeys(self.OUTCOMES, 0)
@@ -184,6 +196,7 @@ class KVIndex:
 
     def apply(self, address: str, batch) -> str:
         """Apply one KVEventBatch (or anything with its attributes); returns one of OUTCOMES."""
+        self._match = None
         w = self._state(address)
         w.load = batch.queued_requests + batch.running_requests
         w.free_pages = batch.free_pages
@@ -223,7 +236,7 @@ class KVIndex:
             conf = new.intersection(spec)
             if conf:
                 for h in conf:
-                    del spec[h]  # already in the holders
+                    spec.pop(h).pending -= 1  # already in the holders
                 self.spec_confirmed += len(conf)
                 new -= conf
         holders = self._l1
@@ -311,6 +324,7 @@ class KVIndex:
         w = self._workers.pop(address, None)
         if w is None:
             return
+        self._match = None
         for h in w.l1:
             self._unhold(h, address)
         for h in w.spec:
@@ -320,7 +334,7 @@ class KVIndex:
         self._addr_at[i] = None
         self._free_slots.append(i)  # no mask has its bit any more
         self._views = []
-        # its entries in _spec_q find no worker (or a new one with other expiries) and are skipped
+        # its guesses in _spec_q find no worker (or a new one, whose spec holds other guesses): skipped
 
     def load(self, address: str) -> int | None:
         w = self._workers.get(address)
@@ -331,18 +345,31 @@ class KVIndex:
         return None if w is None else w.free_pages
 
     # ------------------------------------------------------------------ speculation
-    def speculate(self, address: str, hashes) -> None:
+    def speculate(self, address: str, hashes: list[str]) -> None:
+        """Count `hashes` as `address`'s L1 for the next `ttl` seconds (until its events say so).
+
+        NOTE: when the last longest_l1 walked this very prompt and found `address` holding its first
+        `run` pages (and nothing changed since), only the pages after them are guessed: a later turn
+        routed to its holder adds a few pages to guess, not the whole prompt again (at 1,000 workers
+        the guess and its expiry were a third of a long prompt's decision). Those held pages that are
+        themselves guesses keep their expiry (their worker's events confirm them)."""
         now = self.clock()
         self._expire(now)
         w = self._state(address)
+        m = self._match
+        if m is not None and m[0] is hashes and m[2] >> self._slot[address] & 1:
+            hashes = hashes[m[1]:]
         new = set(hashes)
         new -= w.l1
         if not new:
             return
-        exp = now + self.ttl
+        guess = _Guess(now + self.ttl, address, new)
         spec = w.spec
-        fresh = new.difference(spec)  # a repeated guess only extends (its older queue entry is skipped)
-        spec.update(dict.fromkeys(new, exp))
+        fresh = new.difference(spec)
+        if len(fresh) != len(new):  # guessed again before its worker confirmed it: the newer guess owns it
+            for h in new.difference(fresh):
+                spec[h].pending -= 1
+        spec.update(dict.fromkeys(new, guess))
         if fresh:
             holders = self._l1
             unheld = fresh.difference(holders)
@@ -352,22 +379,25 @@ class KVIndex:
                 hold = self._hold
                 for h in fresh.difference(unheld):
                     hold(h, address)
-        self._spec_q.append((exp, address, new))
+        self._spec_q.append(guess)
 
     def _expire(self, now: float) -> None:
         q = self._spec_q
-        while q and q[0][0] <= now:
-            exp, address, hashes = q.popleft()
-            w = self._workers.get(address)
+        while q and q[0].exp <= now:
+            guess = q.popleft()
+            if not guess.pending:  # all confirmed or guessed again: nothing of it left
+                continue
+            w = self._workers.get(guess.address)
             if w is None:
                 continue
             spec, l1 = w.spec, w.l1
-            for h in hashes:
-                if spec.get(h) == exp:  # not confirmed, not guessed again since
+            for h in guess.hashes:
+                if spec.get(h) is guess:  # not confirmed, not guessed again since
                     del spec[h]
                     self.spec_expired += 1
                     if h not in l1:
-                        self._unhold(h, address)
+                        self._unhold(h, guess.address)
+                        self._match = None  # what the last walk saw held may be gone
 
     # ------------------------------------------------------------------ matching
     def l1_runs(self, hashes: list[str], addresses=None) -> dict[str, int]:
@@ -436,12 +466,15 @@ class KVIndex:
                 bit = 1 << self._slot[nxt]
                 if not alive & bit:
                     break
-                return self._walk_one(nxt, hashes, i + 1), bit
+                run = self._walk_one(nxt, hashes, i + 1)
+                self._match = (hashes, run, bit)
+                return run, bit
             still = alive & nxt
             if not still:
                 break
             alive = still
             i += 1
+        self._match = (hashes, i, alive)
         return i, alive
 
     def store_run(self, hashes: list[str]) -> int:
@@ -479,7 +512,7 @@ class KVIndex:
         for holders in (self._l1, self._store):  # masks / sets of >= 2 holders (a str costs nothing)
             total += self._multi_holder_bytes(holders)
         total += size(self._slot) + size(self._addr_at) + sum(size(v.by_addr) + size(v.slots) for v in self._views)
-        total += sum(size(e) + size(e[0]) + size(e[2]) for e in self._spec_q)  # the guesses' sets (ttl's worth)
+        total += sum(size(g) + size(g.hashes) for g in self._spec_q)  # the guesses' sets (ttl's worth)
         return total
 
     @staticmethod
