@@ -56,6 +56,20 @@ def test_load_rules_imbalance_and_store_covered():
     assert choose_prefill(idx, [a, b], ["h0", "h1"], w) == (a, "prefix_match")
 
 
+def test_with_store_weighed_as_much_as_l1_the_store_run_decides_the_score():
+    idx = KVIndex()
+    a, b = W("a:1", load=1), W("b:1")
+    feed(idx, "a:1", l1=["h0"], store=["h0", "h1", "h2"])
+    feed(idx, "b:1")
+    prompt = ["h0", "h1", "h2", "h3"]
+    # l1 weighs what store does: a's one L1 page is worth no more than reading it: the least loaded
+    assert choose_prefill(idx, [a, b], prompt, ChoiceWeights(l1=0.5, store=0.5)) == (b, "store_covered")
+    assert choose_prefill(idx, [a, b], prompt) == (b, "store_covered")  # default weights: the store covers a's run
+    feed(idx, "a:1", l1=["h0", "h1"], store=["h0"])  # the store holds less than a's L1 run: a wins either way
+    assert choose_prefill(idx, [a, b], prompt, ChoiceWeights(l1=0.5, store=0.5)) == (a, "prefix_match")
+    assert choose_prefill(idx, [a, b], prompt) == (a, "prefix_match")
+
+
 def test_a_stale_best_candidate_is_reported_for_the_fallback():
     idx = KVIndex()
     a, b = W("a:1"), W("b:1")

@@ -113,6 +113,86 @@ def test_a_repeated_guess_extends_the_speculation():
     assert idx.stats()["speculative_expired"] == 1
 
 
+def test_a_guess_after_the_walk_of_the_same_prompt_adds_only_the_pages_past_the_held_run():
+    clock = Clock()
+    idx = KVIndex(speculative_ttl_s=5.0, clock=clock)
+    live(idx, "a", l1=["p0"])
+    live(idx, "b")
+    idx.speculate("a", ["p0", "p1"])  # turn 1: p1 guessed until 105
+    clock.t += 3.0
+    turn2 = ["p0", "p1", "p2"]
+    assert idx.longest_l1(turn2)[0] == 2
+    idx.speculate("a", turn2)  # the walk found a holding p0, p1: only p2 is guessed (until 108)
+    assert idx.stats()["speculative_live"] == 2
+    clock.t += 3.0  # 106: p1's guess is over (no event confirmed it), p2's is not
+    assert idx.l1_runs(turn2) == {"a": 1}
+    assert idx.stats()["speculative_expired"] == 1
+
+    # the same pages in another list, another worker, or an event in between: the whole prompt
+    idx.speculate("a", list(turn2))
+    assert idx.l1_runs(turn2) == {"a": 3}
+    turn3 = ["p0", "p1", "p2", "p3"]
+    assert idx.longest_l1(turn3) == (3, idx._mask(["a"]))
+    idx.speculate("b", turn3)  # the choice went elsewhere: b holds nothing of it
+    assert idx.l1_runs(turn3) == {"a": 3, "b": 4}
+    assert idx.longest_l1(turn3)[0] == 4
+    assert idx.apply("a", delta(2, removed=["p0"])) == "applied"
+    idx.speculate("b", turn3)  # no skipped page: b's guesses of p0..p3 all renewed
+    clock.t += 4.0  # past the first guesses of b, within the renewed ones
+    assert idx.l1_runs(turn3)["b"] == 4
+
+
+def test_a_guess_whose_pages_were_all_confirmed_expires_nothing():
+    clock = Clock()
+    idx = KVIndex(speculative_ttl_s=5.0, clock=clock)
+    live(idx, "a")
+    idx.speculate("a", ["h1", "h2"])
+    assert idx.apply("a", delta(2, stored=["h1", "h2"])) == "applied"
+    assert idx.apply("a", delta(3, removed=["h2"])) == "applied"
+    clock.t += 6.0
+    assert idx.l1_runs(["h1", "h2"]) == {"a": 1}
+    st = idx.stats()
+    assert (st["speculative_live"], st["speculative_confirmed"], st["speculative_expired"]) == (0, 2, 0)
+
+
+def test_guesses_expire_as_a_model_of_per_page_expiries_says_under_random_guesses_and_events():
+    import random
+
+    rng = random.Random(7)
+    clock = Clock()
+    idx = KVIndex(speculative_ttl_s=5.0, clock=clock)
+    pages = [f"h{i}" for i in range(12)]
+    seq = {"a": 1, "b": 1}
+    for a in seq:
+        live(idx, a)
+    held = {a: set() for a in seq}  # what each worker's events said its L1 holds
+    guessed = {a: {} for a in seq}  # the model: page -> expiry of its last guess, until confirmed
+    for _ in range(400):
+        clock.t += rng.uniform(0, 2.0)
+        a = rng.choice(list(seq))
+        op = rng.random()
+        if op < 0.5:
+            hs = rng.sample(pages, rng.randint(1, 5))
+            idx.speculate(a, hs)
+            for h in hs:
+                if h not in held[a]:
+                    guessed[a][h] = clock.t + 5.0
+        else:
+            stored = rng.sample(pages, rng.randint(0, 3))
+            removed = [h for h in rng.sample(pages, rng.randint(0, 3)) if h not in stored]
+            seq[a] += 1
+            assert idx.apply(a, delta(seq[a], stored=stored, removed=removed)) == "applied"
+            for h in stored:
+                if h not in held[a]:
+                    guessed[a].pop(h, None)
+            held[a] = (held[a] | set(stored)) - set(removed)
+        for w in seq:
+            guessed[w] = {h: e for h, e in guessed[w].items() if e > clock.t}
+            want = held[w] | set(guessed[w])
+            assert {h for h in pages if idx.l1_runs([h]).get(w)} == want
+        assert idx.stats()["speculative_live"] == sum(len(g) for g in guessed.values())
+
+
 def test_a_snapshot_keeps_live_speculation_and_confirms_what_it_holds():
     clock = Clock()
     idx = KVIndex(speculative_ttl_s=5.0, clock=clock)
