@@ -23,7 +23,13 @@ the same per-worker rate and cache sizes), with its own oracle and precise runs.
 
 Reported: hit rate = pages reused (L1 + store) / pages an earlier request computed, and its ratio
 to the oracle's; router CPU per decision (choose_prefill + speculate, p50/p99 µs, perf_counter_ns;
-the index's event application separately, per batch); index memory (the index's own estimate and
+the index's event application separately, per batch), twice: every decision of the 16 replicas
+above, and (`replica`) router 0's decisions in a run where it keeps an index of its own and the
+other 15 replicas share one. NOTE: 16 indexes in one process are 16 times the memory a deployed
+replica walks (each is its own process), and every structure is cold by the time its router's turn
+comes: the same event batches cost several times as much to apply as with one index (the control,
+`apply_us_per_batch` of both runs). The `replica` run keeps 2 indexes in the process, so it is
+still the more pessimistic of the two for a deployed replica; index memory (the index's own estimate and
 tracemalloc of an index rebuilt from the final snapshots); event bytes/s per worker (the deltas'
 ByteSize) and snapshot bytes; linearity: the same at --linearity capacities (x0.5, x1, x2 by
 default, on a smaller fleet). `--fast`: a small run for tests. `--json`: one JSON line last.
@@ -72,16 +78,22 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
     oracle = kind == "oracle"
     clock = lambda: now[0]
     exact = KVIndex(cfg.speculative_ttl_s, clock) if oracle else None
-    routers = [OracleRouter(cfg, addrs, clock, exact) if oracle else ROUTERS[kind](cfg, addrs, clock)
-               for _ in range(cfg.routers)]
+    if kind == "replica":  # router 0 timed with an index of its own; the others share one (see run())
+        shared = PreciseRouter(cfg, addrs, clock)
+        routers = [PreciseRouter(cfg, addrs, clock)] + [shared] * (cfg.routers - 1)
+    else:
+        routers = [OracleRouter(cfg, addrs, clock, exact) if oracle else ROUTERS[kind](cfg, addrs, clock)
+                   for _ in range(cfg.routers)]
+    fed = [r for r, router in enumerate(routers) if routers.index(router) == r]  # each index fed once
+    timed = routers[0] if kind == "replica" else None  # None: every decision is timed
     for w in fleet.workers:  # subscribe: an empty snapshot of each worker
         b = fleet.snapshot(w, as_proto=False)
         if exact is not None:
             exact.apply(w.address, b)
             exact.set_live(w.address, True)
-        for r in routers:
-            r.deliver(w.address, b, 0.0)
-    proto = kind == "precise"  # the bytes on the wire are measured on the precise run
+        for r in fed:
+            routers[r].deliver(w.address, b, 0.0)
+    proto = kind in ("precise", "replica")  # router 0 reads the protobufs
     rng = np.random.default_rng(cfg.seed + 1)
     duration = requests[-1].t if requests else 0.0
     restarts = sorted(zip(rng.uniform(0, duration, cfg.restarts), rng.integers(0, cfg.workers, cfg.restarts)))
@@ -97,10 +109,10 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         if exact is not None:
             exact.apply(w.address, batch)
         plain = _plain(batch) if proto else batch
-        for r, router in enumerate(routers):
+        for r in fed:
             # NOTE: router 0 reads the protobuf (its apply time is the one reported); the others get
             # its fields read once: reading a repeated string field makes new str objects every time
-            router.queue.append((t + delays[r], w.address, batch if r == 0 else plain, t))
+            routers[r].queue.append((t + delays[r], w.address, batch if r == 0 else plain, t))
 
     gc.collect()
     gc.disable()  # NOTE: the simulator's own heap (fleet, queued batches) would charge its GC pauses to decisions
@@ -111,7 +123,7 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
             for w in fleet.workers:
                 if w.dirty:
                     b = fleet.cut(w, proto)
-                    if proto:
+                    if kind == "precise":
                         delta_bytes += b.ByteSize()
                     batches += 1
                     publish(w, b, next_tick)
@@ -131,8 +143,9 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         hashes = prompts.hashes(req.conv, req.pages)
         c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         addr, why = router.choose(hashes)
-        decision_ns.append(time.perf_counter_ns() - t0)
-        decision_cpu_ns.append(time.thread_time_ns() - c0)
+        if timed is None or router is timed:
+            decision_ns.append(time.perf_counter_ns() - t0)
+            decision_cpu_ns.append(time.thread_time_ns() - c0)
         router.routed(addr)
         reasons[why] = reasons.get(why, 0) + 1
         i = slot[addr]
@@ -146,7 +159,7 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         from_store += st
         prompts.done(req)
     gc.enable()
-    for router in routers:  # the last events in flight
+    for router in map(routers.__getitem__, fed):  # the last events in flight
         while router.queue:
             _, a, b, cut_t = router.queue.popleft()
             router.deliver(a, b, cut_t)
@@ -164,12 +177,12 @@ def simulate(cfg: SimConfig, kind: str, requests) -> dict:
         "decision_cpu_us_p99": round(float(np.percentile(cpu, 99)) / 1000, 1),
         "reasons": reasons, "fleet_l1_pages": pages, "fleet_store_pages": len(fleet.store),
     }
-    if kind == "precise":  # router 0's: it reads the protobufs
+    if proto:  # router 0's: it reads the protobufs
         out["apply_us_per_batch"] = round(routers[0].apply_ns / max(1, routers[0].applied) / 1000, 2)
+    if kind == "precise":
         st = routers[0].index.stats()
         out["index"] = {k: st[k] for k in ("l1_entries", "store_pages", "speculative_live", "speculative_confirmed",
                                            "speculative_expired", "memory_bytes")}
-    if proto:
         out["batches"] = batches
         out["event_bytes_per_s_per_worker"] = round(delta_bytes / max(duration, 1e-9) / cfg.workers, 1)
         snaps = [fleet.snapshot(w) for w in fleet.workers]
@@ -213,6 +226,14 @@ def run(cfg: SimConfig, contrast_scale: float, linearity: list[float], log) -> d
         log(f"  {kind:8s} hit {res[kind]['hit_rate']}  decision p50 {res[kind]['decision_us_p50']} µs  "
             f"p99 {res[kind]['decision_us_p99']} µs  ({time.monotonic() - s:.0f} s)")
     res["precise_over_oracle"] = round(res["precise"]["hit_rate"] / res["oracle"]["hit_rate"], 4)
+    if cfg.routers > 1:  # the decision as one replica's own process sees it (the module docstring)
+        s = time.monotonic()
+        r = simulate(cfg, "replica", reqs)
+        res["replica"] = {k: r[k] for k in ("hit_rate", "decision_us_p50", "decision_us_p99", "decision_cpu_us_p50",
+                                            "decision_cpu_us_p99", "apply_us_per_batch")}
+        log(f"  replica  decision p50 {r['decision_us_p50']} µs  p99 {r['decision_us_p99']} µs, apply "
+            f"{r['apply_us_per_batch']} µs per batch (all replicas in one process: "
+            f"{res['precise']['apply_us_per_batch']})  ({time.monotonic() - s:.0f} s)")
     small = dataclasses.replace(cfg, workers=max(2, round(cfg.workers * contrast_scale)),
                                 conversations=max(10, round(cfg.conversations * contrast_scale)),
                                 store_pages=max(1, round(cfg.store_pages * contrast_scale)),
@@ -263,6 +284,7 @@ def summary(res: dict) -> dict:
         "decision_us_p50": p["decision_us_p50"], "decision_us_p99": p["decision_us_p99"],
         "decision_cpu_us_p50": p["decision_cpu_us_p50"], "decision_cpu_us_p99": p["decision_cpu_us_p99"],
         "apply_us_per_batch": p["apply_us_per_batch"],
+        "replica": res.get("replica"),
         "index_memory_bytes": p["index"]["memory_bytes"], "index_tracemalloc_bytes": p["index"]["tracemalloc_bytes"],
         "index_pages": p["index"]["l1_entries"] + p["index"]["store_pages"],
         "event_bytes_per_s_per_worker": p["event_bytes_per_s_per_worker"],
@@ -313,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['contrast_guess_over_oracle']} of its oracle ({s['contrast_workers']} workers)")
         print(f"decision: p50 {s['decision_us_p50']} µs, p99 {s['decision_us_p99']} µs at {s['workers']} workers "
               f"(target p99 < 200); guess-based p99 {s['guess_decision_us_p99']} µs at {s['contrast_workers']}")
+        if s["replica"]:
+            print(f"decision in a replica's own index: p50 {s['replica']['decision_us_p50']} µs, "
+                  f"p99 {s['replica']['decision_us_p99']} µs")
         print(f"index: {s['index_pages']} pages, estimate {s['index_memory_bytes'] / 1e6:.1f} MB, "
               f"tracemalloc {s['index_tracemalloc_bytes'] / 1e6:.1f} MB; events {s['event_bytes_per_s_per_worker']} "
               f"B/s per worker, snapshot {s['snapshot_bytes_per_worker']} B per worker")

@@ -31,6 +31,10 @@ def test_small_run_hit_rate_near_the_oracle_and_numbers_scale():
     assert res["contrast"]["guess"]["hit_rate"] > 0  # today's policy ran on the same requests
     assert p["decision_us_p99"] > 0 and p["event_bytes_per_s_per_worker"] > 0
     assert p["index"]["speculative_confirmed"] > 0
+    # router 0 timed with an index of its own, the other replicas sharing one: same requests, a hit rate near
+    rep = res["replica"]
+    assert rep["decision_us_p99"] > 0 and rep["apply_us_per_batch"] > 0
+    assert 0.85 <= rep["hit_rate"] / o["hit_rate"] <= 1.1
     half, full = res["linearity"]
     assert full["pages_held"] > 1.5 * half["pages_held"]
     assert full["tracemalloc_bytes"] > 1.3 * half["tracemalloc_bytes"]
