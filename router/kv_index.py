@@ -21,10 +21,8 @@ Speculative entries: the routing-time guess (the pages of a prompt just routed t
 as that worker's L1 for `speculative_ttl_s`, the seconds before the worker's own event arrives; an
 l1_stored event for it confirms it, otherwise it expires (lazily, on the next call: no thread).
 
-The store: a page is held while some worker claims it (wrote it, or found it there when writing);
-any worker's store_removed removes it for all (the store is shared: one chain evictor's removal is
-everyone's). A worker that leaves or restarts takes its claims along: the index then under-counts
-the store, which costs a store read, never a wrong one.
+The store: the workers' claims (router/kv_store_claims.py): a page is held while some worker claims
+it, and any worker's store_removed removes it for all.
 
 The L1 holders of a page are one address (most pages: no extra object) or, when several workers
 hold it, a bitmask over per-index worker slots (a Python int): the walk's intersections are then a
@@ -38,36 +36,10 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from itertools import islice, takewhile
+from itertools import islice
 
 from router.kv_candidates import CandidateView
-
-
-def _add(holders: dict, h: str, addr: str) -> None:
-    """holders[h] is the one address holding h (the common case: a str costs nothing extra), or a set."""
-    cur = holders.get(h)
-    if cur is None:
-        holders[h] = addr
-    elif type(cur) is str:
-        if cur != addr:
-            holders[h] = {cur, addr}
-    else:
-        cur.add(addr)
-
-
-def _discard(holders: dict, h: str, addr: str) -> None:
-    cur = holders.get(h)
-    if cur is None:
-        return
-    if type(cur) is str:
-        if cur == addr:
-            del holders[h]
-        return
-    cur.discard(addr)
-    if len(cur) == 1:
-        holders[h] = next(iter(cur))
-    elif not cur:
-        del holders[h]
+from router.kv_store_claims import StoreClaims
 
 
 class _Guess:
@@ -83,7 +55,7 @@ class _Guess:
 
 class _WorkerKV:
     __slots__ = ("behind", "epoch", "free_pages", "has_snapshot", "l1", "live", "load", "page_size",
-                 "seq", "spec", "store", "worker_id")
+                 "seq", "spec", "worker_id")
 
     def __init__(self):
         self.epoch, self.seq = "", 0
@@ -92,7 +64,6 @@ class _WorkerKV:
         self.live = False
         self.l1: set[str] = set()
         self.spec: dict[str, _Guess] = {}  # speculative hash -> the guess that owns it (not in l1)
-        self.store: set[str] = set()  # store pages this worker claims
         self.load: int | None = None
         self.free_pages: int | None = None
         self.page_size = 0
@@ -110,7 +81,7 @@ class KVIndex:
         self._addr_at: list[str | None] = []  # slot -> address
         self._free_slots: list[int] = []
         self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
-        self._store: dict[str, str | set[str]] = {}  # hash -> claiming address(es)
+        self._store = StoreClaims()
         self._spec_q: deque[_Guess] = deque()  # in expiry order
         self._views: list[CandidateView] = []
         self._match: tuple | None = None  # (hashes, run, mask) of the last longest_l1, while still true
@@ -202,9 +173,9 @@ class KVIndex:
         w.free_pages = batch.free_pages
         if batch.snapshot:
             self._clear_l1(address, w)
-            self._clear_store(address, w)
+            self._store.clear(address)
             self._store_l1(address, w, batch.l1_stored)
-            self._write_store(address, w, batch.store_written)
+            self._store.write(address, batch.store_written)
             w.epoch, w.seq, w.has_snapshot, w.behind = batch.epoch, batch.seq, True, False
             w.page_size, w.worker_id = batch.page_size, batch.worker_id
             outcome = "snapshot"
@@ -216,8 +187,8 @@ class KVIndex:
         else:
             self._store_l1(address, w, batch.l1_stored)
             self._remove_l1(address, w, batch.l1_removed)
-            self._write_store(address, w, batch.store_written)
-            self._remove_store(batch.store_removed)
+            self._store.write(address, batch.store_written)
+            self._store.remove(batch.store_removed)
             w.seq, w.behind = batch.seq, False
             outcome = "applied"
         self.outcomes[outcome] += 1
@@ -269,42 +240,9 @@ class KVIndex:
                 unhold(h, address)
         w.l1 = set()
 
-    def _write_store(self, address, w, hashes) -> None:
-        new = set(hashes)
-        new -= w.store
-        if not new:
-            return
-        w.store |= new
-        claims = self._store
-        fresh = new.difference(claims)
-        if fresh:
-            claims.update(dict.fromkeys(fresh, address))
-        if len(fresh) != len(new):
-            for h in new.difference(fresh):
-                _add(claims, h, address)
-
-    def _remove_store(self, hashes) -> None:
-        claims, workers = self._store, self._workers
-        for h in hashes:
-            cur = claims.pop(h, None)
-            if cur is None:
-                continue
-            if type(cur) is str:
-                workers[cur].store.discard(h)
-            else:
-                for a in cur:
-                    workers[a].store.discard(h)
-
     def clear_store(self) -> None:
         """The whole store was cleared (the router's /flush_cache?store=true, which no worker sees)."""
-        for address, w in self._workers.items():
-            self._clear_store(address, w)
-
-    def _clear_store(self, address, w) -> None:
-        claims = self._store
-        for h in w.store:
-            _discard(claims, h, address)
-        w.store = set()
+        self._store.clear_all()
 
     # ------------------------------------------------------------------ stream state
     def resume_point(self, address: str) -> tuple[str, int]:
@@ -329,7 +267,7 @@ class KVIndex:
             self._unhold(h, address)
         for h in w.spec:
             self._unhold(h, address)
-        self._clear_store(address, w)
+        self._store.clear(address)
         i = self._slot.pop(address)
         self._addr_at[i] = None
         self._free_slots.append(i)  # no mask has its bit any more
@@ -478,7 +416,7 @@ class KVIndex:
         return i, alive
 
     def store_run(self, hashes: list[str]) -> int:
-        return len(list(takewhile(self._store.__contains__, hashes)))  # a C loop
+        return self._store.run(hashes)
 
     # ------------------------------------------------------------------ introspection
     def workers(self) -> list[str]:
@@ -504,12 +442,13 @@ class KVIndex:
         """Bytes held, from the containers' own sizes plus per-entry object sizes (O(workers), not
         O(pages): the per-page objects are counted by their number, not visited)."""
         size = sys.getsizeof
-        total = size(self._workers) + size(self._l1) + size(self._store) + size(self._spec_q)
+        total = size(self._workers) + size(self._l1) + size(self._store.by_hash) + size(self._spec_q)
+        total += self._store.per_worker_bytes()
         for w in self._workers.values():
-            total += 200 + size(w.l1) + size(w.spec) + size(w.store)  # 200: the slots object
+            total += 200 + size(w.l1) + size(w.spec)  # 200: the slots object
         # the hash strings: one object per distinct hash per map (L1, store), ~113 bytes for 64 hex chars
         total += (len(self._l1) + len(self._store)) * size("0" * 64)
-        for holders in (self._l1, self._store):  # masks / sets of >= 2 holders (a str costs nothing)
+        for holders in (self._l1, self._store.by_hash):  # masks / sets of >= 2 holders (a str costs nothing)
             total += self._multi_holder_bytes(holders)
         total += size(self._slot) + size(self._addr_at) + sum(size(v.by_addr) + size(v.slots) for v in self._views)
         total += sum(size(g) + size(g.hashes) for g in self._spec_q)  # the guesses' sets (ttl's worth)
