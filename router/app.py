@@ -1,7 +1,8 @@
 """The router's HTTP API (FastAPI): OpenAI + SGLang-native routes, health, metrics, admin.
 
-This module assembles the app: FastAPI declares every route (the OpenAPI document), while
-`FastPath` (router/fastpath.py) answers the generation routes first, outside FastAPI's stack.
+This module assembles the app: FastAPI declares every route (the OpenAPI document) and serves
+all but the generation routes, which the router's HTTP protocol answers itself (`hot_routes`:
+router/http_protocol.py, router/hot_path.py); FastAPI serves them too when the app runs elsewhere.
 The handlers (router/generation.py, router/admin.py) parse the body (router/bodies.py), ask
 RouterService for a Job, and format the stream (router/formats.py). Errors of every kind leave through `APIError` -> OpenAI-shaped
 JSON; unexpected exceptions are logged and answered 500 without a stack trace.
@@ -24,9 +25,9 @@ from router.auth import Auth
 from router.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.discovery import make_discovery
 from router.errors import APIError
-from router.fastpath import FastPath
 from router.formats import json_response
 from router.generation import GenerationHandlers
+from router.hot_path import HotRoutes
 from router.kv_choice import ChoiceWeights
 from router.kv_index import KVIndex
 from router.kv_layout import KVLayout
@@ -44,25 +45,30 @@ _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate",
 
 
 class RouterApp(FastAPI):
-    """FastAPI with `FastPath` in front of its whole middleware stack.
-
-    NOTE: `add_middleware` would put FastPath inside Starlette's ServerErrorMiddleware and
-    FastAPI's own layers, each wrapping every streamed chunk's `send`; FastPath needs none of
-    them (it answers its own errors), so it runs first and hands other requests to FastAPI.
+    """FastAPI, counting requests by route and status, and `hot_routes` for RouterHttpProtocol.
 
     A connection to `router.metrics_port` (the same server, one more listening socket) gets
     `/metrics` and nothing else: scrapers may reach that port where the API's is closed to them.
     """
 
-    fastpath: FastPath | None = None
+    hot_routes: HotRoutes | None = None
     metrics_port: int = 0
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.metrics_port and scope["type"] == "http" and (scope.get("server") or (None, 0))[1] == self.metrics_port:
-            return await self._metrics_only(scope, receive, send)
-        if self.fastpath is None:
+        if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
-        await self.fastpath(scope, receive, send)
+        if self.metrics_port and (scope.get("server") or (None, 0))[1] == self.metrics_port:
+            return await self._metrics_only(scope, receive, send)
+        path = scope["path"]
+        route = path if path in _ROUTES else "other"
+        requests = self.state.metrics.requests
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                requests.labels(route, message["status"]).inc()
+            await send(message)
+
+        await super().__call__(scope, receive, counting_send)
 
     async def _metrics_only(self, scope, receive, send) -> None:
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
@@ -71,9 +77,6 @@ class RouterApp(FastAPI):
             response = APIError(404, f"the metrics port serves GET /metrics only, not {scope['method']} "
                                 f"{scope['path'][:100]}", "not_found_error").response()
         await response(scope, receive, send)
-
-    async def call_fastapi(self, scope, receive, send) -> None:
-        await super().__call__(scope, receive, send)
 
 
 def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI:
@@ -142,15 +145,26 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     # ------------------------------------------------------------------ generation
     gen = GenerationHandlers(cfg, svc, auth)
 
+    hot = HotRoutes({b"/v1/chat/completions": gen.chat, b"/v1/completions": gen.completions,
+                     b"/generate": gen.generate}, metrics, max_body_bytes=rc.max_body_mb << 20)
+    app.hot_routes = hot  # RouterHttpProtocol answers these itself (router/hot_path.py)
+
     def _route(handler):
+        # NOTE: reached only where the app is served by another server than RouterHttpProtocol (or
+        # through an unusual spelling of the path): the same handler, the same body limit.
         async def endpoint(request: Request):
             try:
-                return await handler(request, await request.body())
+                declared = request.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > hot.max_body_bytes:
+                    raise hot.too_large()
+                body = await request.body()
+                if len(body) > hot.max_body_bytes:
+                    raise hot.too_large()
+                return await handler(request, body)
             except APIError as e:
                 return e.response()
         return endpoint
 
-    # NOTE: FastPath answers these before FastAPI sees them; the routes document them (OpenAPI).
     app.add_api_route("/v1/chat/completions", _route(gen.chat), methods=["POST"], name="chat_completions",
                       summary="OpenAI chat completion (streaming with `stream: true`)",
                       openapi_extra=document_bodies(ChatCompletionRequest))
@@ -160,10 +174,6 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.add_api_route("/generate", _route(gen.generate), methods=["POST"], name="generate",
                       summary="SGLang-native generation: `text` or `input_ids`, cumulative chunks",
                       openapi_extra=document_bodies(GenerateRequest))
-    app.fastpath = FastPath(app.call_fastapi, handlers={"/v1/chat/completions": gen.chat,
-                                                        "/v1/completions": gen.completions,
-                                                        "/generate": gen.generate},
-                            metrics=metrics, known_routes=_ROUTES, max_body_bytes=rc.max_body_mb << 20)
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: Request):

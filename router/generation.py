@@ -28,25 +28,27 @@ from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]
 
 
-class SSEResponse:
-    """A lean server-sent-events response: start, one body message per event, end.
+class SSEResponse(Response):
+    """A lean server-sent-events response: the events, and `finalize`, run however the stream ends.
 
-    `finalize` runs however the stream ends (the generator is also closed). Client disconnect
-    is handled by the caller cancelling the task (see router/fastpath.py), which lands here as
-    CancelledError and still runs `finalize`.
+    The router's HTTP protocol writes it itself (router/hot_path.py: head with the first event,
+    client disconnect cancels the task, which lands in the events as CancelledError). Served by
+    another ASGI server, `__call__` sends it: start, one body message per event, end.
     """
 
-    def __init__(self, events, finalize):
+    def __init__(self, events, finalize):  # NOTE: none of Response's own state: the protocol writes it
         self.events = events
         self.finalize = finalize
+        self.status_code = 200
+        self.background = None  # FastAPI returns a Response subclass as it is
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             async for chunk in self.events:
                 # NOTE: the stream's last event ends with `data: [DONE]`; sending it as the final
                 # body saves a write per request (it matters at hundreds of requests/s).

@@ -1,71 +1,78 @@
-"""uvicorn's httptools protocol, with a stream's response head sent together with its first event.
+"""uvicorn's httptools protocol, serving the generation routes itself (router/hot_path.py).
 
-uvicorn writes the status line and headers at `http.response.start` and every body message at
-once, so a streamed response costs the router two `write` syscalls (and the client two wake-ups)
-before the first token arrives. The router starts an SSE response only when the first token is
-already there (router/generation.py), so holding the head until the first body bytes costs no
-time and saves one syscall on the TTFT path of every streamed request.
+    uvicorn.Config(app, http=RouterHttpProtocol)     app: RouterApp, whose `hot_routes` it serves
 
-It also answers uvicorn's per-connection address look-ups from what the event loop already knows:
-uvicorn asks for the "socket" and calls its getpeername()/getsockname(), which with uvloop is a
-new socket-like object per ask and five getsockname/getpeername syscalls per connection (and the
-router sees one connection per request from clients that do not keep them); uvloop has read both
-addresses once at accept time.
+A POST to a path in `app.hot_routes.handlers` becomes a `HotCycle` when its headers are parsed;
+everything else (other routes, other methods, an upgrade, `limit_concurrency`, the metrics port)
+takes uvicorn's ASGI cycle to FastAPI, unchanged. The path is matched as sent: a percent-encoded
+or otherwise unusual spelling of a generation route takes the ASGI path, where FastAPI serves the
+same handler.
 
-    uvicorn.Config(app, http=RouterHttpProtocol)
+It also takes the connection's addresses from what the event loop already knows: uvicorn asks
+the transport for its "socket" and calls getsockname()/getpeername() on it, which with uvloop is
+a new socket-like object per ask and five syscalls per connection (and the router sees one
+connection per request from clients that do not keep them); uvloop read both at accept time.
 """
 
 from __future__ import annotations
 
+import httptools
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import is_ssl
+
+from router.hot_path import HotCycle, HotRoutes
 
 
-class _LoopAddresses:
-    """What uvicorn calls on the transport's "socket": the addresses the event loop holds."""
-
-    __slots__ = ("_transport",)
-
-    def __init__(self, transport):
-        self._transport = transport
-
-    def getpeername(self):
-        return self._transport.get_extra_info("peername")
-
-    def getsockname(self):
-        return self._transport.get_extra_info("sockname")
-
-
-class _HeadHoldingTransport:
-    """Passes everything to the real transport, except that a `text/event-stream` response head is
-    held and prepended to the next write (or written before closing)."""
-
-    def __init__(self, transport):
-        self._transport = transport
-        self._held = b""
-
-    def write(self, data: bytes) -> None:
-        if self._held:
-            data, self._held = self._held + data, b""
-        elif data.startswith(b"HTTP/1.1 200") and b"content-type: text/event-stream\r\n" in data:
-            self._held = data
-            return
-        self._transport.write(data)
-
-    def close(self) -> None:
-        if self._held:
-            self._transport.write(self._held)
-            self._held = b""
-        self._transport.close()
-
-    def get_extra_info(self, name, default=None):
-        if name == "socket" and self._transport.get_extra_info("peername") is not None:
-            return _LoopAddresses(self._transport)
-        return self._transport.get_extra_info(name, default)
-
-    def __getattr__(self, name):
-        return getattr(self._transport, name)
+def _address(info) -> tuple | None:
+    if isinstance(info, (tuple, list)) and len(info) >= 2:
+        return (str(info[0]), int(info[1]))
+    if isinstance(info, str):
+        return (info, None)
+    return None
 
 
 class RouterHttpProtocol(HttpToolsProtocol):
+    def __init__(self, config, server_state, app_state, _loop=None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._all_hot_routes: HotRoutes | None = getattr(config.app, "hot_routes", None)
+        self._metrics_port: int = getattr(config.app, "metrics_port", 0)
+        self.hot_routes: HotRoutes | None = None
+
     def connection_made(self, transport) -> None:
-        super().connection_made(_HeadHoldingTransport(transport))
+        # NOTE: uvicorn's connection_made with the addresses read from the event loop (see above).
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+        self.scheme = "https" if is_ssl(transport) else "http"
+        on_metrics_port = self._metrics_port and self.server is not None and self.server[1] == self._metrics_port
+        self.hot_routes = None if on_metrics_port else self._all_hot_routes  # that port serves /metrics only
+
+    def on_headers_complete(self) -> None:
+        routes = self.hot_routes
+        if routes is not None and self.limit_concurrency is None and self.parser.get_method() == b"POST":
+            raw_path = httptools.parse_url(self.url).path
+            handler = routes.handlers.get(raw_path)
+            if handler is not None and not self.parser.should_upgrade():
+                return self._start_hot(routes, handler, raw_path.decode("ascii"))
+        super().on_headers_complete()
+
+    def _start_hot(self, routes: HotRoutes, handler, path: str) -> None:
+        declared = 0
+        for name, value in self.headers:
+            if name == b"content-length":
+                declared = int(value) if value.isdigit() else 0  # httptools refuses a malformed one
+                break
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        existing = self.cycle
+        self.cycle = HotCycle(self, routes, handler, path, self.headers, keep_alive, self.expect_100_continue,
+                              declared)
+        # NOTE: as uvicorn does: a request pipelined behind one still being answered waits its turn
+        # (on_response_complete starts it).
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(self.cycle, None)
+        else:
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, None))

@@ -1,7 +1,7 @@
 """What the HTTP handlers share: model identity, tokenization, limits, admission, job runs.
 
-The handlers (router/generation.py for the generation routes, which router/fastpath.py answers
-before FastAPI sees them; router/admin.py for the others) parse bodies and format responses
+The handlers (router/generation.py for the generation routes, which the router's HTTP protocol
+answers itself: router/hot_path.py; router/admin.py for the others) parse bodies and format responses
 (router/formats.py); everything between (token ids,
 context checks, the 429 / 503 gates, timing metrics, client-disconnect handling) is here.
 """

@@ -1,71 +1,112 @@
-"""router/http_protocol.py: an SSE response head leaves together with the first event."""
+"""router/http_protocol.py + router/hot_path.py: the generation routes served by the protocol itself,
+on raw sockets against the real router (keep-alive, pipelining, 100-continue, a body in pieces)."""
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 
 import httpx
 
-from router.http_protocol import _HeadHoldingTransport
-
-SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+from router.http_protocol import _address
 
 
-class _Recorder:
-    """Stands in for the asyncio transport: records writes."""
-
-    def __init__(self):
-        self.writes: list[bytes] = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.writes.append(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, f"info:{name}")
+def _post(path: str, body: dict, extra: bytes = b"", version: bytes = b"1.1") -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST %s HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (path.encode(), version, len(data), extra, data))
 
 
-def test_sse_head_is_written_with_the_first_event():
-    t = _Recorder()
-    h = _HeadHoldingTransport(t)
-    h.write(SSE_HEAD)
-    assert t.writes == []
-    h.write(b"5\r\ndata:\r\n")
-    h.write(b"0\r\n\r\n")
-    assert t.writes == [SSE_HEAD + b"5\r\ndata:\r\n", b"0\r\n\r\n"]
+def _read_until(s: socket.socket, predicate, timeout_s: float = 10.0) -> bytes:
+    s.settimeout(timeout_s)
+    seen = b""
+    while not predicate(seen):
+        data = s.recv(65536)
+        if not data:
+            break
+        seen += data
+    return seen
 
 
-def test_other_responses_pass_through_and_close_flushes_a_held_head():
-    t = _Recorder()
-    h = _HeadHoldingTransport(t)
-    json_head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
-    h.write(json_head)
-    assert t.writes == [json_head]
-    h.write(SSE_HEAD)
-    h.close()
-    assert t.writes == [json_head, SSE_HEAD] and t.closed
-    assert h.get_extra_info("sslcontext") == "info:sslcontext"
-
-
-def test_uvicorn_reads_the_addresses_the_loop_holds():
-    """uvicorn's address look-ups get the transport's own peername/sockname, not a socket's syscalls."""
-    from uvicorn.protocols.utils import get_local_addr, get_remote_addr
-
-    h = _HeadHoldingTransport(_Recorder())
-    assert get_remote_addr(h) == ("127.0.0.1", 50000)
-    assert get_local_addr(h) == ("127.0.0.1", 8000)
+_GEN = {"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 2}}
+_END = b"data: [DONE]\n\n\r\n0\r\n\r\n"
 
 
 def test_router_stream_starts_with_head_and_first_event_in_one_read(pd_router):
-    """Through the real router: the first bytes the client can read hold the head AND an event."""
+    """The first bytes the client can read hold the head AND an event."""
     r, _, _ = pd_router
-    body = b'{"input_ids": [1, 2, 3], "stream": true, "sampling_params": {"max_new_tokens": 2}}'
     with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        s.sendall(_post("/generate", _GEN, b"Connection: close\r\n"))
         first = s.recv(65536)
     assert first.startswith(b"HTTP/1.1 200") and b"data: {" in first, first
+    assert b"transfer-encoding: chunked\r\n" in first and b"connection: close\r\n" in first
     assert httpx.get(r.url + "/health").status_code == 200
+
+
+def test_keep_alive_and_pipelining_mix_hot_and_asgi_requests(pd_router):
+    """Three requests sent at once on one connection: a stream, a JSON answer, then /health through
+    FastAPI; each is answered in order, whole, on the same connection."""
+    r, _, _ = pd_router
+    plain = dict(_GEN, stream=False)
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+        s.sendall(_post("/generate", _GEN) + _post("/generate", plain) + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        seen = _read_until(s, lambda b: b.count(b"HTTP/1.1 200") == 3 and b.endswith(b"}"))
+    first, second, third = seen.split(b"HTTP/1.1 200")[1:]
+    assert first.endswith(_END), first
+    assert b"application/json" in second and json.loads(second.split(b"\r\n\r\n", 1)[1])["meta_info"]
+    assert json.loads(third.split(b"\r\n\r\n", 1)[1])["workers"]["prefill"]["routable"] == 1  # FastAPI's /health
+    assert b"connection: close" not in seen.lower()
+
+
+def test_expect_100_continue_and_a_body_in_pieces(pd_router):
+    r, _, _ = pd_router
+    data = json.dumps(_GEN).encode()
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(data))
+        assert _read_until(s, lambda b: b.endswith(b"\r\n\r\n")) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(data[:10])
+        time.sleep(0.2)  # the rest arrives in a later read: the request waits for it
+        s.sendall(data[10:])
+        seen = _read_until(s, lambda b: b.endswith(b"0\r\n\r\n"))
+    # /v1/completions wants a prompt, not input_ids: the whole body was read and judged
+    assert seen.startswith(b"HTTP/1.1 400") and b'"param":"prompt"' in seen.replace(b" ", b""), seen
+
+
+def test_http_1_0_gets_connection_close(pd_router):
+    r, _, _ = pd_router
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+        s.sendall(_post("/generate", dict(_GEN, stream=False), version=b"1.0"))
+        seen = _read_until(s, lambda b: False)  # until the router closes the connection
+    assert seen.startswith(b"HTTP/1.1 200") and b"connection: close\r\n" in seen
+
+
+def test_a_lost_client_between_headers_and_body_costs_nothing(pd_router):
+    r, _, d = pd_router
+    before = len(d.behavior.calls)
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.1)
+    time.sleep(0.2)
+    assert len(d.behavior.calls) == before and r.app.state.service.in_flight == 0
+    assert httpx.post(r.url + "/generate", json=dict(_GEN, stream=False), timeout=10).status_code == 200
+
+
+def test_addresses_come_from_the_event_loop():
+    assert _address(("127.0.0.1", 8000)) == ("127.0.0.1", 8000)
+    assert _address(("::1", 8000, 0, 0)) == ("::1", 8000)
+    assert _address("/tmp/router.sock") == ("/tmp/router.sock", None)
+    assert _address(None) is None
+
+
+def test_an_unusual_spelling_of_the_path_is_served_by_fastapi_with_the_same_handler(pd_router):
+    """`/gen%65rate` is `/generate` after unquoting: FastAPI's route runs the same handler (and the
+    same body limit), streaming through ASGI."""
+    r, _, _ = pd_router
+    with httpx.stream("POST", r.url + "/gen%65rate", json=_GEN, timeout=10) as resp:
+        body = b"".join(resp.iter_bytes())
+    assert resp.status_code == 200 and resp.headers["content-type"] == "text/event-stream"
+    assert b"\"output_ids\":[1000,1001]" in body and body.endswith(b"data: [DONE]\n\n")
+    too_large = httpx.post(r.url + "/gen%65rate", content=b"x" * (9 << 20), timeout=10)
+    assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "request_too_large"

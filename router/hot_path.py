@@ -1,0 +1,211 @@
+"""The hot path: a generation request served straight from the HTTP protocol, without ASGI.
+
+uvicorn turns every request into an ASGI cycle: a scope dict, a cycle object with an asyncio.Event,
+`receive`/`send` coroutines trading message dicts, and (to notice a client leaving) a second task
+reading `receive`. That was a third of the router's Python work per request. For POSTs to the
+generation routes (`HotRoutes.handlers`) `RouterHttpProtocol` (router/http_protocol.py) makes a
+`HotCycle` instead:
+
+    headers parsed --> HotCycle; uvicorn's protocol starts its task (pipelined requests wait their turn)
+    body complete  --> handler(request, body) --> a JSON response, or SSE events written as they come
+    connection lost before the response is complete --> the task is cancelled (the gRPC call with it)
+
+A HotCycle has the attributes uvicorn's protocol reads and writes on its cycle (`body`, `more_body`,
+`message_event.set()`, `response_complete`, `disconnected`, `keep_alive`) and runs as `run_asgi(app)`,
+so the protocol's connection handling (keep-alive, pipelining, flow control, graceful shutdown)
+stays uvicorn's. Every other request goes through uvicorn's own cycle to FastAPI. A stream's
+response head leaves in the same write as its first event (one syscall, one client wake-up less
+on the TTFT path). Unexpected exceptions become a 500 JSON error without a stack trace (logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.datastructures import Headers
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from router.errors import APIError
+from router.formats import DONE
+from router.generation import SSE_HEADERS, SSEResponse
+from router.metrics import RouterMetrics
+
+log = logging.getLogger("pdorch.router")
+
+# A 128k-token prompt as JSON token ids is ~1 MiB; anything far beyond is a mistake or an attack.
+# The default of `router.max_body_mb`.
+MAX_BODY_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class HotRoutes:
+    """What the protocol serves itself: raw path -> async handler(request, body) -> response."""
+
+    handlers: dict[bytes, Callable]
+    metrics: RouterMetrics
+    max_body_bytes: int = MAX_BODY_BYTES
+
+    def too_large(self) -> APIError:
+        limit = self.max_body_bytes
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit} bytes"
+        return APIError(413, f"request body larger than {size} (router.max_body_mb)", "invalid_request_error",
+                        code="request_too_large")
+
+
+class HotRequest:
+    """What the generation handlers read of a request (as on Starlette's Request): path and headers."""
+
+    __slots__ = ("headers", "scope")
+
+    def __init__(self, path: str, raw_headers: list[tuple[bytes, bytes]]):
+        self.scope = {"path": path}
+        self.headers = Headers(raw=raw_headers)
+
+
+class _Wake:
+    """The cycle's `message_event`: the protocol sets it when body arrives, the message is complete,
+    or the connection is lost (then, before the response is complete, the request is cancelled)."""
+
+    __slots__ = ("cycle", "waiter")
+
+    def __init__(self, cycle: HotCycle):
+        self.cycle = cycle
+        self.waiter: asyncio.Future | None = None
+
+    def set(self) -> None:
+        cycle = self.cycle
+        if cycle.disconnected and not cycle.response_complete:
+            cycle.client_left()
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class HotCycle:
+    def __init__(self, protocol, routes: HotRoutes, handler: Callable, path: str, headers: list,
+                 keep_alive: bool, expect_100_continue: bool, declared_length: int):
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self.on_response = protocol.on_response_complete
+        self.default_headers = protocol.server_state.default_headers
+        self.routes = routes
+        self.handler = handler
+        self.path = path
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.declared_length = declared_length
+        self.body = bytearray()
+        self.more_body = True
+        self.message_event = _Wake(self)
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self._expect_100_continue = expect_100_continue
+        self._task: asyncio.Task | None = None
+        self._gone = False
+
+    def client_left(self) -> None:
+        if self._task is not None and not self._gone:
+            self._gone = True
+            self._task.cancel()
+
+    async def run_asgi(self, app) -> None:
+        """The request's task (named as uvicorn's protocol calls it; `app` is not used)."""
+        if self.disconnected:  # a pipelined request whose client left before its turn
+            return
+        self._task = asyncio.current_task()
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            if self._gone:
+                self._task.uncancel()  # the client left: nothing to answer, not an error
+                return
+            raise
+        except Exception:
+            log.exception("unexpected error on %s", self.path)
+            if self.response_started:
+                self.transport.close()
+            else:
+                self._respond(APIError(500, "internal error in the router (see its log)", "internal_error").response())
+
+    async def _serve(self) -> None:
+        limit = self.routes.max_body_bytes
+        if self.declared_length > limit:  # refuse a declared oversize body before reading any of it
+            return self._respond(self.routes.too_large().response())
+        while self.more_body:
+            if len(self.body) > limit:
+                return self._respond(self.routes.too_large().response())
+            await self._more_body()
+        if len(self.body) > limit:
+            return self._respond(self.routes.too_large().response())
+        try:
+            response = await self.handler(HotRequest(self.path, self.headers), bytes(self.body))
+        except APIError as e:
+            response = e.response()
+        if isinstance(response, SSEResponse):
+            await self._stream(response)
+        else:
+            self._respond(response)
+
+    async def _more_body(self) -> None:
+        if self._expect_100_continue:
+            self._expect_100_continue = False
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.flow.resume_reading()  # the protocol pauses reading past its high-water mark
+        waiter = self.message_event.waiter = self._task.get_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self.message_event.waiter = None
+
+    def _head(self, status: int, headers) -> list[bytes]:
+        self.response_started = True
+        self.routes.metrics.requests.labels(self.path, status).inc()
+        parts = [STATUS_LINE[status]]
+        for name, value in self.default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        return parts
+
+    def _respond(self, response) -> None:
+        """A whole response (Starlette's Response: status, raw headers with content-length, body)."""
+        parts = self._head(response.status_code, response.raw_headers)
+        parts.append(response.body)
+        self.transport.write(b"".join(parts))
+        self._complete()
+
+    async def _stream(self, response) -> None:
+        """Server-sent events in chunked encoding; the stream's last event ends with `data: [DONE]`
+        and closes the body in the same write."""
+        try:
+            head = b"".join(self._head(200, _SSE_HEADERS))
+            async for event in response.events:
+                last = event.endswith(DONE)
+                data = b"%s%x\r\n%s\r\n%s" % (head, len(event), event, b"0\r\n\r\n" if last else b"")
+                head = b""
+                if self.flow.write_paused:
+                    await self.flow.drain()
+                self.transport.write(data)
+                if last:
+                    return self._complete()
+            self.transport.write(head + b"0\r\n\r\n")
+            self._complete()
+        finally:
+            await response.events.aclose()
+            await response.finalize()
+
+    def _complete(self) -> None:
+        self.response_complete = True
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()  # the protocol starts a pipelined request or arms the keep-alive timeout
+
+
+_SSE_HEADERS = (*SSE_HEADERS, (b"transfer-encoding", b"chunked"))
