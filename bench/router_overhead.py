@@ -19,7 +19,9 @@ keeps `--concurrency` streams open (closed loop). Two phases:
               `--think-ms 0` is the earlier back-to-back loop).
   throughput  no delay, `--rps-tokens` tokens per request: requests/s each router sustains (best run),
               and each router process's own CPU time per request (median run), which does not
-              depend on what the stand-ins and the client cost on shared cores.
+              depend on what the stand-ins and the client cost on shared cores. Each router runs at
+              its own saturation rate here; the latency phase's CPU per request
+              (`latency_cpu_ms_per_request`) compares them at the same request rate.
 All processes share this machine's cores with the client; both routers get the same conditions.
 
     python bench/router_overhead.py [--json]
@@ -264,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             return None
         return round(statistics.median(v[field] - d[field] for v, d in zip(lat[via], lat[direct])), 3)
 
-    def cpu_per_request(key: str) -> float | None:
-        return round(statistics.median(r["cpu_ms_per_request"] for r in thr[key]), 3) if key in thr else None
+    def cpu_per_request(key: str, phase: dict = thr) -> float | None:
+        return round(statistics.median(r["cpu_ms_per_request"] for r in phase[key]), 3) if key in phase else None
 
     def best_rps(key: str) -> float | None:
         return round(max(r["rps"] for r in thr[key]), 1) if key in thr else None
@@ -289,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         "rps": best_rps("ours"), "direct_grpc_rps": best_rps("ours_direct"),
         "sglang_router_rps": best_rps("sglang"), "direct_http_rps": best_rps("sglang_direct"),
         "cpu_ms_per_request": cpu_per_request("ours"), "sglang_router_cpu_ms_per_request": cpu_per_request("sglang"),
+        # NOTE: the throughput phase compares each router at its own saturation rate, and CPU per
+        # request falls as the rate rises (one loop turn serves more requests). In the latency phase
+        # the clients' pacing gives both routers the same request rate and a decode-paced stream.
+        "latency_cpu_ms_per_request": cpu_per_request("ours", lat),
+        "sglang_router_latency_cpu_ms_per_request": cpu_per_request("sglang", lat),
+        "latency_rps": round(statistics.median(r["rps"] for r in lat["ours"]), 1),
+        "sglang_router_latency_rps": round(statistics.median(r["rps"] for r in lat["sglang"]), 1) if "sglang" in lat else None,
     }
     result["rps_ratio"] = round(result["rps"] / result["sglang_router_rps"], 3) if result["sglang_router_rps"] else None
     if not args.json:
@@ -308,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ratio {result['rps_ratio']}")
         print(f"router CPU per request (throughput phase, median): pdorch {result['cpu_ms_per_request']} ms, "
               f"sglang-router {result['sglang_router_cpu_ms_per_request']} ms")
+        print(f"router CPU per request (latency phase, the same request rate for both, median): pdorch "
+              f"{result['latency_cpu_ms_per_request']} ms at {result['latency_rps']}/s, sglang-router "
+              f"{result['sglang_router_latency_cpu_ms_per_request']} ms at {result['sglang_router_latency_rps']}/s")
     print(json.dumps(result))
     return 0
 
