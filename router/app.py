@@ -97,6 +97,8 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                             rc.load_imbalance_threshold)
     policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index,
                          kv_index, weights)
+    if watcher is not None:
+        watcher.on_load_changed = policy.load_changed
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
     metrics.in_flight = lambda: svc.in_flight  # gauges are read at scrape time
     metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}

@@ -227,6 +227,7 @@ class Dispatcher:
                 w.routed += 1
                 w.breaker.on_sent()
                 self.metrics.routed_to(w.role, w.address)
+                self.policy.load_changed(w)
             call: StreamCall | None = None
             try:
                 call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
@@ -242,6 +243,8 @@ class Dispatcher:
             except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
                 p.in_flight -= 1
                 d.in_flight -= 1
+                self.policy.load_changed(p)
+                self.policy.load_changed(d)
                 if call is not None:
                     call.cancel()  # stop the work on D and P
                 if not isinstance(e, (RpcError, _EarlyEOF)):
@@ -251,8 +254,9 @@ class Dispatcher:
                 continue
             # First token: prefill is done, P's share of the load ends here.
             p.in_flight -= 1
+            self.policy.load_changed(p)
             self.pool.record_success(p)
-            return _Attempt(d, call, first)
+            return _Attempt(d, call, first, self.policy.load_changed)
         assert last_error is not None
         raise last_error
 
@@ -288,8 +292,9 @@ class _EarlyEOF(Exception):
 class _Attempt:
     """An open Generate stream on D past its first token; holds D's share of the load until closed."""
 
-    def __init__(self, d: Worker, call: StreamCall, first: list[worker_pb2.GenerateResponse]):
+    def __init__(self, d: Worker, call: StreamCall, first: list[worker_pb2.GenerateResponse], load_changed):
         self.d, self.call, self.first = d, call, first
+        self._load_changed = load_changed  # the policy's: D's load is one less once closed
         self.finished = False
         self._closed = False
 
@@ -298,5 +303,6 @@ class _Attempt:
             return
         self._closed = True
         self.d.in_flight -= 1
+        self._load_changed(self.d)
         if not self.finished:
             self.call.cancel()

@@ -66,6 +66,7 @@ class KVWatcher:
         self.pool, self.index, self.page_size, self.name = pool, index, page_size, name
         self.stale_after_s, self.reconcile_s = stale_after_s, reconcile_s
         self.streams: dict[str, StreamState] = {}
+        self.on_load_changed = lambda worker: None  # the policy's: a batch moved the worker's published load
         self._tasks: dict[str, asyncio.Task] = {}
         self._reconciler: asyncio.Task | None = None
 
@@ -141,6 +142,7 @@ class KVWatcher:
                     return "gap"
                 st.applied += outcome != "duplicate"  # a batch already applied (a replay's overlap)
                 w.kv_routed_mark = w.routed  # its load numbers now include what this router sent so far
+                self.on_load_changed(w)
                 st.snapshots += outcome == "snapshot"
                 if st.state != "live":
                     log.info("KV events of %s %s: live (epoch %s, seq %d)", w.role, w.address, batch.epoch, batch.seq)

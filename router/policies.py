@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill
 from router.kv_index import KVIndex
+from router.kv_loads import LoadBoard
 from router.workers import Worker
 
 
@@ -97,6 +98,9 @@ class Policy:
     def forget(self, worker: Worker) -> None:
         pass
 
+    def load_changed(self, worker: Worker) -> None:
+        """The worker's load moved (a request routed to it or done, a KV event batch from it)."""
+
     def reset(self, store: bool = False) -> None:
         """Forget learned state (after /flush_cache; `store`: the store was cleared too)."""
 
@@ -138,6 +142,7 @@ class CacheAware(Policy):
         self.store_index = LRUSet(store_index_pages) if store_index_pages > 0 else None
         self.decisions = dict.fromkeys(self.REASONS, 0)
         self._published: dict[str, _Published] = {}  # address -> its wrapper for the KV choice
+        self._steady: dict[str, _Steady] = {}  # role -> its steady routable list, wrappers and loads
 
     def matched_pages(self, worker: Worker, hashes: list[str]) -> int:
         idx = self.index.get(worker.address)
@@ -146,7 +151,8 @@ class CacheAware(Policy):
     def choose(self, workers, ctx):
         kv, reason = self.kv_index, "stale"
         if kv is not None and ctx.page_hashes:
-            chosen, reason = choose_prefill(kv, self._candidates(workers), ctx.page_hashes, self.weights)
+            candidates, board = self._candidates(workers)
+            chosen, reason = choose_prefill(kv, candidates, ctx.page_hashes, self.weights, board=board)
         if reason == "stale":  # events off, or the chosen worker's stream is not live: the guess decides
             worker, reason = self._choose(workers, ctx)
             self.guess_fallbacks += kv is not None and bool(ctx.page_hashes)
@@ -159,25 +165,44 @@ class CacheAware(Policy):
         kv = self.kv_index
         if kv is None or ctx is None or not ctx.page_hashes:
             return _least_loaded(workers, self._decode_rr)
-        chosen, reason = choose_decode(kv, self._candidates(workers), ctx.page_hashes, self.weights)
+        candidates, board = self._candidates(workers)
+        chosen, reason = choose_decode(kv, candidates, ctx.page_hashes, self.weights, board=board)
         if reason == "stale":
             return _least_loaded(workers, self._decode_rr)
         self.decode_decisions[reason] = self.decode_decisions.get(reason, 0) + 1
         return chosen.worker
 
-    def _candidates(self, workers: list[Worker]) -> list[_Published]:
-        """The workers as the KV choice sees them, loads refreshed. NOTE: the same wrapper per worker
-        call after call: the index caches its view of a list of the same objects (sorted by stable
-        key), and new wrappers per request rebuilt it every time (O(workers log workers))."""
-        kv, pubs, out = self.kv_index, self._published, []
-        for w in workers:
-            p = pubs.get(w.address)
-            if p is None or p.worker is not w:  # new, or a worker re-added under the same address
-                if len(pubs) > 4 * len(workers) + 64:  # workers come and go: drop the departed ones
-                    pubs.clear()
-                p = pubs[w.address] = _Published(w)
-            out.append(p.refresh(kv))
-        return out
+    def _candidates(self, workers: list[Worker]) -> tuple[list[_Published], LoadBoard | None]:
+        """The workers as the KV choice sees them, and a LoadBoard of their loads where one is kept.
+        NOTE: the pool's steady routable list (router/workers.py RoutableList) is the same object
+        until a worker joins, leaves or changes health: its wrappers and board are built once and the
+        board follows each load change (`load_changed`), so a decision reads no worker it does not
+        weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
+        its wrappers' loads refreshed here, one pass."""
+        kv = self.kv_index
+        if getattr(workers, "steady", False) and workers:
+            st = self._steady.get(workers[0].role)
+            if st is None or st.workers is not workers:
+                pubs = [self._wrapper(w, len(workers)).refresh(kv) for w in workers]
+                st = self._steady[workers[0].role] = _Steady(workers, pubs, LoadBoard({p.address: p.load for p in pubs}))
+            return st.pubs, st.board
+        return [self._wrapper(w, len(workers)).refresh(kv) for w in workers], None
+
+    def _wrapper(self, w: Worker, n: int) -> _Published:
+        """The same wrapper per worker call after call: the index caches its view of a list of the
+        same objects (sorted by stable key); new wrappers per request rebuilt it every time."""
+        pubs = self._published
+        p = pubs.get(w.address)
+        if p is None or p.worker is not w:  # new, or a worker re-added under the same address
+            if len(pubs) > 4 * n + 64:  # workers come and go: drop the departed ones
+                pubs.clear()
+            p = pubs[w.address] = _Published(w)
+        return p
+
+    def load_changed(self, worker: Worker) -> None:
+        st = self._steady.get(worker.role)
+        if st is not None and worker.address in st.board:
+            st.board.set(worker.address, _choice_load(worker, self.kv_index))
 
     def _choose(self, workers, ctx) -> tuple[Worker, str]:
         least = _least_loaded(workers, self._rr)
@@ -217,6 +242,22 @@ class CacheAware(Policy):
             self.store_index = LRUSet(self.store_index.capacity)
 
 
+def _choice_load(worker: Worker, kv: KVIndex | None) -> int:
+    published = kv.load(worker.address) if kv is not None else None
+    if published is None:
+        return worker.in_flight
+    return max(worker.in_flight, published + worker.routed - worker.kv_routed_mark)
+
+
+@dataclass(frozen=True)
+class _Steady:
+    """A role's steady routable list, its wrappers, and their loads kept on a board."""
+
+    workers: list[Worker]
+    pubs: list
+    board: LoadBoard
+
+
 class _Published:
     """A worker as the KV-event choice sees it: its load is the queued + running requests the worker
     itself last published (what every replica sees) plus what this router sent it since that batch,
@@ -230,12 +271,7 @@ class _Published:
         self.worker, self.address, self.load = worker, worker.address, 0
 
     def refresh(self, kv: KVIndex) -> _Published:
-        worker = self.worker
-        published = kv.load(worker.address)
-        if published is None:
-            self.load = worker.in_flight
-        else:
-            self.load = max(worker.in_flight, published + worker.routed - worker.kv_routed_mark)
+        self.load = _choice_load(self.worker, kv)
         return self
 
 

@@ -40,6 +40,18 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
                     ("grpc.minimal_stack", 1)]
 
 
+class RoutableList(list):
+    """`WorkerPool.routable`'s answer. `steady`: the pool's cached list of a role's healthy workers
+    with a closed circuit, the same object until one of them changes (policies keep per-role state
+    keyed on it instead of visiting every worker per request)."""
+
+    __slots__ = ("steady",)
+
+    def __init__(self, workers=(), steady: bool = False):
+        super().__init__(workers)
+        self.steady = steady
+
+
 @dataclass(eq=False)
 class Worker:
     role: str  # "prefill" | "decode"
@@ -96,6 +108,8 @@ class WorkerPool:
         self._ssl = client_ssl_context(self.rpc)
         self.tokens = CallerTokens(self.rpc)  # which token each worker takes (a rotation: pdorch/worker/tokens.py)
         self._workers: dict[tuple[str, str], Worker] = {}
+        # role -> (its healthy closed-circuit workers, its healthy others); rebuilt after a change
+        self._routable: dict[str, tuple[RoutableList, list[Worker]]] = {}
         self._health_task: asyncio.Task | None = None
         self.on_remove = []  # callbacks(worker) (policies forget their index)
 
@@ -113,6 +127,7 @@ class WorkerPool:
                        CircuitBreaker(self.failure_threshold, self.cooldown_s),
                        channel=channel, stub=stub_cls(channel), calls=calls, meta=meta or {})
             self._workers[key] = w
+            self._routable.clear()
             log.info("worker added: %s %s (%s)", role, address, w.worker_id)
             asyncio.get_running_loop().create_task(self.check(w))
         elif meta is not None:
@@ -123,6 +138,7 @@ class WorkerPool:
         w = self._workers.pop((role, address), None)
         if w is None:
             return
+        self._routable.clear()
         log.info("worker removed: %s %s", role, address)
         for cb in self.on_remove:
             cb(w)
@@ -136,18 +152,43 @@ class WorkerPool:
     def workers(self, role: str | None = None) -> list[Worker]:
         return [w for w in self._workers.values() if role is None or w.role == role]
 
-    def routable(self, role: str, exclude: set[Worker] = frozenset()) -> list[Worker]:
-        now = time.monotonic()
-        return [w for w in self._workers.values() if w.role == role and w not in exclude and w.routable(now)]
+    def routable(self, role: str, exclude: set[Worker] = frozenset()) -> RoutableList:
+        """The role's workers a request may go to now, in the pool's order. NOTE: with every healthy
+        worker's circuit closed (the steady state) this is one cached list, not a pass over the
+        workers: at 1,000 workers that pass cost more than the routing decision. Callers must not
+        modify it."""
+        cached = self._routable.get(role)
+        if cached is None:
+            mine = [w for w in self._workers.values() if w.role == role and w.healthy]
+            cached = self._routable[role] = (RoutableList((w for w in mine if w.breaker.state == "closed"), steady=True),
+                                             [w for w in mine if w.breaker.state != "closed"])
+        out, others = cached
+        if others:
+            now = time.monotonic()
+            if any(w.breaker.allow(now) for w in others):  # a circuit past its cooldown: a trial may go
+                out = RoutableList(w for w in self._workers.values() if w.role == role and w.routable(now))
+        if exclude:
+            out = RoutableList(w for w in out if w not in exclude)
+        return out
+
+    def _set_healthy(self, w: Worker, healthy: bool) -> None:
+        if w.healthy != healthy:
+            w.healthy = healthy
+            self._routable.clear()
 
     # ------------------------------------------------------------------ outcomes
     def record_success(self, w: Worker) -> None:
+        if w.breaker.state != "closed":
+            self._routable.clear()
         w.breaker.record_success()
 
     def record_failure(self, w: Worker, error: str) -> None:
         w.errors += 1
         w.last_error = error
+        state = w.breaker.state
         w.breaker.record_failure(time.monotonic())
+        if w.breaker.state != state:
+            self._routable.clear()
 
     # ------------------------------------------------------------------ health
     async def check(self, w: Worker) -> bool:
@@ -162,22 +203,23 @@ class WorkerPool:
             if refusal is not None:
                 if w.last_error != f"refused: {refusal}":
                     log.error("worker refused: %s %s: %s", w.role, w.address, refusal)
-                w.healthy, w.checked, w.last_error = False, True, f"refused: {refusal}"
+                self._set_healthy(w, False)
+                w.checked, w.last_error = True, f"refused: {refusal}"
                 return False
             if not w.healthy:
                 log.info("worker healthy: %s %s", w.role, w.address)
-            w.healthy = True
+            self._set_healthy(w, True)
             if w.breaker.state != "closed" and w.breaker.allow(time.monotonic()):
-                w.breaker.record_success()  # reachable again after the cooldown
+                self.record_success(w)  # reachable again after the cooldown
         except grpc.aio.AioRpcError as e:
             if w.healthy or not w.checked:
                 log.warning("worker unhealthy: %s %s: %s", w.role, w.address, e.code().name)
-            w.healthy = False
+            self._set_healthy(w, False)
             w.last_error = f"health check: {e.code().name}: {e.details()}"
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken channel must not kill the health loop
-            w.healthy = False
+            self._set_healthy(w, False)
             w.last_error = f"health check: {e!r}"
         w.checked = True
         return w.healthy

@@ -201,3 +201,28 @@ def test_worker_call_past_its_deadline_is_a_504_and_stopped_on_the_worker(standi
     # One deadline per request: the attempt that used it up is not retried with a fresh one.
     wait_until(lambda: d.behavior.cancelled.count("too-slow") == 1, 3, "the decode stand-in to see the deadline")
     assert len(d.behavior.calls) == 1
+
+
+def test_the_policys_load_board_ends_equal_to_every_workers_load(standins, make_router):
+    """Loads on the steady board follow every change dispatch makes (routed, first token, a failure
+    before it, a stream closed by a client that left): at rest they equal a full recount."""
+    from router.policies import _choice_load
+
+    # NOTE: workers without KV events: an event batch would recount its worker's load and hide a miss
+    p1, p2 = standins("prefill", kv_events=False), standins("prefill", kv_events=False)
+    d1 = standins("decode", fail_before_first=2, token_delay_s=0.05, kv_events=False)
+    d2 = standins("decode", token_delay_s=0.05, kv_events=False)
+    r = make_router([p1.address, p2.address], [d1.address, d2.address], policy="cache_aware")
+    for i in range(8):
+        assert _gen(r, ids=range(i, i + 40)).status_code == 200
+    s = _raw_stream_request(r.port, {"input_ids": list(range(40)), "sampling_params": {"max_new_tokens": 1000},
+                                     "stream": True})
+    assert b"output_ids" in s.recv(4096) or b"output_ids" in s.recv(4096)
+    s.close()  # D's load drops when the router closes the stream it no longer streams to anyone
+    wait_until(lambda: r.app.state.service.in_flight == 0, 5, "the router to release the request")
+    policy = r.app.state.service.dispatcher.policy
+    assert set(policy._steady) == {"prefill", "decode"}
+    for st in policy._steady.values():
+        assert {w.address: st.board.load(w.address) for w in st.workers} == \
+               {w.address: _choice_load(w, policy.kv_index) for w in st.workers}
+    assert sum(w.in_flight for st in policy._steady.values() for w in st.workers) == 0

@@ -4,13 +4,14 @@ what the workers say they hold decides, replicas agree, a stale stream falls bac
 from __future__ import annotations
 
 import hashlib
+import random
 from types import SimpleNamespace
 
 from router.circuit import CircuitBreaker
 from router.kv_choice import ChoiceWeights
 from router.kv_index import KVIndex
 from router.policies import RouteContext, make_policy
-from router.workers import Worker
+from router.workers import RoutableList, Worker
 
 
 def _w(addr: str, load: int = 0, role: str = "prefill") -> Worker:
@@ -113,9 +114,41 @@ def test_repeated_choices_reuse_one_candidate_view_and_see_each_load_change():
     policy = _policy(index)
     a, b = _w("a:1", load=3), _w("b:1", load=0)
     assert policy.choose([a, b], RouteContext(HASHES)).address == "b:1"
-    view = index.view(policy._candidates([a, b]))
+    view = index.view(policy._candidates([a, b])[0])
     b.in_flight = 5
     assert policy.choose([a, b], RouteContext(HASHES)).address == "a:1"  # the new load, not a cached one
-    assert index.view(policy._candidates([a, b])) is view  # the same wrappers: the cached view
+    assert index.view(policy._candidates([a, b])[0]) is view  # the same wrappers: the cached view
     a2 = _w("a:1", load=0)  # a worker re-added under the same address is a new candidate
     assert policy.choose([a2, b], RouteContext(HASHES)) is a2
+
+
+def test_the_steady_list_keeps_a_board_that_follows_every_load_and_chooses_as_a_full_pass():
+    """The pool's steady list gets a LoadBoard kept by load_changed; the same choices as a plain list,
+    whose loads are read from every worker, over random loads, events and prompts."""
+    rng = random.Random(7)
+    index = KVIndex()
+    addrs = [f"10.0.0.{i}:1" for i in range(24)]
+    prompts = [[hashlib.sha256(f"{p}/{i}".encode()).hexdigest() for i in range(6)] for p in range(12)]
+    for a in addrs:
+        index.apply(a, _snapshot(l1=rng.choice(prompts)[:rng.randrange(7)], load=rng.randrange(4)))
+        index.set_live(a, True)
+    policy = _policy(index)
+    ps = RoutableList([_w(a) for a in addrs], steady=True)
+    ds = RoutableList([_w(a.replace(":1", ":2"), role="decode") for a in addrs], steady=True)
+    seq = dict.fromkeys(addrs, 1)
+    for _ in range(400):
+        w = rng.choice(ps + ds)
+        op = rng.randrange(3)
+        if op == 0:  # a request routed to it or done
+            w.in_flight = max(0, w.in_flight + rng.choice((-1, 1)))
+            w.routed += 1
+        elif op == 1 and w.role == "prefill":  # its event batch: a new published load
+            seq[w.address] += 1
+            delta = SimpleNamespace(**{**vars(_snapshot(load=rng.randrange(6), seq=seq[w.address])), "snapshot": False})
+            assert index.apply(w.address, delta) == "applied"
+            w.kv_routed_mark = w.routed
+        policy.load_changed(w)
+        ctx = RouteContext(rng.choice(prompts))
+        assert policy.choose(ps, ctx) is policy.choose(list(ps), ctx)
+        assert policy.choose_decode(ds, ctx) is policy.choose_decode(list(ds), ctx)
+    assert policy._candidates(ps)[1] is not None and policy._candidates(list(ps))[1] is None

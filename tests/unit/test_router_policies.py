@@ -156,3 +156,26 @@ def test_make_policy_store_index_only_for_cache_aware():
     assert make_policy("cache_aware", 16, 8, 32).store_index.capacity == 32
     assert make_policy("cache_aware", 16, 8).store_index is None
     assert not hasattr(make_policy("least_load", 16, 8, 32), "store_index")
+
+
+def test_the_pool_answers_one_cached_list_until_a_worker_changes():
+    from router.workers import WorkerPool
+
+    pool = WorkerPool(failure_threshold=1, cooldown_s=0.0, health_interval_s=1.0)
+    ws = [Worker("prefill", f"p{i}:1", f"p{i}", CircuitBreaker(1, 0.0), healthy=True) for i in range(3)]
+    for w in ws:
+        pool._workers[("prefill", w.address)] = w
+    first = pool.routable("prefill")
+    assert first == ws and first.steady and pool.routable("prefill") is first
+    assert pool.routable("prefill", {ws[0]}) == ws[1:] and not pool.routable("prefill", {ws[0]}).steady
+    pool.record_success(ws[0])  # already closed: nothing changed
+    assert pool.routable("prefill") is first
+    pool.record_failure(ws[1], "boom")  # open; with no cooldown at once on trial
+    trial = pool.routable("prefill")
+    assert trial == ws and not trial.steady
+    ws[1].breaker.on_sent()  # the trial went out: not routable until it reports back
+    assert pool.routable("prefill") == [ws[0], ws[2]] and pool.routable("prefill").steady
+    pool.record_success(ws[1])
+    assert pool.routable("prefill") == ws and pool.routable("prefill").steady
+    pool._set_healthy(ws[2], False)
+    assert pool.routable("prefill") == ws[:2]
