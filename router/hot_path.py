@@ -133,13 +133,11 @@ class HotCycle:
 
     async def _serve(self) -> None:
         limit = self.routes.max_body_bytes
-        if self.declared_length > limit:  # refuse a declared oversize body before reading any of it
-            return self._respond(self.routes.too_large().response())
-        while self.more_body:
-            if len(self.body) > limit:
-                return self._respond(self.routes.too_large().response())
+        # NOTE: a declared oversize body is refused before any of it is read, an undeclared one
+        # (chunked) as soon as what has arrived passes the limit
+        while self.more_body and self.declared_length <= limit and len(self.body) <= limit:
             await self._more_body()
-        if len(self.body) > limit:
+        if self.declared_length > limit or len(self.body) > limit:
             return self._respond(self.routes.too_large().response())
         try:
             response = await self.handler(HotRequest(self.path, self.headers), bytes(self.body))
