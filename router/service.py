@@ -25,6 +25,7 @@ from router.formats import Progress
 from router.metrics import RouterMetrics
 from router.policies import CacheAware, Policy
 from router.workers import WorkerPool
+from store_client.page_hash import page_hashes
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).
@@ -89,8 +90,7 @@ class RouterService:
         """Longest prompt + output: config, else the workers' own limit, else the model's."""
         if self.cfg.model.max_context_tokens:
             return self.cfg.model.max_context_tokens
-        limits = [w.info.max_context_tokens for w in self.pool.workers() if w.info and w.info.max_context_tokens]
-        return min(limits) if limits else self._dir_context
+        return self.pool.context_tokens() or self._dir_context
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         from engine.tokenizer import ChatTemplateError
@@ -132,8 +132,6 @@ class RouterService:
         sampling.max_tokens = max_tokens
         hashes: list[str] = []
         if self._hash_pages:
-            from store_client.page_hash import page_hashes
-
             hashes = page_hashes(token_ids, self.cfg.model.page_size)
         header = self.cfg.router.session_affinity_header
         session = request.headers.get(header) if header else None

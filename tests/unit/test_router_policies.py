@@ -179,3 +179,33 @@ def test_the_pool_answers_one_cached_list_until_a_worker_changes():
     assert pool.routable("prefill") == ws and pool.routable("prefill").steady
     pool._set_healthy(ws[2], False)
     assert pool.routable("prefill") == ws[:2]
+
+
+def test_the_pool_keeps_the_smallest_context_until_a_worker_or_its_info_changes():
+    import asyncio
+
+    from proto.pdorch.v1 import worker_pb2
+    from router.workers import WorkerPool
+
+    class Stub:  # answers Info with whatever context the test sets
+        def __init__(self, tokens: int):
+            self.tokens = tokens
+
+        async def Info(self, request, timeout):  # noqa: N802 - the gRPC method's name
+            return worker_pb2.WorkerInfo(role="prefill", max_context_tokens=self.tokens)
+
+    async def scenario():
+        pool = WorkerPool(failure_threshold=1, cooldown_s=0.0, health_interval_s=1.0)
+        a = Worker("prefill", "a:1", "a", CircuitBreaker(1, 0.0), stub=Stub(4096))
+        b = Worker("decode", "b:1", "b", CircuitBreaker(1, 0.0), stub=Stub(0))
+        pool._workers.update({("prefill", "a:1"): a, ("decode", "b:1"): b})
+        assert pool.context_tokens() == 0  # no Info yet
+        await pool.check_all()
+        assert pool.context_tokens() == 4096  # b reports none: not a limit
+        b.stub.tokens = 2048
+        await pool.check(b)
+        assert pool.context_tokens() == 2048
+        await pool.remove("decode", "b:1")
+        assert pool.context_tokens() == 4096
+
+    asyncio.run(scenario())
