@@ -1,6 +1,7 @@
-"""The real router's per-request worker choice at fleet scale: what `Dispatcher._pick` runs (the
-pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event index,
-with N prefill and N decode workers, no network. bench/routing_sim.py times the decision core
+"""The real router's per-request worker choice at fleet scale: what admission reads of the pool (the
+workers' smallest context, whether each role has a routable worker) and what `Dispatcher._pick`
+runs (the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
+index, with N prefill and N decode workers, no network. bench/routing_sim.py times the decision core
 (router/kv_choice.py) inside a simulated fleet; this times the router's own wrapper around it.
 
 Every worker has published a snapshot (a few conversations' pages in its L1, a load) and stays
@@ -31,7 +32,7 @@ from router.kv_index import KVIndex
 from router.policies import CacheAware, RouteContext
 from router.workers import Worker, WorkerPool
 
-STEPS = ("routable", "choose", "on_routed", "choose_decode", "load_changed")
+STEPS = ("admit", "routable", "choose", "on_routed", "choose_decode", "load_changed")
 
 
 def _snapshot(l1: list[str], load: int):
@@ -48,7 +49,8 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
     for role, port in (("prefill", 5000), ("decode", 6000)):
         for i in range(workers):
             address = f"10.{i // 250}.{i % 250}.1:{port}"
-            pool._workers[(role, address)] = Worker(role, address, address, CircuitBreaker(3, 1.0), healthy=True)
+            w = pool._workers[(role, address)] = Worker(role, address, address, CircuitBreaker(3, 1.0), healthy=True)
+            w.info = SimpleNamespace(max_context_tokens=8192)
             index.apply(address, _snapshot(rng.choice(conversations)[:rng.randrange(1, 16)], rng.randrange(4)))
             index.set_live(address, True)
     policy = CacheAware(kv_index=index, weights=ChoiceWeights())
@@ -57,6 +59,9 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
     in_flight: list[Worker] = []
     for n in range(warmup + decisions):
         hashes = rng.choice(conversations)[:rng.choice((4, 16, 64))]
+        ta = time.perf_counter()
+        # RouterService.make_job's context limit and admit's capacity check
+        assert pool.context_tokens() and pool.routable("prefill") and pool.routable("decode")
         t0 = time.perf_counter()
         prefills = pool.routable("prefill", set()) or pool.routable("prefill")
         decodes = pool.routable("decode", set()) or pool.routable("decode")
@@ -79,7 +84,7 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
             w.in_flight -= 1
             policy.load_changed(w)
         if n >= warmup:
-            for step, dt in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            for step, dt in zip(STEPS, (t0 - ta, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 times[step].append(dt * 1e6)
     times["total"] = [sum(x) for x in zip(*(times[s] for s in STEPS))]
 
