@@ -6,6 +6,11 @@ stand-in that answers exactly like our gRPC one.
     client --gRPC Generate------------------------------------> stand-in D          (our baseline)
     client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (below)
     client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)
+    client --HTTP /generate--> bench/python_floor.py --gRPC---> stand-in D          (the control)
+
+The control (`--no-floor` leaves it out) is the least a Python router does per request: a bare
+proxy on the same loop, gRPC client and SSE body as ours, with no routing, metrics or failover.
+Its CPU per request, next to sglang-router's in the same run, says how far Python can go here.
 
 Every worker streams `--tokens` synthetic tokens; the client (bench/load_client.py, `--client`)
 keeps `--concurrency` streams open (closed loop). Two phases:
@@ -153,7 +158,7 @@ class Procs:
 
 
 # ------------------------------------------------------------------------------ phase
-def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path) -> dict:
+def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path, floor: bool = True) -> dict:
     """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
     py = sys.executable
     p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
@@ -172,7 +177,14 @@ def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path
         wait_port(port, 30, proc)
     wait_http(f"http://127.0.0.1:{r_port}/health", 60, r)
     urls = {"ours": f"http://127.0.0.1:{r_port}", "ours_direct": f"grpc://127.0.0.1:{d_port}",
-            "sglang_direct": f"http://127.0.0.1:{h_port}", "sglang": None, "pids": {"ours": r.pid}}
+            "sglang_direct": f"http://127.0.0.1:{h_port}", "sglang": None, "floor": None, "pids": {"ours": r.pid}}
+    if floor:
+        f_port = free_port()
+        f = procs.start("python_floor", [py, str(ROOT / "bench" / "python_floor.py"), "--port", str(f_port),
+                                         "--decode", f"127.0.0.1:{d_port}"])
+        wait_port(f_port, 30, f)
+        urls["floor"] = f"http://127.0.0.1:{f_port}"
+        urls["pids"]["floor"] = f.pid
     if shutil.which("sglang-router") or _has_module("sglang_router"):
         s_port = free_port()
         s = procs.start("sglang_router", [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
@@ -202,12 +214,12 @@ def run_phase(name: str, token_delay_s: float, tokens: int, think_s: float, args
     tmp = Path(tempfile.mkdtemp(prefix=f"router_overhead_{name}_"))
     procs = Procs(tmp)
     try:
-        urls = start_targets(procs, tmp, token_delay_s, model_dir)
+        urls = start_targets(procs, tmp, token_delay_s, model_dir, args.floor)
         out: dict[str, list[dict]] = {}
         # NOTE: the machine is shared; alternating the targets in short runs and comparing each
         # router with the direct run next to it keeps background load from deciding the result.
         for _ in range(args.repeats):
-            for key in ("ours_direct", "ours", "sglang_direct", "sglang"):
+            for key in ("ours_direct", "ours", "sglang_direct", "sglang", "floor"):
                 if urls[key] is None:
                     continue
                 pid = urls["pids"].get(key)
@@ -240,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="reuse client HTTP connections (default: one connection per request, see closed_loop)")
     ap.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
                     help="load generator (bench/load_client.py): lean asyncio HTTP + lean gRPC, or aiohttp + grpc.aio")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="leave out the control (bench/python_floor.py, the least a Python router does)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--http-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -298,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_router_latency_cpu_ms_per_request": cpu_per_request("sglang", lat),
         "latency_rps": round(statistics.median(r["rps"] for r in lat["ours"]), 1),
         "sglang_router_latency_rps": round(statistics.median(r["rps"] for r in lat["sglang"]), 1) if "sglang" in lat else None,
+        "python_floor_p50_overhead_ms": overhead("floor", "ours_direct", "ttft_p50_ms"),
+        "python_floor_cpu_ms_per_request": cpu_per_request("floor"),
+        "python_floor_latency_cpu_ms_per_request": cpu_per_request("floor", lat),
     }
     result["rps_ratio"] = round(result["rps"] / result["sglang_router_rps"], 3) if result["sglang_router_rps"] else None
     if not args.json:
@@ -320,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"router CPU per request (latency phase, the same request rate for both, median): pdorch "
               f"{result['latency_cpu_ms_per_request']} ms at {result['latency_rps']}/s, sglang-router "
               f"{result['sglang_router_latency_cpu_ms_per_request']} ms at {result['sglang_router_latency_rps']}/s")
+        if result["python_floor_cpu_ms_per_request"] is not None:
+            print(f"the control (bench/python_floor.py): CPU per request {result['python_floor_cpu_ms_per_request']} ms "
+                  f"(throughput), {result['python_floor_latency_cpu_ms_per_request']} ms (latency phase); "
+                  f"added TTFT p50 {result['python_floor_p50_overhead_ms']:+} ms")
     print(json.dumps(result))
     return 0
 

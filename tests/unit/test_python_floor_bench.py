@@ -1,0 +1,55 @@
+"""bench/python_floor.py, the control of bench/router_overhead.py: against a real stand-in decode
+worker it answers /generate with the same stream as the router (one event per token, the body
+ended with [DONE] in the last event's write), so its CPU per request is a fair floor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from bench.python_floor import FloorProtocol
+from bench.standin import StandinServer
+from pdorch.ports import free_port
+from router.grpc.stream import Channel
+
+
+def _events(raw: bytes) -> list[bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+    data = b""
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        data, body = data + body[:size], body[size + 2:]
+    return [e for e in data.split(b"\n\n") if e]
+
+
+def test_the_floor_streams_what_the_router_streams():
+    standin = StandinServer("decode", free_port()).start()
+    try:
+        async def scenario():
+            channel, tasks = Channel(standin.address), set()
+            server = await asyncio.get_running_loop().create_server(
+                lambda: FloorProtocol(channel, tasks), "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            body = json.dumps({"input_ids": list(range(40)), "stream": True,
+                               "sampling_params": {"max_new_tokens": 4}}).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                         % (len(body), body))
+            raw = await asyncio.wait_for(reader.read(-1), 10)  # the floor closes after the stream
+            writer.close()
+            server.close()
+            channel.close()
+            return raw
+
+        events = _events(asyncio.run(scenario()))
+        assert events[-1] == b"data: [DONE]" and len(events) == 5
+        chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+        assert [c["output_ids"] for c in chunks] == [list(range(1000, 1001 + i)) for i in range(4)]
+        assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+        assert chunks[0]["meta_info"]["finish_reason"] is None
+    finally:
+        standin.stop()
