@@ -191,7 +191,7 @@ def test_the_pool_keeps_the_smallest_context_until_a_worker_or_its_info_changes(
         def __init__(self, tokens: int):
             self.tokens = tokens
 
-        async def Info(self, request, timeout):  # noqa: N802 - the gRPC method's name
+        async def Info(self, request, timeout):  # the gRPC method's name
             return worker_pb2.WorkerInfo(role="prefill", max_context_tokens=self.tokens)
 
     async def scenario():
