@@ -1,14 +1,15 @@
 """bench/python_floor.py, the control of bench/router_overhead.py: against a real stand-in decode
-worker it answers /generate with the same stream as the router (one event per token, the body
-ended with [DONE] in the last event's write), so its CPU per request is a fair floor."""
+worker it answers /generate with the same stream as the router (an event per batch of tokens, the
+body ended with [DONE]), so its CPU per request is a fair floor."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from itertools import pairwise
 
 from bench.python_floor import FloorProtocol
-from bench.standin import StandinServer
+from bench.standin import Behavior, StandinServer
 from pdorch.ports import free_port
 from router.grpc.stream import Channel
 
@@ -27,7 +28,7 @@ def _events(raw: bytes) -> list[bytes]:
 
 
 def test_the_floor_streams_what_the_router_streams():
-    standin = StandinServer("decode", free_port()).start()
+    standin = StandinServer("decode", free_port(), Behavior(token_delay_s=0.02)).start()
     try:
         async def scenario():
             channel, tasks = Channel(standin.address), set()
@@ -46,10 +47,13 @@ def test_the_floor_streams_what_the_router_streams():
             return raw
 
         events = _events(asyncio.run(scenario()))
-        assert events[-1] == b"data: [DONE]" and len(events) == 5
+        assert events[-1] == b"data: [DONE]"
         chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
-        assert [c["output_ids"] for c in chunks] == [list(range(1000, 1001 + i)) for i in range(4)]
+        # NOTE: tokens that arrive together are one event, as in the router
+        ids = [c["output_ids"] for c in chunks]
+        assert ids[-1] == [1000, 1001, 1002, 1003] and all(a == b[:len(a)] and a != b for a, b in pairwise(ids))
+        assert len(chunks) >= 2  # 20 ms between tokens: not all in one event
         assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
-        assert chunks[0]["meta_info"]["finish_reason"] is None
+        assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
     finally:
         standin.stop()
