@@ -283,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     def cpu_per_request(key: str, phase: dict = thr) -> float | None:
         return round(statistics.median(r["cpu_ms_per_request"] for r in phase[key]), 3) if key in phase else None
 
+    def cpu_ratio(key: str, base: str, phase: dict = thr) -> float | None:
+        """Median over the alternating runs of key's CPU per request / base's in the run next to it."""
+        if key not in phase or base not in phase:
+            return None
+        return round(statistics.median(a["cpu_ms_per_request"] / b["cpu_ms_per_request"]
+                                       for a, b in zip(phase[key], phase[base])), 3)
+
     def best_rps(key: str) -> float | None:
         return round(max(r["rps"] for r in thr[key]), 1) if key in thr else None
 
@@ -315,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         "python_floor_p50_overhead_ms": overhead("floor", "ours_direct", "ttft_p50_ms"),
         "python_floor_cpu_ms_per_request": cpu_per_request("floor"),
         "python_floor_latency_cpu_ms_per_request": cpu_per_request("floor", lat),
+        # NOTE: paired ratios (each run against its neighbour in the alternation) move less with the
+        # machine's load than the ratio of two medians. cpu_vs_floor above floor_vs_sglang's inverse
+        # means the CPU target is missed whatever sglang-router measures in that run.
+        "cpu_vs_sglang": cpu_ratio("ours", "sglang"), "latency_cpu_vs_sglang": cpu_ratio("ours", "sglang", lat),
+        "cpu_vs_floor": cpu_ratio("ours", "floor"), "latency_cpu_vs_floor": cpu_ratio("ours", "floor", lat),
+        "floor_cpu_vs_sglang": cpu_ratio("floor", "sglang"),
+        "floor_latency_cpu_vs_sglang": cpu_ratio("floor", "sglang", lat),
     }
     result["rps_ratio"] = round(result["rps"] / result["sglang_router_rps"], 3) if result["sglang_router_rps"] else None
     if not args.json:
@@ -341,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the control (bench/python_floor.py): CPU per request {result['python_floor_cpu_ms_per_request']} ms "
                   f"(throughput), {result['python_floor_latency_cpu_ms_per_request']} ms (latency phase); "
                   f"added TTFT p50 {result['python_floor_p50_overhead_ms']:+} ms")
+            print(f"  paired CPU ratios (throughput / latency phase): ours/floor {result['cpu_vs_floor']} / "
+                  f"{result['latency_cpu_vs_floor']}, floor/sglang-router {result['floor_cpu_vs_sglang']} / "
+                  f"{result['floor_latency_cpu_vs_sglang']}, ours/sglang-router {result['cpu_vs_sglang']} / "
+                  f"{result['latency_cpu_vs_sglang']}")
     print(json.dumps(result))
     return 0
 
