@@ -61,7 +61,8 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
         hashes = rng.choice(conversations)[:rng.choice((4, 16, 64))]
         ta = time.perf_counter()
         # RouterService.make_job's context limit and admit's capacity check
-        assert pool.context_tokens() and pool.routable("prefill") and pool.routable("decode")
+        if not (pool.context_tokens() and pool.routable("prefill") and pool.routable("decode")):
+            raise RuntimeError("the simulated fleet lost its context limit or its routable workers")
         t0 = time.perf_counter()
         prefills = pool.routable("prefill", set()) or pool.routable("prefill")
         decodes = pool.routable("decode", set()) or pool.routable("decode")
