@@ -29,10 +29,11 @@ import uvloop
 from proto.pdorch.v1 import worker_pb2
 from router import formats
 from router.dispatch import GENERATE_PATH
+from router.generation import SSE_HEADERS
 from router.grpc.stream import Channel
 
-HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-        b"transfer-encoding: chunked\r\n")
+# The router's stream head (router/hot_path.py writes the same headers), so both write the same bytes.
+HEAD = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % kv for kv in (*SSE_HEADERS, (b"transfer-encoding", b"chunked")))
 
 
 class FloorProtocol(asyncio.Protocol):

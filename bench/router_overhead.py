@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "python_floor_cpu_ms_per_request": cpu_per_request("floor"),
         "python_floor_latency_cpu_ms_per_request": cpu_per_request("floor", lat),
         # NOTE: paired ratios (each run against its neighbour in the alternation) move less with the
-        # machine's load than the ratio of two medians. cpu_vs_floor above floor_vs_sglang's inverse
+        # machine's load than the ratio of two medians. cpu_vs_floor above floor_cpu_vs_sglang's inverse
         # means the CPU target is missed whatever sglang-router measures in that run.
         "cpu_vs_sglang": cpu_ratio("ours", "sglang"), "latency_cpu_vs_sglang": cpu_ratio("ours", "sglang", lat),
         "cpu_vs_floor": cpu_ratio("ours", "floor"), "latency_cpu_vs_floor": cpu_ratio("ours", "floor", lat),
