@@ -94,9 +94,10 @@ def run(repeats: int, warmup_s: float, duration_s: float) -> dict:
                 dump.unlink(missing_ok=True)
                 os.kill(urls["pids"][key], signal.SIGUSR1)
                 deadline = time.monotonic() + 10
-                while not dump.exists() and time.monotonic() < deadline:
+                while not dump.exists():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{key}: no trace dump in {dump} 10 s after SIGUSR1")
                     time.sleep(0.05)
-                time.sleep(0.2)  # NOTE: written in one call; a short grace for the write to finish
                 records[key] += json.loads(dump.read_text())
     finally:
         procs.stop()

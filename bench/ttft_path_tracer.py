@@ -160,7 +160,9 @@ def _time_handler_steps() -> None:
 
 def _dump(name: str) -> None:
     out = Path(os.environ.get("TTFT_TRACE_DIR", ".")) / f"{name}.json"
-    out.write_text(json.dumps(_done))
+    partial = out.with_suffix(".partial")
+    partial.write_text(json.dumps(_done))
+    os.replace(partial, out)  # the reader waits for the name: it sees the whole file or none
     _done.clear()
 
 
