@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-from load_client import closed_loop
+from load_client import closed_loop, pct
 from router_overhead import Procs, start_targets
 from ttft_path_tracer import STEPS
 
@@ -40,23 +40,19 @@ TRACER = ROOT / "bench" / "ttft_path_tracer.py"
 CONCURRENCY, TOKENS, TOKEN_DELAY_S = 64, 16, 0.04
 
 
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def step_table(records: list[dict]) -> dict[str, dict[str, float]]:
     """Per step (`a->b` between consecutive STEPS, and `head->write` in all): p50 and p90 in µs."""
-    spans = [*itertools.pairwise(STEPS), ("head", "write")]
-    return {f"{a}->{b}": {"p50": percentile([(r[b] - r[a]) * 1e6 for r in records], 0.5),
-                          "p90": percentile([(r[b] - r[a]) * 1e6 for r in records], 0.9)}
-            for a, b in spans}
+    table = {}
+    for a, b in [*itertools.pairwise(STEPS), ("head", "write")]:
+        spans_us = [(r[b] - r[a]) * 1e6 for r in records]
+        table[f"{a}->{b}"] = {"p50": pct(spans_us, 0.5), "p90": pct(spans_us, 0.9)}
+    return table
 
 
 def handler_table(records: list[dict]) -> dict[str, float]:
     """Per timed handler step (`us:` keys): the p50 µs per request (0 where a request skipped it)."""
     keys = sorted({k for r in records for k in r if k.startswith("us:")})
-    return {k[3:]: percentile([r.get(k, 0.0) for r in records], 0.5) for k in keys}
+    return {k[3:]: pct([r.get(k, 0.0) for r in records], 0.5) for k in keys}
 
 
 def _traced_start(procs: Procs):

@@ -55,19 +55,18 @@ _by_call: dict[int, dict] = {}
 _done: list[dict] = []
 
 
-def _record() -> dict:
-    return _by_task.setdefault(asyncio.current_task(), {})
-
-
 def _trace_grpc() -> None:
     call, on_data, next_batch = Channel.call, StreamCall._on_data, StreamCall.next_batch
 
     async def traced_call(self, *args, **kwargs):
-        rec = _record()
+        rec = _by_task.get(asyncio.current_task())
+        if rec is None:  # not a request's task (a health probe, a KV watch): not traced
+            return await call(self, *args, **kwargs)
         rec.setdefault("call", perf_counter())
         stream = await call(self, *args, **kwargs)
         rec.setdefault("sent", perf_counter())
         _by_call[id(stream)] = rec
+        rec.setdefault("_calls", []).append(id(stream))  # forgotten when the request's task ends
         return stream
 
     def traced_on_data(self, data):
@@ -121,7 +120,7 @@ def _trace_task(cls, method: str, protocol_of) -> None:
     run = getattr(cls, method)
 
     async def traced(self, *args, **kwargs):
-        rec = _record()
+        rec = _by_task[asyncio.current_task()] = {}
         protocol = protocol_of(self)
         rec.update(conn=protocol._trace_conn, head=protocol._trace_head, task=perf_counter())
         transport = self.transport
@@ -131,6 +130,8 @@ def _trace_task(cls, method: str, protocol_of) -> None:
         finally:
             self.transport = transport
             _by_task.pop(asyncio.current_task(), None)
+            for call_id in rec.pop("_calls", ()):
+                _by_call.pop(call_id, None)
             if all(s in rec for s in STEPS):
                 _done.append(rec)
 

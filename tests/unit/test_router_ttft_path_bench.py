@@ -1,9 +1,10 @@
-"""bench/router_ttft_path.py's tables: each step's span is read between consecutive marks of one
+"""bench/router_ttft_path.py's tables (percentiles by bench/load_client.py's `pct`): each step's span is read between consecutive marks of one
 request, the percentiles are taken over requests, and a handler step a request skipped counts 0."""
 
 from __future__ import annotations
 
-from bench.router_ttft_path import handler_table, percentile, step_table
+from bench.load_client import pct
+from bench.router_ttft_path import handler_table, step_table
 from bench.ttft_path_tracer import STEPS
 
 
@@ -12,10 +13,10 @@ def _record(offsets_us: list[float], **handler_us: float) -> dict:
     return {**marks, **{f"us:{k}": v for k, v in handler_us.items()}}
 
 
-def test_percentile_picks_the_rank_not_an_average():
-    assert percentile([5.0, 1.0, 3.0, 2.0], 0.5) == 3.0
-    assert percentile([5.0, 1.0, 3.0, 2.0], 0.9) == 5.0
-    assert percentile([7.0], 0.9) == 7.0
+def test_the_tables_percentile_picks_the_rank_not_an_average():
+    assert pct([5.0, 1.0, 3.0, 2.0], 0.5) == 3.0
+    assert pct([5.0, 1.0, 3.0, 2.0], 0.9) == 5.0
+    assert pct([7.0], 0.9) == 7.0
 
 
 def test_step_table_spans_consecutive_marks():
