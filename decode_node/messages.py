@@ -29,9 +29,11 @@ class Join:
 
 @dataclass(frozen=True)
 class Release:
-    """Pages no request uses any more: a request that failed before joining, or the fence letting go."""
+    """Pages no request uses any more: a request that failed before joining (`request_id`: its
+    admission is settled), or the fence letting go."""
 
     page_ids: tuple[int, ...]
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,15 @@ class PrefixRead:
     the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
 
     load: PrefixLoad
+
+
+@dataclass(frozen=True, eq=False)
+class ResumeRead:
+    """A preempted request's pages read back from the store on resume (decode_node/preemption.py)."""
+
+    req: DecodeRequest
+    pages: tuple[int, ...]  # indexes in its hash chain (and page_ids), in read order
+    tail_lost: bool  # its partial last page was not kept: recomputed after the read
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,8 @@ What is cached, and when (scheduler thread only: the allocator is its own):
     prompt pages     once the whole prompt KV is in place: at Join when nothing is left to compute
                      here, else when the local prefill (or the fill of pages it failed to read) ends
     generated pages  when the step that fed a page's last position has run
+    resumed pages    a preempted request's pages read back from the store or recomputed, as they
+                     land (decode_node/preemption.py; its other pages are still cached)
 
 How long (the allocator's order, engine/page_allocator.py: free pages, then pages held elsewhere,
 then pages the store dropped (newest first), then the others):
@@ -76,6 +78,16 @@ class DecodePrefixCache:
             return False
         self._alloc.mark_unpersisted([page], PENDING)
         return True
+
+    def pages_loaded(self, req, ks) -> None:
+        """Pages k of req were read back from the store (a preempted request's resume): cache them,
+        persisted."""
+        if not self.enabled:
+            return
+        for k in ks:
+            page = req.page_ids[k]
+            if self._alloc.cache(req.page_hashes[k], page) == page:
+                self._alloc.mark_persisted([page])
 
     def saved(self, pages, page_ok, reason: str) -> None:
         """A store write of these pages completed: the store holds the ok ones."""

@@ -1,14 +1,15 @@
 """DecodeRequest: the decode worker's request object and the events it streams.
 
 It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
-left of its prompt to compute here (`todo`) and the per-request stop checker. Handler threads create it and read `events`; after the prefill it
+left of its KV to compute here (`todo`: prompt pages, or pages a resume could not read back) and
+the per-request stop checker. Handler threads create it and read `events`; after the prefill it
 belongs to the scheduler thread until it finishes.
 """
 
 from __future__ import annotations
 
 import queue
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.sampling_params import SamplingParams
 from pdorch.worker.prefill_rpc import CachedTokens
@@ -23,6 +24,8 @@ class DecodeEvent:
     finish_reason: str = ""
     matched_stop: str = ""
     error: Exception | None = None
+    preemptions: int = 0  # times preempted since the previous event (decode_node/preemption.py)
+    paused_s: float = 0.0  # seconds those preemptions paused the stream
 
     @property
     def final(self) -> bool:
@@ -62,6 +65,16 @@ class DecodeRequest:
     todo: list[list[int]] = field(default_factory=list)
     computed_pages: list[int] = field(default_factory=list)
     first_pending: bool = False
+    # Preemption (decode_node/preemption.py): the order it joined the batch in (the victim is the
+    # latest), how often it was preempted, and while preempted the pages it keeps (its partial last
+    # page), the pages it gives back once no offload write reads them, and since when it waits.
+    arrival: int = 0
+    preemptions: int = 0
+    kept_pages: list[int] = field(default_factory=list)
+    parked_pages: list[int] = field(default_factory=list)
+    paused_since: float | None = None
+    resuming: bool = False  # its KV is being restored (pages read or recomputed before it decodes again)
+    unreported: tuple[int, float] = (0, 0.0)  # preemptions and paused seconds not streamed yet
     events: queue.Queue = field(default_factory=queue.Queue)
 
     @property
@@ -77,6 +90,9 @@ class DecodeRequest:
         return len(self.token_ids) - self.prompt_len
 
     def emit(self, event: DecodeEvent) -> None:
+        if self.unreported[0]:  # the first event after a resume says how long the stream paused
+            event = replace(event, preemptions=self.unreported[0], paused_s=self.unreported[1])
+            self.unreported = (0, 0.0)
         if not self.done:
             self.events.put(event)
             if event.final:

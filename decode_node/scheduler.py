@@ -6,8 +6,10 @@ watermark by decode_node/admission.py), hand prefilled requests over (`join`) an
 (`release`, also the fence's); store write completions wake it.
 
 Each step: take new requests (their prompt KV already sits in their pages, written by P), drop
-aborted / expired ones, fill the batch up to `max_running_requests` (FIFO), give every request a
-page for the position it feeds, run ONE forward of 1-token chunks, sample, run the stop checks,
+aborted / expired ones, resume preempted ones that fit again, fill the batch up to
+`max_running_requests` (by arrival), give every request a page for the position it feeds (when the
+pool is dry: preempt the latest arrival, decode_node/preemption.py, or with decode.preemption off
+fail the request), run ONE forward of 1-token chunks, sample, run the stop checks,
 stream the new tokens, offload the pages that just filled (ALL of this step's pages in ONE store
 write, each page owned by its request so an abort takes only its own pages out), and free finished
 requests' pages once no offload still reads them. Requests join and leave at every step.
@@ -15,8 +17,10 @@ requests' pages once no offload still reads them. Requests join and leave at eve
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
+import itertools
 import logging
 import time
 
@@ -24,8 +28,10 @@ import torch
 from prometheus_client import Counter
 
 from decode_node.admission import Admission, AdmitTicket
-from decode_node.messages import Admit, Evicted, Join, PageWrite, PrefixRead, Release, StepSaved
+from decode_node.growth import GrowthReserve, growth_pages
+from decode_node.messages import Admit, Evicted, Join, PageWrite, PrefixRead, Release, ResumeRead, StepSaved
 from decode_node.offload import extend_hash_chain, filled_page
+from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
 from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.stopping import check_stop
@@ -43,7 +49,10 @@ ADMIT_GRACE_S = 1.0  # a handler waits this long past its deadline for the sched
 
 class DecodeScheduler:
     def __init__(self, rt, max_running: int, offload: bool, recorder, max_queued: int = 64,
-                 watermark: float = 1.0, local_prefill_tokens: int = 256, prefix_cache: bool = False):
+                 watermark: float = 1.0, local_prefill_tokens: int = 256, prefix_cache: bool = False,
+                 preemption: bool = False, reserve: GrowthReserve | None = None):
+        """`preemption`: a running request that finds no page preempts one (else it fails, as before);
+        `reserve`: the growth admission keeps pages back for (None: none)."""
         self._rt = rt
         # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
         self._local_budget = max(local_prefill_tokens, rt.cfg.model.page_size)
@@ -52,9 +61,13 @@ class DecodeScheduler:
         self._rec = recorder
         self._page_size = rt.cfg.model.page_size
         self._max_context = rt.max_context
-        self.admission = Admission(rt.allocator, max_queued, watermark)
+        self._reserve = reserve
+        self.admission = Admission(rt.allocator, max_queued, watermark, reserve)
         self.cache = DecodePrefixCache(rt.allocator, self._page_size, prefix_cache, recorder.registry)
-        self._waiting: collections.deque[DecodeRequest] = collections.deque()
+        self._preempt_on = preemption
+        self.preemption = Preemption(rt, self.cache, recorder.registry)
+        self._arrivals = itertools.count(1)
+        self._waiting: collections.deque[DecodeRequest] = collections.deque()  # by arrival
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
         # This step's store writes: generated pages and the prompt pages this worker computed itself.
@@ -72,8 +85,9 @@ class DecodeScheduler:
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
                                    self._on_completion)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
-        self.num_waiting = 0
+        self.num_waiting = 0  # joined, not in the batch: waiting for a slot, or preempted
         self.num_running = 0
+        self.num_preempted = 0
         self.free_pages = rt.allocator.num_available()
 
     # ---------------------------------------------------------------- called from other threads
@@ -89,12 +103,13 @@ class DecodeScheduler:
         return self.admit_prompt(request_id, num_pages, deadline, is_cancelled)[0]
 
     def admit_prompt(self, request_id: str, num_pages: int, deadline: float, is_cancelled,
-                     lookup: tuple[str, ...] = ()) -> tuple[list[int], tuple[int, ...]]:
+                     lookup: tuple[str, ...] = (), growth: int = 0) -> tuple[list[int], tuple[int, ...]]:
         """As admit(), looking the leading pages' hashes `lookup` up in the prefix cache first (when
-        it is on): (page ids, indexes of the pages found there)."""
+        it is on): (page ids, indexes of the pages found there). `growth`: pages the request may
+        need after these (admission keeps a share of it back, decode_node/growth.py)."""
         self.admission.check_size(request_id, num_pages)
         ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled,
-                             lookup=tuple(lookup) if self.cache.enabled else ())
+                             lookup=tuple(lookup) if self.cache.enabled else (), growth=growth)
         self._loop.post(Admit(ticket))
         try:  # the scheduler answers at the deadline; the grace covers a forward in progress
             pages = ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
@@ -113,10 +128,11 @@ class DecodeScheduler:
         """Hand a prefilled request to the batch (from a handler thread)."""
         self._loop.post(Join(req))
 
-    def release(self, page_ids) -> None:
-        """Give pages back (any thread): a request that failed before joining, or the fence."""
-        if page_ids:
-            self._loop.post(Release(tuple(page_ids)))
+    def release(self, page_ids, request_id: str = "") -> None:
+        """Give pages back (any thread): a request that failed before joining (`request_id`: its
+        admission is settled too), or the fence."""
+        if page_ids or request_id:
+            self._loop.post(Release(tuple(page_ids), request_id))
 
     def wake(self) -> None:
         """Make the loop look at cancellations now (Abort sets req.cancelled, then calls this)."""
@@ -132,8 +148,10 @@ class DecodeScheduler:
         if index is not None:  # ended conversations leave the prefix cache first, as they leave the store
             self._rt.allocator.stale_after = index.stale_after()
         self._release_drained()
+        self.preemption.settle()
         self._reap(now)
-        self.admission.admit_ready(now, self._loop.wake_at)
+        self._resume_ready(now)
+        self.admission.admit_ready(now, self._loop.wake_at, self._growth(), hold=bool(self.preemption.waiting))
         while self._waiting and len(self._running) < self._max_running:
             self._running.append(self._waiting.popleft())
         worked = self._step() if self._running else False
@@ -141,12 +159,13 @@ class DecodeScheduler:
         return worked
 
     def _publish(self) -> None:
-        self.num_waiting, self.num_running = len(self._waiting), len(self._running)
+        self.num_preempted = len(self.preemption.waiting) + len(self.preemption.reading)
+        self.num_waiting, self.num_running = len(self._waiting) + self.num_preempted, len(self._running)
         self.free_pages = self._rt.allocator.num_available()
         self.cache.sync_metrics()
 
     def _fail_all(self, err: WorkerError) -> None:
-        for req in self._running + list(self._waiting):
+        for req in self._running + list(self._waiting) + self.preemption.requests():
             self._finish(req, DecodeEvent(error=err))
         self.admission.fail_all(err)
         self._publish()
@@ -155,10 +174,14 @@ class DecodeScheduler:
         if isinstance(msg, Admit):
             self.admission.offer(msg.ticket)
         elif isinstance(msg, Join):
+            self.admission.settled(msg.req.request_id)
             if not msg.req.todo:  # nothing left to compute here: the prompt KV is in place
                 self.cache.prompt_in_place(msg.req)
+            msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):
+            if msg.request_id:
+                self.admission.settled(msg.request_id)
             self._rt.allocator.release(list(msg.page_ids))
         elif isinstance(msg, Evicted):
             self.cache.left_store([k.rpartition("/")[2] for k in msg.keys])
@@ -172,6 +195,11 @@ class DecodeScheduler:
                 load.future.set_result(done)
             else:  # abandoned at its deadline: nothing writes into its pages any more
                 self._rt.allocator.release(list(load.page_ids))
+            return
+        if isinstance(done.tag, ResumeRead):  # a preempted request's pages are back from the store
+            req = self.preemption.read_done(done)
+            if req is not None:
+                self._ready(req, time.monotonic())
             return
         saved: StepSaved = done.tag
         for req in saved.owners:  # the distinct requests of one step's offload
@@ -198,7 +226,7 @@ class DecodeScheduler:
         self._draining = still
 
     def _reap(self, now: float) -> None:
-        for req in self._running + list(self._waiting):
+        for req in self._running + list(self._waiting) + list(self.preemption.waiting):
             self._loop.wake_at(req.deadline)  # no later than its deadline, however idle
             if req.cancelled:
                 self._finish(req, DecodeEvent(error=Aborted(f"request {req.request_id} aborted")), aborted=True)
@@ -217,6 +245,9 @@ class DecodeScheduler:
             self._rec.request_finished()
         else:
             self._rec.request_failed(aborted=aborted)
+        if req in self.preemption.reading:  # its pages go back when the store read is over (read_done)
+            return
+        self.preemption.forget(req)
         if aborted and req.io_pending > 0:
             self._rt.store_io.cancel_owner(req)  # its queued offload pages are not written
         if req in self._running:
@@ -233,8 +264,79 @@ class DecodeScheduler:
             self._rt.allocator.release(req.page_ids)
             req.page_ids = []
 
+    # ------------------------------------------------------------------ growth and preemption
+    def _growth(self) -> int:
+        """Pages the requests in the batch may still need (the reserve admission keeps back)."""
+        if self._reserve is None:
+            return 0
+        return sum(growth_pages(r.prompt_len, r.job.params.max_tokens, self._max_context, len(r.page_ids),
+                                self._page_size) for r in itertools.chain(self._running, self._waiting))
+
+    def _resume_ready(self, now: float) -> None:
+        """Resume preempted requests, oldest first, while admission's check says they fit (or nothing
+        else is in the batch and the pool has their pages)."""
+        pre = self.preemption
+        while pre.waiting:
+            req = pre.waiting[0]
+            if req.parked_pages:  # still holds pages an offload write reads
+                return
+            need = pre.pages_to_resume(req)
+            alone = not self._running and not self._waiting and not pre.reading
+            growth = self._growth() + growth_pages(req.prompt_len, req.job.params.max_tokens, self._max_context,
+                                                   need + len(req.kept_pages), self._page_size)
+            if not ((alone and need <= self._rt.allocator.num_available()) or self.admission.fits(need, growth)):
+                if alone:  # nothing runs that could free pages: the others' kept pages make room
+                    pre.drop_tails()
+                self._loop.wake_at(req.deadline)
+                return
+            if pre.resume(req):
+                self._ready(req, now)
+
+    def _ready(self, req: DecodeRequest, now: float) -> None:
+        """A resumed request goes back to the batch ahead of every later arrival."""
+        if not req.todo:
+            self.preemption.resumed(req, now)
+        i = bisect.bisect(self._waiting, req.arrival, key=lambda r: r.arrival)
+        self._waiting.insert(i, req)
+
+    def _grow(self) -> set[DecodeRequest]:
+        """Every decoding request gets a page for the position it feeds now, oldest first. When the
+        pool has none: preempt the latest arrival (possibly the request itself); the requests that
+        get no page this step (a victim's pages come back once its offload write completes) are
+        returned. With decode.preemption off the request fails instead (the behaviour before it)."""
+        stalled: set[DecodeRequest] = set()
+        for req in sorted(self._running, key=lambda r: r.arrival):
+            if req.todo or (len(req.token_ids) - 1) // self._page_size < len(req.page_ids):
+                continue
+            while req in self._running:
+                try:
+                    req.page_ids.extend(self._rt.allocator.allocate(1))
+                    break
+                except OutOfPages:
+                    pass
+                if not self._preempt_on or len(req.page_ids) >= self._rt.allocator.num_total:
+                    self._finish(req, DecodeEvent(error=Overloaded(
+                        f"KV pool exhausted while decoding {req.request_id} (raise decode.num_pages or lower "
+                        f"decode.kv_watermark)")))
+                elif self.preemption.returning():
+                    stalled.add(req)
+                    break
+                else:
+                    self._preempt(choose_victim([r for r in self._running if not r.todo]))
+        return stalled
+
+    def _preempt(self, victim: DecodeRequest) -> None:
+        self._running.remove(victim)
+        self.preemption.preempt(victim, time.monotonic())
+        if self._reserve is not None:
+            self._reserve.preempted()
+        log.info("preempted %s after %d generated tokens (%d preempted now)", victim.request_id,
+                 victim.num_generated, len(self.preemption.waiting))
+
+    # ------------------------------------------------------------------------------- one step
     def _step(self) -> bool:
         page_size, budget = self._page_size, self._local_budget
+        stalled = self._grow() if self._running else set()
         rows: list[tuple[DecodeRequest, int]] = []  # per chunk: its request and the position it ends at
         chunks = []
         for req in list(self._running):
@@ -245,15 +347,9 @@ class DecodeScheduler:
                                         token_ids=req.token_ids[start:end]))
                     budget -= end - start
                 continue
+            if req in stalled:
+                continue
             pos = len(req.token_ids) - 1  # the newest token is fed now; its K/V lands at `pos`
-            if pos // page_size >= len(req.page_ids):
-                try:
-                    req.page_ids.extend(self._rt.allocator.allocate(1))
-                except OutOfPages:
-                    self._finish(req, DecodeEvent(error=Overloaded(
-                        f"KV pool exhausted while decoding {req.request_id} (raise decode.num_pages or lower "
-                        f"decode.kv_watermark)")))
-                    continue
             rows.append((req, -1))
             chunks.append(Chunk(page_ids=req.page_ids[:pos // page_size + 1], start_pos=pos,
                                 token_ids=[req.token_ids[-1]]))
@@ -267,11 +363,14 @@ class DecodeScheduler:
                 sample.append(row)
                 continue
             consume(req.todo, end)
-            self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
+            if not req.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
+                self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
             if not req.todo:
                 self._prompt_computed(req)
                 if req.first_pending:
                     sample.append(row)
+        if self._reserve is not None and len(sample) > 0:
+            self._reserve.stepped()
         if sample:
             batch = [rows[row][0] for row in sample]
             tokens = self._rt.sampler.sample(logits[sample], [r.job.params for r in batch],
@@ -297,7 +396,12 @@ class DecodeScheduler:
         decode.offload_generated_kv (they count as writeback writes, as P's do)."""
         if req.first_pending:
             self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
-        self.cache.prompt_in_place(req)
+        if req.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
+            for k in req.computed_pages:
+                self.cache.page_filled(req, k)
+            self.preemption.resumed(req, time.monotonic())
+        else:
+            self.cache.prompt_in_place(req)
         for k in req.computed_pages:
             self._queue_write(req, k, kind="writeback")
         req.computed_pages = []

@@ -31,6 +31,7 @@ import time
 import torch
 
 from decode_node.fence import PageFence
+from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.prefill_client import PrefillClient
 from decode_node.prompt_kv import PromptKV
 from decode_node.prompt_plan import PromptPlan
@@ -65,9 +66,11 @@ class DecodeWorker:
         self.recorder = recorder or WorkerRecorder(ROLE)
         self.tokenizer = Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
+        reserve = GrowthReserve(dc.growth_reserve, min(dc.growth_reserve_min, dc.growth_reserve)) \
+            if dc.growth_reserve > 0 else None
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
-                                         dc.prefix_cache)
+                                         dc.prefix_cache, preemption=dc.preemption, reserve=reserve)
         self.prefill_client = PrefillClient(cfg.grpc)
         self.prompt_kv = PromptKV(rt, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
@@ -97,6 +100,7 @@ class DecodeWorker:
         check_prompt(job.request_id, job.token_ids, self.rt.arch.vocab_size, self.max_context - 1,
                      f"max context {self.max_context} minus the first generated token")
         require(job.request_id, job.prefill_address, "prefill_address")
+        self._check_fits(job)
         if self._draining:
             raise ShuttingDown(f"decode worker {self.worker_id} is draining; request {job.request_id} goes elsewhere")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
@@ -108,6 +112,18 @@ class DecodeWorker:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
             self._requests[job.request_id] = req
         return req
+
+    def _check_fits(self, job: GenerateJob) -> None:
+        """A request the whole pool could never hold (prompt + max_tokens, up to the context limit)
+        is refused now, not admitted to fail later. NOTE: the router refuses it first (it knows the
+        decode workers' pools from their Info)."""
+        page_size, total = self.cfg.model.page_size, self.rt.allocator.num_total
+        end = min(len(job.token_ids) + job.params.max_tokens, self.max_context)
+        if pages_for(end, page_size) > total:
+            raise InvalidRequest(
+                f"request {job.request_id}: its prompt ({len(job.token_ids)} tokens) and max_tokens "
+                f"({job.params.max_tokens}) need {pages_for(end, page_size)} KV pages of {page_size} tokens; this "
+                f"decode worker's pool has {total} ({total * page_size} tokens, decode.num_pages)")
 
     def run(self, req: DecodeRequest, is_active=lambda: True):
         """Generator of DecodeEvents; raises WorkerError when the request fails before decoding."""
@@ -131,9 +147,11 @@ class DecodeWorker:
             req.page_hashes = page_hashes(list(req.job.token_ids), page_size)
             # +1 position: the first decode step feeds the first token at position n (a spare page
             # when the prompt fills its last page exactly).
+            first_pages = pages_for(n + 1, page_size)
             req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
-                req.request_id, pages_for(n + 1, page_size), req.deadline, cancelled,
-                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]))
+                req.request_id, first_pages, req.deadline, cancelled,
+                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]),
+                growth=growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size))
         except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
@@ -154,7 +172,7 @@ class DecodeWorker:
             # D's own store read still writes into are freed by the scheduler when it completes.
             self._settle_read(req, plan)
             pages, req.page_ids = req.page_ids, []
-            self.scheduler.release(pages)
+            self.scheduler.release(pages, req.request_id)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
@@ -162,7 +180,7 @@ class DecodeWorker:
             raise
         if first is not None:
             if first.final:
-                self.scheduler.release(req.page_ids)
+                self.scheduler.release(req.page_ids, req.request_id)
                 req.page_ids = []
                 self.recorder.request_finished()
                 req.done = True
@@ -286,7 +304,9 @@ class DecodeWorker:
                           active_pages=self.rt.allocator.num_total - free)
 
     def info(self) -> pb.WorkerInfo:
-        return worker_info(self.rt, ROLE, self.worker_id, self.load())
+        info = worker_info(self.rt, ROLE, self.worker_id, self.load())
+        info.preemptions, info.preempted_requests = self.scheduler.preemption.total, self.scheduler.num_preempted
+        return info
 
     def stats(self) -> pb.WorkerStats:
         integrity = self.scheduler.call(lambda: check_integrity(self.rt.allocator))

@@ -113,6 +113,17 @@ class DecodeConfig:
     max_queued_requests: int = _key(256, "Requests waiting for admission before new ones are rejected", min=1)
     kv_watermark: float = _key(0.95, "Admit a request only while pool usage stays below this fraction",
                                min=0.1, max=1.0)
+    preemption: bool = _key(True, "When the pool cannot give a running request its next page, preempt the "
+                            "request that joined last (its stream pauses; it resumes from its pages still "
+                            "in the pool, then the store, computing only what neither holds) instead of "
+                            "failing the request RESOURCE_EXHAUSTED")
+    growth_reserve: float = _key(0.7, "Admission keeps back this fraction of the pages the admitted requests "
+                                 "may still grow to (prompt + max_tokens), so that running requests rarely "
+                                 "need preempting; falls to growth_reserve_min over 600 decode steps without "
+                                 "a preemption, back to this value at each one (SGLang's new_token_ratio); "
+                                 "0 = admission checks only the prompt's pages", min=0.0, max=1.0)
+    growth_reserve_min: float = _key(0.1, "The floor growth_reserve falls to while no request is preempted",
+                                     min=0.0, max=1.0)
     offload_generated_kv: bool = _key(True, "Write pages filled during decode to the store (next turn hits)")
     prefix_cache: bool = _key(True, "Keep the KV of served requests in the pool (the decode worker's own L1 "
                               "prefix cache): the next turn takes its prefix from there first, and a prefill "

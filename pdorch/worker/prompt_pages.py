@@ -27,7 +27,13 @@ def compute_ranges(holes: Sequence[int], prompt_len: int, page_size: int) -> lis
     """Token ranges [start, end) to compute, in order: each hole page (sorted), then the uncached
     tail; consecutive ranges are merged."""
     tail_start = reusable_pages(prompt_len, page_size) * page_size
-    ranges = [[i * page_size, (i + 1) * page_size] for i in sorted(holes)] + [[tail_start, prompt_len]]
+    return page_ranges(holes, page_size, [[tail_start, prompt_len]])
+
+
+def page_ranges(pages: Sequence[int], page_size: int, after: Sequence[Sequence[int]] = ()) -> list[list[int]]:
+    """Token ranges [start, end) of whole pages (sorted), then the ranges `after`, consecutive
+    ranges merged."""
+    ranges = [[i * page_size, (i + 1) * page_size] for i in sorted(pages)] + [list(r) for r in after]
     merged: list[list[int]] = []
     for r in ranges:
         if merged and merged[-1][1] == r[0]:

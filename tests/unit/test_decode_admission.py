@@ -9,7 +9,10 @@ import time
 
 import pytest
 
+from decode_node.admission import Admission, AdmitTicket
+from decode_node.growth import GrowthReserve
 from decode_node.scheduler import DecodeScheduler
+from engine.page_allocator import PageAllocator
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.metrics import WorkerRecorder
 from tests.fixtures.runtime import stand_in_runtime
@@ -23,10 +26,12 @@ def never():
 def make():
     made = []
 
-    def _make(num_pages: int, max_queued: int, watermark: float, prefix_cache: bool = False) -> DecodeScheduler:
+    def _make(num_pages: int, max_queued: int, watermark: float, prefix_cache: bool = False,
+              reserve: GrowthReserve | None = None) -> DecodeScheduler:
         rt = stand_in_runtime(None, num_pages, page_size=4, max_positions=64)  # no forward runs here
         sched = DecodeScheduler(rt, max_running=4, offload=False, recorder=WorkerRecorder("decode"),
-                                max_queued=max_queued, watermark=watermark, prefix_cache=prefix_cache)
+                                max_queued=max_queued, watermark=watermark, prefix_cache=prefix_cache,
+                                reserve=reserve)
         sched.start()
         made.append(sched)
         return sched
@@ -114,3 +119,29 @@ def test_prefix_cache_hits_are_taken_as_they_are_and_only_the_rest_is_allocated(
     pages, hits = off.admit_prompt("c", 3, time.monotonic() + 1, never, lookup=("h0",))
     assert hits == () and len(pages) == 3
     sched.call(alloc.check_integrity)
+
+
+def test_admission_keeps_back_a_share_of_what_admitted_requests_may_still_grow(make):
+    sched = make(20, max_queued=4, watermark=1.0, reserve=GrowthReserve(0.5, 0.5))
+    a = sched.admit_prompt("a", 4, time.monotonic() + 5, never, growth=10)[0]
+    # 4 + 4 new + half of (10 + 10) = 18 <= 20
+    assert len(sched.admit_prompt("b", 4, time.monotonic() + 5, never, growth=10)[0]) == 4
+    with concurrent.futures.ThreadPoolExecutor(1) as handler:
+        # 8 + 4 + half of 30 = 27 > 20, though its 4 pages are free: it waits
+        c = handler.submit(sched.admit_prompt, "c", 4, time.monotonic() + 5, never, growth=10)
+        until(lambda: sched.admission.waiting == 1, "c never queued")
+        time.sleep(0.1)
+        assert not c.done()
+        sched.release(a, "a")  # a failed before joining: its pages and its growth are gone
+        assert len(c.result(5)[0]) == 4
+    sched.call(sched._rt.allocator.check_integrity)
+
+
+def test_nothing_new_is_admitted_while_a_preempted_request_waits():
+    admission = Admission(PageAllocator(10), max_queued=4, watermark=1.0)
+    ticket = AdmitTicket("t", 2, time.monotonic() + 5, never)
+    admission.offer(ticket)
+    admission.admit_ready(time.monotonic(), lambda t: None, hold=True)
+    assert not ticket.future.done() and admission.waiting == 1
+    admission.admit_ready(time.monotonic(), lambda t: None)
+    assert ticket.future.result(0) == [0, 1]

@@ -65,8 +65,10 @@ def load_tiny(tmp, tiny_model_dir):
     return cfg, arch, net, Tokenizer.from_dir(tiny_model_dir)
 
 
-def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, local_prefill_tokens: int = 256):
-    """A started DecodeScheduler over a fresh pool of `num_pages` (offload on when store_io is given)."""
+def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, local_prefill_tokens: int = 256,
+                    **scheduler_keys):
+    """A started DecodeScheduler over a fresh pool of `num_pages` (offload on when store_io is given);
+    `scheduler_keys` go to DecodeScheduler (prefix_cache, preemption, reserve)."""
     cfg, arch, net, _ = model
     pool = KVPool(arch, num_pages, PAGE_SIZE, torch.float32, "cpu")
     rt = WorkerRuntime(cfg=cfg, model_dir=cfg.model.source, arch=arch, runner=ModelRunner(net, arch, pool),
@@ -74,7 +76,7 @@ def start_scheduler(model, num_pages: int, store_io=None, max_running: int = 4, 
                        dtypes=ModelDtypes("float32", "float32"), transfer=None, segment="", store=SimpleNamespace(enabled=store_io is not None),
                        store_io=store_io)
     sched = DecodeScheduler(rt, max_running, offload=store_io is not None, recorder=WorkerRecorder("decode"),
-                            max_queued=4, watermark=1.0, local_prefill_tokens=local_prefill_tokens)
+                            max_queued=4, watermark=1.0, local_prefill_tokens=local_prefill_tokens, **scheduler_keys)
     sched.start()
     return sched, rt
 
