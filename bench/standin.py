@@ -26,6 +26,8 @@ from store_client.page_hash import page_hashes
 class Behavior:
     page_size: int = 16
     max_context_tokens: int = 2048
+    total_pages: int = 1024  # the KV pool Info reports
+    preempted_at: tuple[int, ...] = ()  # Generate: the chunks of these tokens report a preemption (0.5 s)
     model: str = "SmolLM2-135M-Instruct"
     fail_before_first: int = 0  # this many next Generate/Prefill calls fail with UNAVAILABLE
     fail_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE
@@ -55,7 +57,8 @@ class Behavior:
 async def _info_rpc(self, request, context) -> worker_pb2.WorkerInfo:
     b = self.b
     return worker_pb2.WorkerInfo(role=self.role, worker_id=self.worker_id, model=b.model, page_size=b.page_size,
-                                 total_pages=1024, free_pages=1024, max_context_tokens=b.max_context_tokens)
+                                 total_pages=b.total_pages, free_pages=b.total_pages,
+                                 max_context_tokens=b.max_context_tokens)
 
 
 async def _flush_rpc(self, request, context) -> worker_pb2.FlushResponse:
@@ -153,7 +156,8 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
                 yield worker_pb2.GenerateResponse(
                     request_id=request.request_id, token_ids=[token], text=f" w{token - 1000}",
                     prompt_tokens=len(request.token_ids), cached=cached,
-                    finish_reason="length" if i == n - 1 else "")
+                    finish_reason="length" if i == n - 1 else "", preemptions=int(i in b.preempted_at),
+                    paused_s=0.5 if i in b.preempted_at else 0.0)
         except asyncio.CancelledError:
             b.cancelled.append(request.request_id)
             raise

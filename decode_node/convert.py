@@ -21,4 +21,5 @@ def event_to_proto(request_id: str, event: DecodeEvent, prompt_tokens: int,
                    cached: CachedTokens) -> pb.GenerateResponse:
     return pb.GenerateResponse(request_id=request_id, token_ids=list(event.token_ids), text=event.text,
                                prompt_tokens=prompt_tokens, cached=cached_to_proto(cached),
-                               finish_reason=event.finish_reason, matched_stop=event.matched_stop)
+                               finish_reason=event.finish_reason, matched_stop=event.matched_stop,
+                               preemptions=event.preemptions, paused_s=event.paused_s)

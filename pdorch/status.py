@@ -135,16 +135,25 @@ def _kv_events(stream: dict | None) -> str:
     return f"{stream['state']} ({stream['applied']} applied, {stream['resyncs']} resyncs)"
 
 
+def _preempted(role: str, info: dict) -> str:
+    """A decode worker's preemptions since it started, and how many requests wait to resume now."""
+    if role != "decode" or "preemptions" not in info:
+        return "-"
+    now = info.get("preempted_requests", 0)
+    return f"{info['preemptions']}" + (f" ({now} paused)" if now else "")
+
+
 def render_status(status: dict[str, Any]) -> str:
     rows = [("role", "address", "health", "circuit", "in flight", "routed", "errors", "queued", "running",
-             "free pages", "kv events")]
+             "free pages", "preempted", "kv events")]
     for w in sorted(status["workers"], key=lambda w: (w.get("role", ""), w.get("address", ""))):
         info = w.get("info") or {}
         pages = f"{info['free_pages']}/{info['total_pages']}" if "total_pages" in info else "-"
         rows.append((w.get("role", "?"), w.get("address", "?"), "ok" if w.get("healthy") else "DOWN",
                      str(w.get("circuit", "-")), str(w.get("in_flight", "-")), str(w.get("routed", "-")),
                      str(w.get("errors", "-")), str(info.get("queued_requests", "-")),
-                     str(info.get("running_requests", "-")), pages, _kv_events(w.get("kv_events"))))
+                     str(info.get("running_requests", "-")), pages, _preempted(w.get("role", ""), info),
+                     _kv_events(w.get("kv_events"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"router {status['url']}: {len(status['workers'])} workers", ""]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -108,4 +108,5 @@ class Resumption:
         self.finished = bool(finish)
         return worker_pb2.GenerateResponse(request_id=msg.request_id, token_ids=ids, text="".join(text),
                                            prompt_tokens=self.prompt_tokens, finish_reason=finish,
-                                           matched_stop=matched)
+                                           matched_stop=matched, preemptions=msg.preemptions,
+                                           paused_s=msg.paused_s)

@@ -40,6 +40,8 @@ class Progress:
         "host",
         "matched_stop",
         "output_ids",
+        "paused_s",
+        "preemptions",
         "prompt_tokens",
         "request_id",
         "ssd",
@@ -55,11 +57,15 @@ class Progress:
         self.text = ""
         self.finish_reason = ""
         self.matched_stop = ""
+        self.preemptions, self.paused_s = 0, 0.0  # the decode pool ran dry (decode_node/preemption.py)
 
     def add(self, msg) -> str:
         """Fold one GenerateResponse in; returns its text delta."""
         if msg.prompt_tokens:
             self.prompt_tokens = msg.prompt_tokens
+        if msg.preemptions:  # since the previous chunk: additive, across failover too
+            self.preemptions += msg.preemptions
+            self.paused_s += msg.paused_s
         if msg.HasField("cached"):
             c = msg.cached
             self.device, self.host, self.store, self.ssd = c.device, c.host, c.store, c.ssd
@@ -78,12 +84,14 @@ class Progress:
         return {tier: getattr(self, tier) for tier in CACHE_TIERS}
 
     def usage(self) -> dict:
-        # NOTE: `cached_tokens_details` is ours (OpenAI's usage has no tiers); clients ignore unknown keys.
+        # NOTE: `cached_tokens_details` and `preemptions` are ours (OpenAI's usage has neither);
+        # clients ignore unknown keys.
         n = len(self.output_ids)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
                 "total_tokens": self.prompt_tokens + n,
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens,
-                                          "cached_tokens_details": self.cached_by_tier()}}
+                                          "cached_tokens_details": self.cached_by_tier()},
+                "preemptions": self.preemptions}
 
 
 # ---------------------------------------------------------------------------------- OpenAI
@@ -140,4 +148,5 @@ def generate_body(p: Progress, e2e_s: float) -> dict:
             "meta_info": {"id": p.request_id, "finish_reason": finish, "prompt_tokens": p.prompt_tokens,
                           "completion_tokens": len(p.output_ids), "cached_tokens": p.cached_tokens,
                           "cached_tokens_details": p.cached_by_tier(),
+                          "preemptions": p.preemptions, "preempted_s": round(p.paused_s, 6),
                           "e2e_latency": round(e2e_s, 6)}}

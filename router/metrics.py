@@ -126,6 +126,8 @@ class RouterMetrics:
         self.prompt_tokens = LoopCounter("pdorch_router_prompt_tokens", "Prompt tokens routed")
         self.cached_tokens = LoopCounter("pdorch_router_cached_tokens", "Prompt tokens reused, by tier", ("tier",))
         self.completion_tokens = LoopCounter("pdorch_router_completion_tokens", "Generated tokens")
+        self.preemptions = LoopCounter("pdorch_router_preemptions", "Preemptions the streams went through on "
+                                       "their decode workers (each paused the stream; none cut it)")
         self.worker_routed = LoopCounter("pdorch_router_worker_requests", "Requests routed to a worker",
                                          ("role", "worker"))
         self.worker_errors = LoopCounter("pdorch_router_worker_errors", "Failed requests per worker",
@@ -146,7 +148,7 @@ class RouterMetrics:
         self.cached_tokens_by_tier = [(tier, self.cached_tokens.labels(tier)) for tier in CACHE_TIERS]
         self._routed: dict[tuple[str, str], _CounterChild] = {}
         self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
-                          self.completion_tokens, self.worker_routed, self.worker_errors, self.retries,
+                          self.completion_tokens, self.preemptions, self.worker_routed, self.worker_errors, self.retries,
                           self.failovers, self.failover_gap, self.failover_cached_tokens,
                           self.failover_computed_tokens]
         # Gauges are read when scraped: nothing to update on the hot path.

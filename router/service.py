@@ -122,13 +122,25 @@ class RouterService:
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
                               "(prompt + output must fit)", param=prompt_param)
+        # NOTE: a request the decode workers' KV pool could never hold whole is refused here, not
+        # admitted to wait or be preempted forever (decode_node/preemption.py)
+        pool = self.pool.decode_pool_tokens()
+        if pool and n >= pool:
+            raise bad_request(f"the prompt has {n} tokens but the decode workers' KV pool holds {pool} tokens "
+                              "(decode.num_pages x model.page_size; prompt + output must fit)", param=prompt_param)
         if max_tokens is None:
             max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
             if limit:
                 max_tokens = min(max_tokens, limit - n)
+            if pool:
+                max_tokens = min(max_tokens, pool - n)
         elif limit and n + max_tokens > limit:
             raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the "
                               f"model's context of {limit} tokens", param=max_tokens_param)
+        elif pool and n + max_tokens > pool:
+            raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the decode "
+                              f"workers' KV pool of {pool} tokens (decode.num_pages x model.page_size): the "
+                              "request could never be held whole", param=max_tokens_param)
         sampling.max_tokens = max_tokens
         hashes: list[str] = []
         if self._hash_pages:
@@ -227,5 +239,7 @@ class _Run:
         finally:
             m = self.svc.metrics
             m.completion_tokens.inc(len(self.progress.output_ids))
+            if self.progress.preemptions:
+                m.preemptions.inc(self.progress.preemptions)
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
             self.svc.release()

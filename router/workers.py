@@ -89,7 +89,8 @@ class Worker:
                 "free_pages": info.free_pages, "queued_requests": info.queued_requests,
                 "running_requests": info.running_requests, "store_enabled": info.store_enabled,
                 "max_context_tokens": info.max_context_tokens, "kv_dtype": info.kv_dtype, "dtype": info.dtype,
-                "model_family": info.model_family, "store_evicted_pages": info.store_evicted_pages},
+                "model_family": info.model_family, "store_evicted_pages": info.store_evicted_pages,
+                "preemptions": info.preemptions, "preempted_requests": info.preempted_requests},
         }
 
 
@@ -111,6 +112,7 @@ class WorkerPool:
         # role -> (its healthy closed-circuit workers, its healthy others); rebuilt after a change
         self._routable: dict[str, tuple[RoutableList, list[Worker]]] = {}
         self._context_tokens: int | None = None  # the workers' smallest context; None: recount
+        self._decode_pool_tokens: int | None = None  # the decode workers' smallest KV pool; None: recount
         self._health_task: asyncio.Task | None = None
         self.on_remove = []  # callbacks(worker) (policies forget their index)
 
@@ -129,7 +131,7 @@ class WorkerPool:
                        channel=channel, stub=stub_cls(channel), calls=calls, meta=meta or {})
             self._workers[key] = w
             self._routable.clear()
-            self._context_tokens = None
+            self._context_tokens = self._decode_pool_tokens = None
             log.info("worker added: %s %s (%s)", role, address, w.worker_id)
             asyncio.get_running_loop().create_task(self.check(w))
         elif meta is not None:
@@ -141,7 +143,7 @@ class WorkerPool:
         if w is None:
             return
         self._routable.clear()
-        self._context_tokens = None
+        self._context_tokens = self._decode_pool_tokens = None
         log.info("worker removed: %s %s", role, address)
         for cb in self.on_remove:
             cb(w)
@@ -162,6 +164,16 @@ class WorkerPool:
             limits = [w.info.max_context_tokens for w in self._workers.values() if w.info and w.info.max_context_tokens]
             self._context_tokens = min(limits, default=0)
         return self._context_tokens
+
+    def decode_pool_tokens(self) -> int:
+        """Tokens the smallest decode worker's KV pool holds (total pages x page size; 0: none has
+        reported): a request whose prompt + max_tokens exceeds it could never be held whole on
+        every decode worker. Kept as context_tokens() is."""
+        if self._decode_pool_tokens is None:
+            pools = [w.info.total_pages * w.info.page_size for w in self._workers.values()
+                     if w.role == "decode" and w.info and w.info.total_pages]
+            self._decode_pool_tokens = min(pools, default=0)
+        return self._decode_pool_tokens
 
     def routable(self, role: str, exclude: set[Worker] = frozenset()) -> RoutableList:
         """The role's workers a request may go to now, in the pool's order. NOTE: with every healthy
@@ -212,6 +224,8 @@ class WorkerPool:
             info = await w.stub.Info(worker_pb2.InfoRequest(), timeout=timeout)
             if w.info is None or w.info.max_context_tokens != info.max_context_tokens:
                 self._context_tokens = None
+            if w.info is None or w.info.total_pages != info.total_pages or w.info.page_size != info.page_size:
+                self._decode_pool_tokens = None
             w.info = info
             refusal = self.layout.refusal(w.info) if self.layout is not None else None
             if refusal is not None:

@@ -62,6 +62,13 @@ CASES = [
      "17m", [{"severity": "warning"}]),
     ("PdorchFencePagesHeld", [{"series": f'pdorch_decode_fence_held_pages{{{NS}, pod="d1"}}', "values": "4 0x20"}],
      "17m", []),
+    # 12 preemptions a minute on one decode pod (the threshold is 6), another pod quiet
+    ("PdorchPreemptionsHigh", [{"series": f'pdorch_decode_preemptions_total{{{NS}, pod="d1"}}', "values": "0+12x30"},
+                               {"series": f'pdorch_decode_preemptions_total{{{NS}, pod="d2"}}', "values": "0x30"}],
+     "25m", [{"pod": "d1", "severity": "warning"}]),
+    # a burst of 30 then none: over within the 10 minutes
+    ("PdorchPreemptionsHigh", [{"series": f'pdorch_decode_preemptions_total{{{NS}, pod="d1"}}', "values": "0 30x30"}],
+     "25m", []),
     ("PdorchMasterEvictionStorm", [{"series": f'master_evicted_key_count{{{NS}, pod="m"}}', "values": "0+1800x30"}],
      "25m", [{"severity": "warning"}]),
     ("PdorchMasterEvictionStorm", [{"series": f'master_evicted_key_count{{{NS}, pod="m"}}', "values": "0+60x30"}],

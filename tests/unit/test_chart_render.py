@@ -225,7 +225,7 @@ def test_monitoring_objects(rendered):
     panels = json.loads(dash["data"]["pdorch.json"])["panels"]
     titles = " ".join(p["title"] for p in panels).lower()
     for what in ("first token", "inter-token", "hit rate", "store bytes", "transfer", "queues", "evictions",
-                 "workers healthy", "failovers", "pool usage", "errors"):
+                 "workers healthy", "failovers", "pool usage", "errors", "preemptions"):
         assert what in titles
     board = json.loads(dash["data"]["pdorch.json"])
     variables = {v["name"]: v for v in board["templating"]["list"]}
@@ -238,7 +238,7 @@ def test_monitoring_objects(rendered):
     assert {r["alert"] for r in rules} == {
         "PdorchTargetDown", "PdorchTargetAbsent", "PdorchNoHealthyWorkers", "PdorchErrorRatioHigh",
         "PdorchFailoversFailing", "PdorchFencePagesHeld", "PdorchMasterEvictionStorm", "PdorchHitRateDropped",
-        "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High"}
+        "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High", "PdorchPreemptionsHigh"}
     assert all(r["annotations"]["runbook"] for r in rules)
     assert all(f'namespace="{NAMESPACE}"' in r["expr"] for r in rules)
     assert [o for o in objs if o["kind"] == "NetworkPolicy"]

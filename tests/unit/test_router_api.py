@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from tests.fixtures.router import wait_until
+
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -205,3 +207,44 @@ def test_head_is_answered_where_get_is(pd_router):
         assert resp.status_code == 200, (path, resp.status_code)
         assert resp.content == b""
     assert httpx.head(r.url + "/v1/chat/completions", timeout=20).status_code == 405
+
+
+def test_preemptions_on_the_decode_worker_reach_the_client_and_the_metrics(pd_router):
+    r, _, d = pd_router
+    d.behavior.preempted_at = (1, 3)  # two chunks say the stream was paused 0.5 s each
+    chat = httpx.post(r.url + "/v1/chat/completions", timeout=20, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).json()
+    assert chat["usage"]["preemptions"] == 2 and chat["usage"]["completion_tokens"] == 4
+    out = httpx.post(r.url + "/generate", timeout=20, json={"input_ids": [3, 4],
+                                                            "sampling_params": {"max_new_tokens": 4}}).json()
+    assert out["meta_info"]["preemptions"] == 2 and out["meta_info"]["preempted_s"] == 1.0
+    d.behavior.preempted_at = ()
+    out = httpx.post(r.url + "/generate", timeout=20, json={"input_ids": [3, 4],
+                                                            "sampling_params": {"max_new_tokens": 4}}).json()
+    assert out["meta_info"]["preemptions"] == 0
+    metrics = httpx.get(r.url + "/metrics", timeout=20).text
+    assert "pdorch_router_preemptions_total 4.0" in metrics
+
+
+def test_a_request_the_decode_pool_could_never_hold_is_refused_and_a_default_max_tokens_fits(
+        standins, make_router, router_tokenizer):
+    p, d = standins("prefill"), standins("decode", total_pages=10)  # 160 tokens of KV
+    r = make_router([p.address], [d.address], policy="round_robin")
+    wait_until(lambda: any((w.get("info") or {}).get("total_pages") == 10 for w in
+                           httpx.get(r.url + "/workers", timeout=20).json()["workers"]), 15, "the decode Info")
+    prompt = [5] * 100
+    too_long = httpx.post(r.url + "/v1/completions", timeout=20,
+                          json={"model": MODEL, "prompt": prompt, "max_tokens": 61})
+    assert too_long.status_code == 400
+    err = too_long.json()["error"]
+    assert err["param"] == "max_tokens" and "160 tokens" in err["message"] and "decode.num_pages" in err["message"]
+    assert httpx.post(r.url + "/v1/completions", timeout=20,
+                      json={"model": MODEL, "prompt": prompt, "max_tokens": 60}).status_code == 200
+    assert d.behavior.calls[-1].sampling.max_tokens == 60
+    # no max_tokens: the default (the rest of the context) is cut to what the pool holds
+    default = httpx.post(r.url + "/v1/chat/completions", timeout=20,
+                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    sent = d.behavior.calls[-1]
+    assert default.status_code == 200 and len(sent.token_ids) + sent.sampling.max_tokens == 160
+    huge = httpx.post(r.url + "/v1/completions", timeout=20, json={"model": MODEL, "prompt": [5] * 170})
+    assert huge.status_code == 400 and "KV pool holds 160 tokens" in huge.json()["error"]["message"]

@@ -63,6 +63,13 @@ def test_a_stream_whose_decode_worker_is_gone_resumes_on_another(standins, make_
     assert _metric(r, 'pdorch_router_failovers_total{outcome="resumed"}').endswith(" 1.0")
 
 
+def test_preemptions_before_and_after_the_join_add_up(standins, make_router):
+    r, d1, d2 = _cluster(standins, make_router, "on")
+    d1.behavior.preempted_at, d2.behavior.preempted_at = (1,), (0,)  # one on each decode worker
+    meta = _on_d1(r, d1)[-1]["meta_info"]
+    assert meta["completion_tokens"] == 5 and meta["preemptions"] == 2 and meta["preempted_s"] == 1.0
+
+
 def test_a_stop_string_spanning_the_join_ends_the_stream(standins, make_router, router_tokenizer):
     tok = router_tokenizer
     ids = [1003, 1004, 1005, 1006, 1007]
