@@ -9,12 +9,14 @@ uninterrupted reference runs after the kill, through the same router, on a survi
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import json
 import os
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -22,7 +24,7 @@ import pytest
 
 from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
-from tests.fixtures.router import RouterThread, router_config
+from tests.fixtures.router import RouterThread, router_config, wait_until
 from tests.fixtures.workers import WorkerCluster, make_config
 
 PAGE_SIZE = 16  # page size of the cluster (tests/fixtures/workers.py)
@@ -177,3 +179,60 @@ def test_sglang_generate_stream_survives_the_decode_worker_dying(cluster, router
     assert k["meta_info"]["prompt_tokens"] == len(ids) == r["meta_info"]["prompt_tokens"]
     assert k["meta_info"]["completion_tokens"] == MAX_TOKENS
     assert k["meta_info"]["finish_reason"] == {"type": "length", "length": MAX_TOKENS}
+
+
+PREEMPT_PAGES = 10  # the small decode worker's pool: two of the streams below (8 pages each) outgrow it
+PREEMPT_TOKENS = 80
+
+
+def test_a_preempted_and_resumed_stream_survives_its_decode_worker_dying(cluster, smollm2_dir):
+    """A decode worker whose pool runs dry preempts a stream (decode_node/preemption.py); once that
+    stream has resumed there, the worker is killed: the router resumes it on another decode worker,
+    and every stream equals an uninterrupted run of it."""
+    small = cluster.spawn_worker("decode", sections=PURE_CLIENT, num_pages=PREEMPT_PAGES, growth_reserve=0.0)
+    cluster.wait_ready(small)
+    big = next(w for w in cluster.workers if w.role == "decode" and w is not small and w.proc.poll() is None)
+    prefill = next(w for w in cluster.workers if w.role == "prefill")
+    base = router_config([prefill.address], [small.address, big.address], policy="least_load")
+    cfg = dataclasses.replace(cluster.cfg, router=base.router, discovery=base.discovery)
+    tok = Tokenizer.from_dir(smollm2_dir)
+    router = RouterThread(cfg, tok, smollm2_dir).start()
+    try:
+        topics = ["a lighthouse in winter", "the first train of the morning", "a garden after rain",
+                  "an old clock shop"]
+        bodies = [{"input_ids": tok.encode_chat([{"role": "user", "content": f"Write a short story about {t}."}]),
+                   "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": PREEMPT_TOKENS}}
+                  for t in topics]
+        wait_until(lambda: all(w["healthy"] for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]),
+                   30, "the router's workers healthy")
+        # the uninterrupted runs: together on the large decode worker, which never preempts
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            uninterrupted = list(pool.map(lambda b: cluster.generate(b["input_ids"], max_tokens=PREEMPT_TOKENS,
+                                                                     decode=big).token_ids, bodies))
+
+        streams: list[list[dict]] = [[] for _ in bodies]
+        killed = threading.Event()
+
+        def stream(i: int) -> None:
+            with httpx.stream("POST", router.url + "/generate", json=bodies[i], timeout=180) as resp:
+                assert resp.status_code == 200, resp.read()
+                for ev in events(resp.iter_lines()):
+                    assert "error" not in ev, ev
+                    streams[i].append(ev)
+                    # the first stream back from a preemption (it reports it) kills its decode worker
+                    if ev["meta_info"]["preemptions"] and not ev_finished(ev) and not killed.is_set():
+                        killed.set()
+                        kill(small)
+
+        with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+            for f in [pool.submit(stream, i) for i in range(len(bodies))]:
+                f.result(timeout=300)
+        assert killed.is_set(), "no stream was preempted on the small decode worker"
+        assert [s[-1]["output_ids"] for s in streams] == uninterrupted
+        assert all(len(u) == PREEMPT_TOKENS for u in uninterrupted)
+        # the killing stream was preempted on the small worker, then resumed on the other one
+        assert max(s[-1]["meta_info"]["preemptions"] for s in streams) >= 1
+        assert metric(router, 'pdorch_router_failovers_total{outcome="resumed"}') >= 1
+        assert metric(router, 'pdorch_router_failovers_total{outcome="failed"}') == 0
+    finally:
+        router.stop()
