@@ -19,6 +19,8 @@ that fails gives None, never an exception: a benchmark keeps running when a metr
     prompt_plans                  pdorch_decode_prompt_plans_total by where (prefill, local: no prefill call)
     tiers                         pdorch_decode_prompt_tokens_total by source (computed, device,
                                   host, store): the tier split when the API does not report it
+    preemptions                   pdorch_decode_preemptions_total: running requests the decode
+                                  workers preempted (their pool ran dry; target at the presets: 0)
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def counters(worker_samples: list, master_samples: list | None) -> dict:
         "tiers": by_label(w, "pdorch_decode_prompt_tokens_total", "source"),
         "transfer_bytes": total(w, "pdorch_prefill_transfer_bytes_total"),
         "prompt_plans": by_label(w, "pdorch_decode_prompt_plans_total", "where"),
+        "preemptions": total(w, "pdorch_decode_preemptions_total"),
     }
 
 

@@ -71,7 +71,8 @@ def summary_lines(res: dict) -> str:
             f"+ L1 {res['l1_pages']}); worst hit/free-L1 capacity ideal "
             f"{_f(res.get('worst_hit_over_free_l1_capacity_ideal'), '.3f')}; store pages evicted by "
             f"mooncake_master {_f(res.get('store_pages_evicted'), '.0f')}, by pdorch "
-            f"{_f(res.get('store_pages_evicted_by_pdorch'), '.0f')}")
+            f"{_f(res.get('store_pages_evicted_by_pdorch'), '.0f')}; decode preemptions "
+            f"{_f(res.get('preemptions'), '.0f')} ({_f(res.get('preemptions_per_min'), '.2f')} per minute)")
 
 
 def compare_table(variants: dict[str, dict]) -> str:

@@ -177,6 +177,7 @@ def summarize_round(round_index: int, results: list[RequestResult], usable_pages
         "store_load_miss_pages": counters.get("store_load_miss_pages", {}),
         "p2d_bytes_per_request": ratio(counters.get("transfer_bytes"), len(ok)),
         "prefill_calls_avoided": (counters.get("prompt_plans") or {}).get("local"),
+        "preemptions": counters.get("preemptions"),
         "rss_mb": dict(rss_mb or {}),
     }
 
@@ -212,6 +213,8 @@ def run_summary(rounds: list[dict]) -> dict:
         "ttft_last_over_round1": ratio(rounds[-1]["ttft_mean_s"], ttft1) if rounds else None,
         "rss_growth_ratio": rss_growth_ratio(rounds),
         "failed_requests": sum(r["failed"] for r in rounds),
+        "preemptions": _sum(rounds, "preemptions"),
+        "preemptions_per_min": ratio(_sum(rounds, "preemptions"), (_sum(rounds, "wall_s") or 0) / 60),
     }
 
 

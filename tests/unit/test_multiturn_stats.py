@@ -136,6 +136,11 @@ def test_run_summary_fields():
     assert s["rss_growth_ratio"] == pytest.approx(1.25)
     assert s["failed_requests"] == 0
     assert s["worst_hit_over_free_l1_capacity_ideal"] is None  # no round has it
+    assert s["preemptions"] is None and s["preemptions_per_min"] is None  # not scraped
+    for r, n in zip(rounds, (0, 2, 0, 1)):
+        r["preemptions"], r["wall_s"] = n, 30.0
+    s = run_summary(rounds)
+    assert s["preemptions"] == 3 and s["preemptions_per_min"] == pytest.approx(3 / 2.0)
 
 
 def test_rss_growth_uses_the_last_round_when_there_are_fewer_than_three():
