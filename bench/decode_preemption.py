@@ -13,9 +13,11 @@ a new set each run):
     off         decode.preemption=false, decode.growth_reserve=0: a running request that finds no
                 page fails RESOURCE_EXHAUSTED (the behaviour before preemption)
     no_reserve  preemption on, decode.growth_reserve=0: what the reserve saves
+    reserve=R   preemption on, decode.growth_reserve=R (its floor: R / 7, as 0.1 is to 0.7)
 
 Per variant and x: delivered tokens/s (every token the clients received / the batch's wall time,
-median over runs), the fraction of streams that completed, preemptions per stream, and the paused
+median over runs), goodput (the tokens of the streams that completed / wall time: a cut stream's
+tokens are lost to its client), the fraction of streams that completed, preemptions per stream, and the paused
 seconds of each preempted stream (meta_info.preempted_s) p50/p99 over all runs; per run the ratio
 of each variant's throughput to `off`'s, and whether the streams that completed in two variants have
 equal outputs (greedy: they must).
@@ -57,13 +59,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=96, help="tokens per prompt (default 96)")
     p.add_argument("--new-tokens", type=int, default=300, help="tokens generated per stream (default 300)")
     p.add_argument("--oversubscription", default="1.5,3", help="streams' KV at their end / the pool (default 1.5,3)")
-    p.add_argument("--variants", default="on,off,no_reserve", help=f"of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default="on,off,no_reserve", help=f"of {','.join(VARIANTS)}, reserve=R")
     p.add_argument("--test-model", choices=FAMILIES, help="serve the random-weights checkpoint of this family "
                    "(bench/hf_checkpoints.py) instead of model.source")
     p.add_argument("--log-dir", help="component logs of the clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     add_config_args(p)
     return p
+
+
+def variant_sets(name: str) -> list[str]:
+    if name.startswith("reserve="):
+        r = float(name.partition("=")[2])
+        return [f"decode.growth_reserve={r}", f"decode.growth_reserve_min={r / 7:.4f}"]
+    return VARIANTS[name]
 
 
 def stream(url: str, ids: list[int], new_tokens: int) -> dict:
@@ -96,6 +105,7 @@ def batch(url: str, prompts: list[list[int]], new_tokens: int) -> dict:
         streams = list(pool.map(lambda ids: stream(url, ids, new_tokens), prompts))
     wall = time.monotonic() - t0
     return {"wall_s": wall, "streams": streams, "tok_s": sum(s["tokens"] for s in streams) / wall,
+            "goodput_tok_s": sum(s["tokens"] for s in streams if s["ok"]) / wall,
             "completed": sum(s["ok"] for s in streams) / len(streams)}
 
 
@@ -108,6 +118,7 @@ def summarize(batches: list[dict]) -> dict:
     streams = [s for b in batches for s in b["streams"]]
     paused = [s["paused_s"] for s in streams if s["preemptions"]]
     return {"tok_s_median": round(statistics.median(b["tok_s"] for b in batches), 2),
+            "goodput_tok_s_median": round(statistics.median(b["goodput_tok_s"] for b in batches), 2),
             "completed": round(sum(s["ok"] for s in streams) / len(streams), 4),
             "preemptions_per_stream": round(sum(s["preemptions"] for s in streams) / len(streams), 3),
             "preempted_streams": len(paused),
@@ -135,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             log_dir = f"{args.log_dir}/{name}" if args.log_dir else None
-            clusters[name] = ServeCluster(config, sets + VARIANTS[name] + port_overrides(1, 1), log_dir=log_dir).start()
+            clusters[name] = ServeCluster(config, sets + variant_sets(name) + port_overrides(1, 1),
+                                          log_dir=log_dir).start()
             say(f"[{name}] ready at {clusters[name].url} (logs in {clusters[name].log_dir})")
         page_size = clusters[names[0]].cfg.model.page_size
         per_stream = pages_for(args.prompt_tokens + args.new_tokens, page_size)
@@ -167,15 +179,15 @@ def main(argv: list[str] | None = None) -> int:
            "sets": sets, "results": {}}
     print(f"\ndecode preemption: pool {args.pages} pages x {page_size} tokens, streams of {args.prompt_tokens} + "
           f"{args.new_tokens} tokens ({per_stream} pages each), {args.runs} runs ({commit()})")
-    print(f"{'x':>4} {'variant':<11} {'tok/s p50':>9} {'vs off':>7} {'completed':>9} {'preempt/str':>11} "
-          f"{'paused p50':>10} {'paused p99':>10}")
+    print(f"{'x':>4} {'variant':<11} {'tok/s p50':>9} {'vs off':>7} {'goodput':>8} {'completed':>9} "
+          f"{'preempt/str':>11} {'paused p50':>10} {'paused p99':>10}")
     for x in xs:
         for name in names:
             s = summarize(runs[name][x])
             s["tok_s_over_off_median"] = round(statistics.median(ratios[name][x]), 3) if ratios[name][x] else None
             out["results"].setdefault(str(x), {})[name] = s
             print(f"{x:>4} {name:<11} {s['tok_s_median']:>9.1f} {s['tok_s_over_off_median'] or float('nan'):>7.2f} "
-                  f"{s['completed']:>9.0%} {s['preemptions_per_stream']:>11.2f} "
+                  f"{s['goodput_tok_s_median']:>8.1f} {s['completed']:>9.0%} {s['preemptions_per_stream']:>11.2f} "
                   f"{s['paused_p50_s'] if s['paused_p50_s'] is not None else '-':>10} "
                   f"{s['paused_p99_s'] if s['paused_p99_s'] is not None else '-':>10}")
         if equal[x]:

@@ -151,7 +151,8 @@ class DecodeScheduler:
         self.preemption.settle()
         self._reap(now)
         self._resume_ready(now)
-        self.admission.admit_ready(now, self._loop.wake_at, self._growth(), hold=bool(self.preemption.waiting))
+        growth = self._growth() if self.admission.waiting else 0  # NOTE: a pass over the batch, only when asked
+        self.admission.admit_ready(now, self._loop.wake_at, growth, hold=bool(self.preemption.waiting))
         while self._waiting and len(self._running) < self._max_running:
             self._running.append(self._waiting.popleft())
         worked = self._step() if self._running else False

@@ -26,7 +26,7 @@ from pdorch.worker.prompt_pages import compute_ranges, computed_full_pages, reus
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes
 from tests.fixtures.router import wait_until
-from tests.unit.test_decode_scheduler import load_tiny, start_scheduler
+from tests.unit.test_decode_scheduler import HeldStoreIO, events_until_final, load_tiny, start_scheduler
 
 PAGE_SIZE = 16
 GREEDY = {"temperature": 0.0}
@@ -38,14 +38,13 @@ def model(tmp_path_factory, tiny_model_dir):
     return load_tiny(tmp_path_factory.mktemp("decode_preempt"), tiny_model_dir)
 
 
-class PageStore:
+class PageStore(HeldStoreIO):
     """StoreIO stand-in that keeps a copy of every page saved, by key, and loads it back; each
     submission completes at the scheduler's next iteration (as StoreIO's completions do)."""
 
     def __init__(self):
+        super().__init__()
         self.pages: dict[str, torch.Tensor] = {}
-        self.done: list[IOCompletion] = []
-        self.on_complete = None
         self._pool = None
         self._page_of: dict[int, int] = {}
 
@@ -71,13 +70,6 @@ class PageStore:
     def _complete(self, tag, op, ok):
         self.done.append(IOCompletion(tag, op, sum(ok), "ok", len(ok), page_ok=ok))
         self.on_complete()
-
-    def poll(self):
-        out, self.done = self.done, []
-        return out
-
-    def cancel_owner(self, owner):
-        return 0
 
 
 class KVSpy:
@@ -105,9 +97,9 @@ class KVSpy:
         pre.preempt, pre.resumed = spy_preempt, spy_resumed
 
 
-def serve(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampling: dict) -> list[int]:
-    """One request through the scheduler as the decode worker runs a local one: admitted (waiting
-    for pages), its prompt KV computed here, decoded to the end; its generated tokens."""
+def joined(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampling: dict) -> DecodeRequest:
+    """A request as the decode worker runs a local one: admitted (waiting for pages), its whole
+    prompt KV to compute here, in the batch."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sampling)
     job = GenerateJob(request_id=rid, token_ids=tuple(prompt), params=params, prefill_address="-", timeout_s=60)
     req = DecodeRequest(job=job, deadline=time.monotonic() + 60, own_deadline=True,
@@ -120,9 +112,14 @@ def serve(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampli
     req.todo, req.computed_pages = compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE)
     req.first_pending = True
     sched.join(req)
-    deadline, events = time.monotonic() + 60, []
-    while not events or not events[-1].final:
-        events.append(req.events.get(timeout=max(0.0, deadline - time.monotonic())))
+    return req
+
+
+def serve(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampling: dict) -> list[int]:
+    """One request through the scheduler (joined()), decoded to the end; its generated tokens."""
+    req = joined(sched, tokenizer, rid, prompt, max_tokens, sampling)
+    n = len(prompt)
+    events = events_until_final(req, 60)
     assert events[-1].error is None and events[-1].finish_reason == "length", events[-1]
     out = [t for e in events for t in e.token_ids]
     assert out == req.token_ids[n:]  # every token streamed once, in order
@@ -220,16 +217,7 @@ def test_a_preempted_request_that_ends_gives_its_pages_back(model, ending):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             old = pool.submit(serve, sched, model[3], "old", prompt(20, 1), 70, GREEDY)
             wait_until(lambda: sched.num_running == 1, 10, "the first request never ran")
-            params = SamplingParams(max_tokens=70, ignore_eos=True)
-            job = GenerateJob(request_id="new", token_ids=tuple(prompt(20, 2)), params=params,
-                              prefill_address="-", timeout_s=60)
-            new = DecodeRequest(job=job, deadline=time.monotonic() + 60, own_deadline=True,
-                                stopper=make_stopper(model[3], params, list(job.token_ids)),
-                                token_ids=list(job.token_ids), generator=None)
-            new.page_hashes = page_hashes(list(job.token_ids), PAGE_SIZE)
-            new.page_ids = sched.admit("new", 2, new.deadline, lambda: False)
-            new.todo, new.first_pending = [[0, 20]], True
-            sched.join(new)
+            new = joined(sched, model[3], "new", prompt(20, 2), 70, GREEDY)
             # both grow to 6 pages: the newer one is preempted and waits for the older one
             wait_until(lambda: sched.num_preempted == 1, 30, "the newer request was never preempted")
             if ending == "aborted":
@@ -246,6 +234,17 @@ def test_a_preempted_request_that_ends_gives_its_pages_back(model, ending):
             "Aborted" if ending == "aborted" else "DeadlineExceeded")
         settled(sched, rt, num_pages)
         assert sched.num_preempted == 0
+    finally:
+        sched.stop()
+
+
+def test_a_request_that_alone_outgrows_the_whole_pool_still_fails(model):
+    sched, rt = start_scheduler(model, 1, preemption=True)  # 1 page: positions 0..15
+    try:
+        req = joined(sched, model[3], "big", prompt(14, 3), 50, GREEDY)
+        events = events_until_final(req)
+        assert "KV pool exhausted" in str(events[-1].error) and sched.preemption.total == 0
+        settled(sched, rt, 1)
     finally:
         sched.stop()
 
