@@ -11,8 +11,9 @@ aborted / expired ones, resume preempted ones that fit again, fill the batch up 
 pool is dry: preempt the latest arrival, decode_node/preemption.py, or with decode.preemption off
 fail the request), run ONE forward of 1-token chunks, sample, run the stop checks,
 stream the new tokens, offload the pages that just filled (ALL of this step's pages in ONE store
-write, each page owned by its request so an abort takes only its own pages out), and free finished
-requests' pages once no offload still reads them. Requests join and leave at every step.
+write, each page owned by its request so an abort takes only its own pages out:
+decode_node/step_writes.py), and free finished requests' pages once no offload still reads them.
+Requests join and leave at every step.
 """
 
 from __future__ import annotations
@@ -29,18 +30,18 @@ from prometheus_client import Counter
 
 from decode_node.admission import Admission, AdmitTicket
 from decode_node.growth import GrowthReserve, growth_pages
-from decode_node.messages import Admit, Evicted, Join, PageWrite, PrefixRead, Release, ResumeRead, StepSaved
+from decode_node.messages import Admit, Evicted, Join, PrefixRead, Release, ResumeRead
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
 from decode_node.request import DecodeEvent, DecodeRequest
+from decode_node.step_writes import StepWrites
 from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages, pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
-from store_client.page_hash import store_key
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,7 @@ class DecodeScheduler:
         self._running: list[DecodeRequest] = []
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
         # This step's store writes: generated pages and the prompt pages this worker computed itself.
-        self._filled: list[PageWrite] = []
-        self._offload_steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
-                                      "(each submits ONE store write for all of them)", registry=recorder.registry)
-        self._offload_pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
-                                      registry=recorder.registry)
-        self._skipped = Counter("pdorch_decode_store_writes_skipped_pages", "Pages not written: the store is "
-                                "full and its chain eviction would remove them at once (the prefix cache "
-                                "keeps them)", registry=recorder.registry)
+        self._writes = StepWrites(rt, self.cache, recorder)
         self._local_tokens = Counter("pdorch_decode_local_prefill_tokens", "Prompt tokens this decode worker "
                                      "computed itself (conditional disaggregation, pages it could not read)",
                                      registry=recorder.registry)
@@ -202,20 +196,7 @@ class DecodeScheduler:
             if req is not None:
                 self._ready(req, time.monotonic())
             return
-        saved: StepSaved = done.tag
-        for req in saved.owners:  # the distinct requests of one step's offload
-            req.io_pending -= 1
-        self.cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
-        for kind, reason in (("offload", "generated"), ("writeback", "computed")):
-            written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)
-            if written:
-                self._rec.count_store_written(written, kind=kind)
-                self._rec.count_written_by_reason({reason: written})
-        index = self._rt.chain_index
-        if index is not None:  # in the store now: the evictor ranks them by depth in their chain
-            for w, ok in zip(saved.writes, done.page_ok):
-                if ok:
-                    index.touch([w.key], first_depth=w.depth)
+        self._writes.saved(done)  # a step's store write (decode_node/step_writes.py)
 
     def _release_drained(self) -> None:
         still = []
@@ -388,7 +369,7 @@ class DecodeScheduler:
                     self._finish(req, event)
                 elif event.token_ids or event.text:
                     req.emit(event)
-        self._offload_filled()
+        self._writes.submit()
         return True
 
     def _prompt_computed(self, req: DecodeRequest) -> None:
@@ -404,22 +385,8 @@ class DecodeScheduler:
         else:
             self.cache.prompt_in_place(req)
         for k in req.computed_pages:
-            self._queue_write(req, k, kind="writeback")
+            self._writes.queue(req, k, kind="writeback")
         req.computed_pages = []
-
-    def _offload_filled(self) -> None:
-        """One store write for every page that filled in this step (bounded queue, deadline: StoreIO)."""
-        filled, self._filled = self._filled, []
-        if not filled:
-            return
-        owners = tuple(dict.fromkeys(w.req for w in filled))  # io_pending taken in _queue_write
-        generated = sum(1 for w in filled if w.kind == "offload")
-        if generated:
-            self._offload_steps.inc()
-            self._offload_pages.inc(generated)
-        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled)), [w.key for w in filled],
-                                      self._rt.pool.page_addrs([w.page for w in filled]),
-                                      owners=[w.req for w in filled])
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
@@ -429,25 +396,6 @@ class DecodeScheduler:
         extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
         self.cache.page_filled(req, k)
         if self._offload:
-            self._queue_write(req, k, kind="offload")
+            self._writes.queue(req, k, kind="offload")
         else:
             self.cache.not_written([req.page_ids[k]], "offload_off")
-
-    def _queue_write(self, req: DecodeRequest, k: int, kind: str) -> None:
-        """Page k of req (its hash known) joins this step's one store write, unless the store would
-        remove it at once (the chain evictor's water level; the prefix cache keeps it then)."""
-        page = req.page_ids[k]
-        if self._rt.store_io is None or not self._rt.store.enabled:
-            self.cache.not_written([page], "store_disabled")
-            return
-        evictor = self._rt.evictor
-        if evictor is not None and not evictor.should_write(k):
-            self.cache.skipped([page])
-            self._skipped.inc()
-            return
-        key = store_key(self._rt.fingerprint, req.page_hashes[k])
-        if not any(w.req is req for w in self._filled):
-            # NOTE: taken now, not at submission: a request finishing in this very step must
-            # keep its pages until the step's write has read them.
-            req.io_pending += 1
-        self._filled.append(PageWrite(req, key, page, k, kind))

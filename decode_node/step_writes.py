@@ -1,0 +1,81 @@
+"""StepWrites: the store writes of one decode step, as ONE store write.
+
+Every page that fills in a step (generated pages with decode.offload_generated_kv, and the full
+prompt pages the decode worker computed itself) joins the step's buffer (`queue`); the step ends
+with one `StoreIO.submit_save` for all of them (`submit`), each page owned by its request so that
+an abort takes only its own pages out (StoreIO.cancel_owner); the completion (`saved`) tells the
+prefix cache what the store now holds, counts the writes and ranks them for the chain evictor.
+
+NOTE: a request's `io_pending` is taken when its first page joins the buffer, not at submission:
+a request finishing in this very step must keep its pages until the step's write has read them.
+Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from decode_node.messages import PageWrite, StepSaved
+from decode_node.request import DecodeRequest
+from store_client.page_hash import store_key
+
+
+class StepWrites:
+    def __init__(self, rt, cache, recorder):
+        self._rt, self._cache, self._rec = rt, cache, recorder
+        self._filled: list[PageWrite] = []
+        registry = recorder.registry
+        self._steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
+                              "(each submits ONE store write for all of them)", registry=registry)
+        self._pages = Counter("pdorch_decode_offload_pages", "Generated pages submitted for offload",
+                              registry=registry)
+        self._skipped = Counter("pdorch_decode_store_writes_skipped_pages", "Pages not written: the store is "
+                                "full and its chain eviction would remove them at once (the prefix cache "
+                                "keeps them)", registry=registry)
+
+    def queue(self, req: DecodeRequest, k: int, kind: str) -> None:
+        """Page k of req (its hash known) joins this step's one store write, unless the store would
+        remove it at once (the chain evictor's water level; the prefix cache keeps it then).
+        `kind`: "offload" (generated) or "writeback" (computed here)."""
+        rt, page = self._rt, req.page_ids[k]
+        if rt.store_io is None or not rt.store.enabled:
+            self._cache.not_written([page], "store_disabled")
+            return
+        if rt.evictor is not None and not rt.evictor.should_write(k):
+            self._cache.skipped([page])
+            self._skipped.inc()
+            return
+        if not any(w.req is req for w in self._filled):
+            req.io_pending += 1
+        self._filled.append(PageWrite(req, store_key(rt.fingerprint, req.page_hashes[k]), page, k, kind))
+
+    def submit(self) -> None:
+        """One store write for every page that filled in this step (bounded queue, deadline: StoreIO)."""
+        filled, self._filled = self._filled, []
+        if not filled:
+            return
+        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds one io_pending for it (queue)
+        generated = sum(1 for w in filled if w.kind == "offload")
+        if generated:
+            self._steps.inc()
+            self._pages.inc(generated)
+        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled)), [w.key for w in filled],
+                                      self._rt.pool.page_addrs([w.page for w in filled]),
+                                      owners=[w.req for w in filled])
+
+    def saved(self, done) -> None:
+        """A step's write completed (IOCompletion tagged StepSaved)."""
+        saved: StepSaved = done.tag
+        for req in saved.owners:
+            req.io_pending -= 1
+        self._cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
+        for kind, reason in (("offload", "generated"), ("writeback", "computed")):
+            written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)
+            if written:
+                self._rec.count_store_written(written, kind=kind)
+                self._rec.count_written_by_reason({reason: written})
+        index = self._rt.chain_index
+        if index is not None:  # in the store now: the evictor ranks them by depth in their chain
+            for w, ok in zip(saved.writes, done.page_ok):
+                if ok:
+                    index.touch([w.key], first_depth=w.depth)
