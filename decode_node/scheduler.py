@@ -251,8 +251,11 @@ class DecodeScheduler:
         """Pages the requests in the batch may still need (the reserve admission keeps back)."""
         if self._reserve is None:
             return 0
-        return sum(growth_pages(r.prompt_len, r.job.params.max_tokens, self._max_context, len(r.page_ids),
-                                self._page_size) for r in itertools.chain(self._running, self._waiting))
+        return sum(self._growth_of(r, len(r.page_ids)) for r in itertools.chain(self._running, self._waiting))
+
+    def _growth_of(self, req: DecodeRequest, held_pages: int) -> int:
+        return growth_pages(req.prompt_len, req.job.params.max_tokens, self._max_context, held_pages,
+                            self._page_size)
 
     def _resume_ready(self, now: float) -> None:
         """Resume preempted requests, oldest first, while admission's check says they fit (or nothing
@@ -264,8 +267,7 @@ class DecodeScheduler:
                 return
             need = pre.pages_to_resume(req)
             alone = not self._running and not self._waiting and not pre.reading
-            growth = self._growth() + growth_pages(req.prompt_len, req.job.params.max_tokens, self._max_context,
-                                                   need + len(req.kept_pages), self._page_size)
+            growth = self._growth() + self._growth_of(req, need + len(req.kept_pages))
             if not ((alone and need <= self._rt.allocator.num_available()) or self.admission.fits(need, growth)):
                 if alone:  # nothing runs that could free pages: the others' kept pages make room
                     pre.drop_tails()
@@ -318,7 +320,7 @@ class DecodeScheduler:
     # ------------------------------------------------------------------------------- one step
     def _step(self) -> bool:
         page_size, budget = self._page_size, self._local_budget
-        stalled = self._grow() if self._running else set()
+        stalled = self._grow()
         rows: list[tuple[DecodeRequest, int]] = []  # per chunk: its request and the position it ends at
         chunks = []
         for req in list(self._running):
