@@ -171,7 +171,10 @@ class KVWatcher:
     # ------------------------------------------------------------------ observability
     def describe(self, address: str) -> dict | None:
         st = self.streams.get(address)
-        return None if st is None else st.describe()
+        if st is None:
+            return None
+        # the load as the worker last published it (queued + running requests; None before a batch)
+        return st.describe() | {"published_load": self.index.load(address)}
 
     def collect(self):
         """Metric families, read at scrape time (router/metrics.py)."""

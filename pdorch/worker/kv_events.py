@@ -5,8 +5,9 @@
         -> a short lock: the mirrors (the L1 set, the store set) change, the first touch of a hash
            since the last cut remembers whether it was there then
     publisher thread, every CUT_INTERVAL_S
-        cut(): the net change since the last cut -> EventBatch(seq + 1), or a heartbeat (empty, seq + 1
-        too) after HEARTBEAT_S without changes -> the ring of recent batches and every subscriber's queue
+        cut(): the net change since the last cut -> EventBatch(seq + 1), or an empty one (seq + 1 too)
+        after HEARTBEAT_S without changes or when the number of queued or running requests moved
+        -> the ring of recent batches and every subscriber's queue
     subscribe(...) -> refusal text, or a Subscription: its initial batches (the batches after
         `after_seq` when the ring still holds them all, else one snapshot), then its queue
 
@@ -308,7 +309,8 @@ class KVEventJournal:
 
     def cut(self, heartbeat: bool | None = None) -> EventBatch | None:
         """Publish the changes since the last cut as the next batch; with none, a heartbeat once
-        heartbeat_s has passed (heartbeat=True: now; False: never). The batch, or None."""
+        heartbeat_s has passed or the request counts moved (heartbeat=True: now; False: never). The
+        batch, or None."""
         load = self._load()
         now = self._clock()
         dropped: list[tuple[Subscription, str]] = []
@@ -321,7 +323,11 @@ class KVEventJournal:
             l1_stored, l1_removed = self._l1.cut()
             store_written, store_removed = self._store.cut()
             changed = bool(l1_stored or l1_removed or store_written or store_removed)
-            due = now - self._last_cut >= self.heartbeat_s if heartbeat is None else heartbeat
+            # NOTE: a request started or ended is published at the next cut, not at the next heartbeat:
+            # routers weigh the published load, and a finished request counted for up to a heartbeat
+            # sent a new conversation to a busy worker (free_pages alone moves every page: not a cause)
+            moved = load[1:] != self._last_load[1:]
+            due = (now - self._last_cut >= self.heartbeat_s or moved) if heartbeat is None else heartbeat
             if not changed and not due:
                 batch = None
             else:

@@ -220,6 +220,10 @@ def test_the_next_turn_goes_to_the_decode_worker_whose_own_cache_holds_the_conve
         # "sequential new conversations spread": idle ties are settled by a hash of the prompt against
         # each worker's address (replicas agree), and the ports are random, so 4 prompts can all land
         # on one of 2 workers.
+        # NOTE: the load the router weighs includes what each worker last published; a request that
+        # ended counts until its worker's next batch (the next cut since the load is published on change)
+        _wait("both decode workers' published load back to 0",
+              lambda: all(router_workers(router)[a]["kv_events"]["published_load"] == 0 for a in decodes))
         busy_prompt = prompt(TURN1_PAGES * PAGE + 3, seed=90)
         long = threading.Thread(target=lambda: httpx.post(router.url + "/generate", timeout=120, json={
             "input_ids": busy_prompt, "sampling_params": {"max_new_tokens": 1500, "temperature": 0.0,

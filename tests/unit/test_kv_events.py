@@ -68,11 +68,33 @@ def test_seq_is_consecutive_and_batches_are_net_changes():
 def test_heartbeat_after_the_interval_only():
     now = [0.0]
     j = journal(heartbeat_s=1.0, clock=lambda: now[0])
+    assert j.cut().seq == 1  # the first cut publishes the load numbers; they stay the same from here
+    now[0] = 0.5
     assert j.cut() is None
     now[0] = 1.01
     hb = j.cut()
-    assert hb is not None and hb.seq == 1 and hb.num_hashes == 0
+    assert hb is not None and hb.seq == 2 and hb.num_hashes == 0
     now[0] = 1.5
+    assert j.cut() is None
+
+
+def test_a_request_started_or_ended_is_published_at_the_next_cut_not_the_next_heartbeat():
+    now, load = [0.0], [WorkerLoad(0, 1, 30, 0)]
+    j = KVEventJournal("decode-test", PAGE, lambda: load[0], CollectorRegistry(), heartbeat_s=1.0,
+                       clock=lambda: now[0])
+    first = j.cut()
+    assert first is not None and (first.queued, first.running) == (0, 1)
+    now[0] = 0.05
+    load[0] = WorkerLoad(0, 1, 12, 0)  # pages taken, the same requests: no batch before the heartbeat
+    assert j.cut() is None
+    now[0] = 0.1
+    load[0] = WorkerLoad(0, 0, 12, 0)  # the request ended
+    ended = j.cut()
+    assert ended is not None and ended.num_hashes == 0 and (ended.running, ended.seq) == (0, 2)
+    now[0] = 0.15
+    load[0] = WorkerLoad(2, 0, 12, 0)  # two queued
+    assert j.cut().queued == 2
+    now[0] = 0.2
     assert j.cut() is None
 
 
