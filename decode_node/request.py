@@ -52,6 +52,7 @@ class DecodeRequest:
     page_hashes: list[str] = field(default_factory=list)  # full pages, prompt first, then decoded ones
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: object = None
+    grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
     done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0

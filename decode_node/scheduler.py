@@ -358,7 +358,7 @@ class DecodeScheduler:
         if sample:
             batch = [rows[row][0] for row in sample]
             tokens = self._rt.sampler.sample(logits[sample], [r.job.params for r in batch],
-                                             [r.generator for r in batch])
+                                             [r.generator for r in batch], [r.grammar for r in batch])
             self._rec.generated(len(batch))
             for req, token in zip(batch, tokens):
                 if req.first_pending:

@@ -41,6 +41,7 @@ from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
+from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob
@@ -104,9 +105,12 @@ class DecodeWorker:
         if self._draining:
             raise ShuttingDown(f"decode worker {self.worker_id} is draining; request {job.request_id} goes elsewhere")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
-        req = DecodeRequest(job=job, deadline=time.monotonic() + timeout_s, own_deadline=job.timeout_s > 0,
+        deadline = time.monotonic() + timeout_s
+        grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
+        req = DecodeRequest(job=job, deadline=deadline, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
-                            token_ids=list(job.token_ids), generator=self.rt.sampler.make_generator(job.params))
+                            token_ids=list(job.token_ids), generator=self.rt.sampler.make_generator(job.params),
+                            grammar=grammar)
         with self._lock:
             if job.request_id in self._requests:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
@@ -277,6 +281,8 @@ class DecodeWorker:
             else:
                 req.generator.set_state(state)
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
+        if req.grammar is not None:  # P sampled it under the same grammar
+            req.grammar.accept(res.first_token_id)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)
         return check_stop(req, res.first_token_id, self.max_context)

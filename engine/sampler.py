@@ -1,5 +1,6 @@
 """Sampler: logits [B, vocab] -> one token per row, the whole batch in a few vectorised ops.
 
+    grammar rows         disallowed tokens to -inf first (engine/grammar.py: one batched mask)
     greedy rows          argmax
     the other rows       logits / temperature -> top-k -> top-p -> min-p (each a per-row mask)
                          -> probs, then the exponential race: argmax(probs / E), E ~ Exp(1)
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.grammar import OutputGrammar, mask_rows
 from engine.sampling_params import SamplingParams
 
 
@@ -40,7 +42,10 @@ class Sampler:
         return make_generator(params, self.device)
 
     def sample(self, logits: torch.Tensor, params_list: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator | None] | None = None) -> list[int]:
+               generators: Sequence[torch.Generator | None] | None = None,
+               grammars: Sequence[OutputGrammar | None] | None = None) -> list[int]:
+        """One token per row. Rows with a grammar (engine/grammar.py) are masked IN PLACE first (the
+        callers pass a gathered copy), and each grammar accepts its row's token after."""
         if logits.shape[0] != len(params_list):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params_list)} requests")
         generators = list(generators or [None] * len(params_list))
@@ -48,13 +53,19 @@ class Sampler:
             if g is not None and g.device.type != logits.device.type:
                 raise ValueError(f"a sampling generator on {g.device} for logits on {logits.device}: "
                                  "make generators with Sampler.make_generator")
+        if grammars:
+            mask_rows(logits, grammars)
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params_list) if not p.greedy]
         if rows:
             picked = self._sample_rows(logits[rows].float(), [params_list[i] for i in rows],
                                        [generators[i] for i in rows])
             tokens[torch.as_tensor(rows, device=logits.device)] = picked
-        return tokens.tolist()
+        out = tokens.tolist()
+        for g, t in zip(grammars or (), out):
+            if g is not None:
+                g.accept(t)
+        return out
 
     @staticmethod
     def _sample_rows(x: torch.Tensor, params: list[SamplingParams], gens: list) -> torch.Tensor:

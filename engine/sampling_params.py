@@ -4,6 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar the output must follow (engine/grammar.py). `accepted_tokens`: the last that many
+    prompt tokens were generated under it already (a stream resumed elsewhere)."""
+
+    kind: str                         # one of GRAMMAR_KINDS
+    spec: str = ""                    # the JSON schema text, regex or EBNF; "" for json_object
+    accepted_tokens: int = 0
+
+    def __post_init__(self):
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if self.accepted_tokens < 0:
+            raise ValueError(f"grammar accepted_tokens must be >= 0, got {self.accepted_tokens}")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -17,6 +35,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None           # per-request generator: same seed -> same tokens
     skip_special_tokens: bool = True  # for the output text only
+    grammar: GrammarSpec | None = None  # structured output; None: unconstrained
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.

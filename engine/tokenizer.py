@@ -72,6 +72,14 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def vocab(self) -> dict[str, int]:
+        """Every token as the tokenizer stores it (byte-level tokens encoded as such), added ones too."""
+        return self._tk.get_vocab(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer.json text (its model, pre-tokenizer and decoder say how the vocab is encoded)."""
+        return self._tk.to_str()
+
     def token_to_id(self, token: str) -> int | None:
         return self._tk.token_to_id(token)
 
@@ -97,10 +105,12 @@ class Tokenizer:
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template failed: {e}") from e
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat prompt. NOTE: the template already holds any BOS, so the
-        post-processor is off here (as in transformers' apply_chat_template(tokenize=True))."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs) -> list[int]:
+        """Token ids of a chat prompt; `kwargs`: the template's extra variables (`tools`, ...). NOTE:
+        the template already holds any BOS, so the post-processor is off here (as in transformers'
+        apply_chat_template(tokenize=True))."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        return self.encode(text, add_special_tokens=False)
 
 
 def _read_json(path: pathlib.Path) -> dict:

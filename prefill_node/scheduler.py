@@ -329,7 +329,7 @@ class PrefillScheduler:
             rows = logits[[row for row, _ in finished]]
             params = [t.job.params for _, t in finished]
             gens = [self._rt.sampler.make_generator(t.job.params) for _, t in finished]  # on the model's device
-            tokens = self._rt.sampler.sample(rows, params, gens)
+            tokens = self._rt.sampler.sample(rows, params, gens, [t.grammar for _, t in finished])
             for (_, task), token, gen in zip(finished, tokens, gens):
                 if gen is not None:
                     task.sampler_state = gen.get_state().numpy().tobytes()

@@ -70,6 +70,7 @@ class PrefillTask:
     io_pending: int = 0  # store loads/saves and transfers still touching page_ids
     first_token_id: int = -1
     sampler_state: bytes = b""
+    grammar: object = None  # engine.grammar.OutputGrammar: the first token is sampled under it
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
     gate: threading.Condition = field(default_factory=threading.Condition)

@@ -18,6 +18,7 @@ import time
 
 from engine.page_allocator import pages_for
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
@@ -100,7 +101,9 @@ class PrefillWorker:
         if self._scheduler.load.queued >= self.cfg.prefill.max_queued_requests:
             raise Overloaded(f"prefill queue full ({self.cfg.prefill.max_queued_requests} requests waiting)")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.prefill.request_timeout_s
-        task = PrefillTask(job=job, deadline=time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
+        task = PrefillTask(job=job, deadline=deadline, grammar=grammar)
         self._scheduler.submit(task)
         return task
 

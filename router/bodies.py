@@ -8,7 +8,7 @@ mapping to the worker's SamplingParams, live in `sampling_from_*`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,11 +34,26 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = _CFG
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    model_config = _CFG
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = _CFG
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -46,6 +61,55 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class FunctionDef(BaseModel):
+    model_config = _CFG
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema (None: no arguments)
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _CFG
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = _CFG
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _CFG
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _CFG
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (one of its keys)."""
+    model_config = _CFG
+    json_: dict | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class _OpenAISampling(BaseModel):
@@ -68,15 +132,55 @@ class _OpenAISampling(BaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None
+    # structured outputs: OpenAI's, vLLM's and SGLang's spellings (router/structured.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: dict | str | None = None
+    # fields that change the output and are not served yet, refused when set (refused_fields)
+    logit_bias: Any = None
+    best_of: Any = None
+    top_logprobs: Any = None
+    repetition_penalty: Any = None
+    min_tokens: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    moderation: Any = None
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    suffix: Any = None
+    lora_path: Any = None
+    # accepted, with no effect on the output (docs/api.md)
+    prompt_cache_key: str | None = None  # OpenAI's cache-routing hint: the router's session key
+    safety_identifier: str | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict | None = None  # extra variables for the chat template (e.g. enable_thinking)
+    add_generation_prompt: bool = True
 
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    echo: bool | None = None
     logprobs: int | None = None  # completions use an int here
 
 
@@ -92,6 +196,17 @@ class SGLangSampling(BaseModel):
     ignore_eos: bool = False
     seed: int | None = None
     sampling_seed: int | None = None
+    json_schema: str | None = None  # structured outputs (router/structured.py)
+    regex: str | None = None
+    ebnf: str | None = None
+    # not served yet: refused when set (SGLANG_REFUSED)
+    n: Any = None
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    repetition_penalty: Any = None
+    min_new_tokens: Any = None
+    logit_bias: Any = None
+    structural_tag: Any = None
 
 
 class GenerateRequest(BaseModel):
@@ -195,16 +310,62 @@ def _check_max_tokens(max_tokens: int | None, param: str) -> None:
         raise bad_request(f"{param} must be in [1, {INT32_MAX}], got {max_tokens}", param=param)
 
 
+# Fields of the OpenAI bodies (and vLLM / SGLang extras) that would change the output and are not
+# served yet: a value other than what pdorch does anyway is refused, never silently dropped.
+# name -> (the values served, why / what to do instead). docs/api.md lists them beside vLLM and SGLang.
+REFUSED: dict[str, tuple[tuple, str]] = {
+    "n": ((None, 1), "generate several completions with several requests"),
+    "best_of": ((None, 1), "generate several completions with several requests"),
+    "logprobs": ((None, False), "logprobs are not served yet"),
+    "top_logprobs": ((None, 0), "logprobs are not served yet"),
+    "echo": ((None, False), "echoing the prompt is not served yet"),
+    "frequency_penalty": ((None, 0, 0.0), "only 0 is served yet"),
+    "presence_penalty": ((None, 0, 0.0), "only 0 is served yet"),
+    "repetition_penalty": ((None, 1, 1.0), "only 1 is served yet"),
+    "logit_bias": ((None, {}), "logit_bias is not served yet"),
+    "min_tokens": ((None, 0), "min_tokens is not served yet"),
+    "suffix": ((None, ""), "insertion (a suffix) is not served"),
+    "audio": ((None,), "this server serves text only"),
+    "modalities": ((None, ["text"]), "this server serves text only"),
+    "prediction": ((None,), "predicted outputs are not served"),
+    "reasoning_effort": ((None,), "use chat_template_kwargs (e.g. enable_thinking) for a reasoning model"),
+    "verbosity": ((None,), "not served"),
+    "web_search_options": ((None,), "web search is not served"),
+    "functions": ((None,), "the deprecated functions field is not served: use tools"),
+    "function_call": ((None,), "the deprecated function_call field is not served: use tool_choice"),
+    "store": ((None, False), "stored completions are not served"),
+    "metadata": ((None, {}), "metadata tags stored completions, which are not served"),
+    "service_tier": ((None, "auto", "default"), "only the default tier is served"),
+    "moderation": ((None,), "moderation is not served"),
+    "prompt_cache_retention": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
+    "prompt_cache_options": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
+    "lora_path": ((None,), "LoRA adapters are not served"),
+}
+
+
+# The same for SGLang's sampling_params.
+SGLANG_REFUSED: dict[str, tuple[tuple, str]] = {
+    "n": ((None, 1), "generate several completions with several requests"),
+    "frequency_penalty": ((None, 0, 0.0), "only 0 is served yet"),
+    "presence_penalty": ((None, 0, 0.0), "only 0 is served yet"),
+    "repetition_penalty": ((None, 1, 1.0), "only 1 is served yet"),
+    "min_new_tokens": ((None, 0), "min_new_tokens is not served yet"),
+    "logit_bias": ((None, {}), "logit_bias is not served yet"),
+    "structural_tag": ((None,), "structural tags are not served yet: use json_schema, regex or ebnf"),
+}
+
+
+def refuse_unserved(req: BaseModel, refused: dict[str, tuple[tuple, str]] = REFUSED, prefix: str = "") -> None:
+    """400 naming the first field set to a value pdorch would not honour (`refused`)."""
+    for name, (served, why) in refused.items():
+        value = getattr(req, name, None)
+        if not any(value == v and type(value) is type(v) or value is v for v in served):
+            raise bad_request(f"{prefix}{name}={value!r} is not supported: {why}", param=prefix + name)
+
+
 def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParams, int | None]:
     """(params without max_tokens, requested max_tokens or None)."""
-    if req.n not in (None, 1):
-        raise bad_request(f"n must be 1 (got {req.n}); generate several completions with several requests",
-                          param="n")
-    if req.logprobs:
-        raise bad_request("logprobs are not supported", param="logprobs")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name) not in (None, 0, 0.0):
-            raise bad_request(f"{name} is not supported (only 0)", param=name)
+    refuse_unserved(req)
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     top_k = -1 if req.top_k is None else req.top_k
@@ -223,6 +384,7 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
 
 
 def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
+    refuse_unserved(s, SGLANG_REFUSED, "sampling_params.")
     _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.", s.min_p)
     _check_max_tokens(s.max_new_tokens, "sampling_params.max_new_tokens")
     _check_seed(s.seed, "sampling_params.seed")

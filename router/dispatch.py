@@ -62,6 +62,7 @@ class Job:
     timeout_s: float  # the whole request's budget
     session: str | None = None
     deadline: float = 0.0  # time.monotonic() by which the request must be done; 0 = timeout_s from now
+    grammar_param: str = ""  # the body field its grammar came from: a worker's refusal of it names that field
 
     def __post_init__(self):
         if not self.deadline:
@@ -271,7 +272,8 @@ class Dispatcher:
             return upstream_error(msg)
         code, details = e.code(), e.details()
         if code in _CLIENT_CODES:
-            raise bad_request(f"rejected by worker: {details}")
+            param = job.grammar_param if job.grammar_param and "grammar:" in details else None
+            raise bad_request(f"rejected by worker: {details}", param=param)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             return overloaded(f"workers are at capacity: {details}")
         msg = f"worker request failed before the first token (P={p.address}, D={d.address}): {code.name}: {details}"

@@ -68,6 +68,8 @@ class Resumption:
         self.sampling = worker_pb2.SamplingParams()
         self.sampling.CopyFrom(s)
         self.sampling.max_tokens = self.remaining
+        if s.HasField("grammar"):  # the new workers advance their matchers by the tokens already streamed
+            self.sampling.grammar.accepted_tokens = s.grammar.accepted_tokens + len(streamed_ids)
         self.cached: worker_pb2.CachedTokens | None = None  # the resumed prefill's counts (first chunk)
         self.finished = False
         self.cut_short = False  # finished by the router's stop check while the worker still generates

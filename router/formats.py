@@ -102,8 +102,14 @@ def _finish(p: Progress) -> str | None:
 def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
                include_usage: bool, continuous_usage: bool = False) -> bytes:
     delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+    return chat_delta_chunk(p, oid, created, model, delta, _finish(p), include_usage, continuous_usage)
+
+
+def chat_delta_chunk(p: Progress, oid: str, created: int, model: str, delta: dict, finish: str | None,
+                     include_usage: bool, continuous_usage: bool = False) -> bytes:
+    """A chat chunk with any delta (tool calls: router/tools.py)."""
     body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(p)}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
     if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
         body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
@@ -123,10 +129,12 @@ def usage_chunk(p: Progress, oid: str, created: int, model: str, chat: bool) -> 
                 "created": created, "model": model, "choices": [], "usage": p.usage()})
 
 
-def chat_final(p: Progress, oid: str, created: int, model: str) -> dict:
+def chat_final(p: Progress, oid: str, created: int, model: str, message: dict | None = None,
+               finish: str | None = None) -> dict:
+    """`message` / `finish`: given for a tool call (router/tools.py), else the text and its finish."""
     return {"id": oid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": p.text},
-                         "logprobs": None, "finish_reason": _finish(p)}],
+            "choices": [{"index": 0, "message": message or {"role": "assistant", "content": p.text},
+                         "logprobs": None, "finish_reason": finish or _finish(p)}],
             "usage": p.usage()}
 
 

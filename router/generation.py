@@ -27,6 +27,8 @@ from router.bodies import (
 from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
+from router.structured import grammar_of
+from router.tools import ToolStream, final_message, template_messages, tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
@@ -81,24 +83,38 @@ class GenerationHandlers:
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
         sampling, max_tokens = sampling_from_openai(req)
+        plan = tool_plan(req) if chat else None
+        grammar = constraint(req, plan)
+        if grammar is not None:
+            sampling.grammar.CopyFrom(grammar[0])
         if chat:
-            ids = svc.encode_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+            ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
+                                  **template_kwargs(req, plan))
         else:
             ids = completion_prompt(req.prompt, svc)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived)
+        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived,
+                           grammar_param=grammar[1] if grammar else "", session=req.prompt_cache_key)
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
+        forced = plan is not None and plan.grammar is not None  # a tool call under its grammar
         if not req.stream:
+            if forced:
+                return await _collect(run, lambda: formats.chat_final(progress, oid, created, model,
+                                                                      *final_message(plan, progress.text,
+                                                                                     progress.finish_reason)))
             final = formats.chat_final if chat else formats.completion_final
             return await _collect(run, lambda: final(progress, oid, created, model))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
-        chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
-                                  continuous_usage=continuous)
+        if forced:
+            chunk = _tool_chunks(ToolStream(plan), continuous)
+        else:
+            chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
+                                      continuous_usage=continuous)
 
         def tail() -> bytes:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
@@ -109,13 +125,15 @@ class GenerationHandlers:
                 if progress.finish_reason:
                     yield out + tail()
                     return
-                yield out
+                if out:
+                    yield out
                 async for delta in run:
                     out = chunk(progress, oid, created, model, delta, False, include_usage)
                     if progress.finish_reason:  # the worker's last chunk: end the HTTP body with it
                         yield out + tail()
                         return
-                    yield out
+                    if out:
+                        yield out
             except StreamFailed as e:
                 yield formats.sse(stream_error_event(str(e))) + formats.DONE
                 return
@@ -133,9 +151,13 @@ class GenerationHandlers:
         if req.return_logprob:
             raise APIError(400, "return_logprob is not supported", param="return_logprob")
         sampling, max_tokens = sampling_from_sglang(req.sampling_params)
+        grammar = grammar_of(req.sampling_params, "sampling_params.")
+        if grammar is not None:
+            sampling.grammar.CopyFrom(grammar[0])
         ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
         job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
-                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived)
+                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
+                           grammar_param=grammar[1] if grammar else "")
         progress, _, run = await svc.start(job, "/generate", t0)
         if not req.stream:
             return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))
@@ -170,6 +192,46 @@ async def _collect(run, final) -> Response:
     finally:
         await run.aclose()
     return formats.json_response(final())
+
+
+# the chat template's own variables: chat_template_kwargs may not replace them
+_TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools")
+
+
+def template_kwargs(req, plan) -> dict:
+    kwargs = dict(req.chat_template_kwargs or {})
+    taken = [k for k in kwargs if k in _TEMPLATE_RESERVED]
+    if taken:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(taken)} (the request's own fields do)",
+                       param="chat_template_kwargs")
+    if plan is not None:
+        kwargs["tools"] = plan.template_tools
+    return kwargs
+
+
+def constraint(req, plan):
+    """(Grammar, the field it came from) of a request: structured outputs or a forced tool call."""
+    grammar = grammar_of(req)
+    if plan is None or plan.grammar is None:
+        return grammar
+    if grammar is not None:
+        raise APIError(400, f"tool_choice {plan.mode!r} and {grammar[1]} both constrain the output; give one",
+                       param=grammar[1])
+    return plan.grammar, "tool_choice"
+
+
+def _tool_chunks(stream: ToolStream, continuous: bool):
+    """chunk(progress, oid, created, model, delta_text, first, include_usage) for a forced tool call:
+    b"" while nothing is to be sent."""
+    def chunk(p, oid, created, model, delta_text, first, include_usage) -> bytes:
+        if p.finish_reason:
+            delta, finish = stream.finish(p.text, delta_text, p.finish_reason)
+        else:
+            delta, finish = stream.delta(delta_text), None
+            if delta is None:
+                return b""
+        return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous)
+    return chunk
 
 
 def completion_prompt(prompt, svc: RouterService) -> list[int]:

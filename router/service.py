@@ -92,11 +92,12 @@ class RouterService:
             return self.cfg.model.max_context_tokens
         return self.pool.context_tokens() or self._dir_context
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+        """`template_kwargs`: the template's extra variables (tools, chat_template_kwargs)."""
         from engine.tokenizer import ChatTemplateError
 
         try:
-            return self.tokenizer.encode_chat(messages)
+            return self.tokenizer.encode_chat(messages, add_generation_prompt, **template_kwargs)
         except ChatTemplateError as e:
             raise bad_request(str(e), param="messages") from None
 
@@ -105,7 +106,8 @@ class RouterService:
 
     def make_job(self, token_ids: list[int], sampling: worker_pb2.SamplingParams, max_tokens: int | None,
                  default_max_tokens: int | None, request: Request, request_id: str | None = None,
-                 max_tokens_param: str = "max_tokens", arrived: float | None = None) -> Job:
+                 max_tokens_param: str = "max_tokens", arrived: float | None = None, grammar_param: str = "",
+                 session: str | None = None) -> Job:
         """The dispatch job of a validated prompt. `arrived` (time.monotonic() when the request came
         in) starts its one deadline, so tokenizing counts too; None = from now."""
         n = len(token_ids)
@@ -146,10 +148,10 @@ class RouterService:
         if self._hash_pages:
             hashes = page_hashes(token_ids, self.cfg.model.page_size)
         header = self.cfg.router.session_affinity_header
-        session = request.headers.get(header) if header else None
+        session = (request.headers.get(header) if header else None) or session
         timeout_s = self.cfg.router.request_timeout_s
         return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
-                   deadline=arrived + timeout_s if arrived is not None else 0.0)
+                   deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param)
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:

@@ -6,7 +6,7 @@ servicer; the engine never imports generated code.
 
 from __future__ import annotations
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GrammarSpec, SamplingParams
 from pdorch.worker.errors import InvalidRequest
 from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
@@ -32,6 +32,8 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
         seed=int(msg.seed) if msg.HasField("seed") else None,
+        grammar=GrammarSpec(msg.grammar.kind, msg.grammar.spec, int(msg.grammar.accepted_tokens))
+        if msg.HasField("grammar") else None,
     )
 
 
@@ -43,6 +45,9 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     )
     if params.seed is not None:
         msg.seed = params.seed
+    if params.grammar is not None:
+        g = params.grammar
+        msg.grammar.CopyFrom(pb.Grammar(kind=g.kind, spec=g.spec, accepted_tokens=g.accepted_tokens))
     return msg
 
 

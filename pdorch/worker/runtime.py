@@ -22,6 +22,7 @@ from pdorch.config import Config
 if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker starts
     from engine.arch import ModelArch
     from engine.dtypes import ModelDtypes
+    from engine.grammar import Grammars
     from engine.kv_pool import KVPool
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
@@ -55,6 +56,7 @@ class WorkerRuntime:
     store_io: StoreIO | None = None
     chain_index: ChainIndex | None = None  # schedulers call chain_index.touch(keys, first_depth)
     evictor: StoreEvictor | None = None  # StoreEvictor thread, started here
+    grammars: Grammars | None = None  # structured outputs (compiles on the first grammar; None in unit fakes)
 
     @property
     def max_context(self) -> int:
@@ -62,6 +64,8 @@ class WorkerRuntime:
         return self.cfg.model.max_context_tokens or self.arch.max_position_embeddings
 
     def close(self) -> None:
+        if self.grammars is not None:
+            self.grammars.close()
         if self.evictor is not None:  # first: it removes through the store closed below
             self.evictor.stop()
         if self.store_io is not None:
@@ -110,6 +114,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     from engine.arch import ModelArch
     from engine.cuda_graphs import graph_memory_bytes
     from engine.dtypes import resolve_dtypes
+    from engine.grammar import Grammars
     from engine.kv_pool import KVPool
     from engine.loader import load_model
     from engine.model_runner import ModelRunner
@@ -175,4 +180,4 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
                          pool=pool,
                          allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
-                         chain_index=chain_index, evictor=evictor)
+                         chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size))

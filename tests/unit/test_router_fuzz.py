@@ -49,6 +49,8 @@ def from_schema(schema: dict) -> st.SearchStrategy:
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
     kind = schema.get("type")
+    if kind is None and set(schema) <= {"title", "description", "default"}:  # a field of any JSON value
+        return JSON_VALUES
     if kind == "object":
         props = schema.get("properties", {})
         required = set(schema.get("required", ()))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/pdorch/v1/worker.proto\x12\tpdorch.v1\"\xbc\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\t \x01(\x02\x42\x07\n\x05_seed\"H\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\r\n\x05store\x18\x03 \x01(\x05\x12\x0b\n\x03ssd\x18\x04 \x01(\x05\"\xa5\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdorch.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_segment\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65st_page_addrs\x18\x05 \x03(\x04\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\t\x12\x13\n\x0bpage_hashes\x18\t \x03(\t\x12\x1b\n\x13\x64\x65\x63ode_loaded_pages\x18\n \x03(\x05\x12\x1b\n\x13\x64\x65\x63ode_cached_pages\x18\x0b \x03(\x05\"\xeb\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\'\n\x06\x63\x61\x63hed\x18\x04 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x16\n\x0etransfer_bytes\x18\x05 \x01(\x04\x12\x12\n\ntransfer_s\x18\x06 \x01(\x01\x12\x11\n\tcompute_s\x18\x07 \x01(\x01\x12\x15\n\rsampler_state\x18\x08 \x01(\x0c\x12\x16\n\x0eunstored_pages\x18\t \x03(\x05\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0c\x46lushRequest\"$\n\rFlushResponse\x12\x13\n\x0bpages_freed\x18\x01 \x01(\x05\"\r\n\x0bInfoRequest\"\x98\x03\n\nWorkerInfo\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x06 \x01(\x05\x12\x12\n\nfree_pages\x18\x07 \x01(\x05\x12\x17\n\x0fqueued_requests\x18\x08 \x01(\x05\x12\x18\n\x10running_requests\x18\t \x01(\x05\x12\x18\n\x10transfer_segment\x18\n \x01(\t\x12\x15\n\rstore_enabled\x18\x0b \x01(\x08\x12\x1a\n\x12max_context_tokens\x18\x0c \x01(\x05\x12\x10\n\x08kv_dtype\x18\r \x01(\t\x12\r\n\x05\x64type\x18\x0e \x01(\t\x12\x14\n\x0cmodel_family\x18\x0f \x01(\t\x12\x1b\n\x13store_evicted_pages\x18\x10 \x01(\x04\x12\x13\n\x0bpreemptions\x18\x11 \x01(\x04\x12\x1a\n\x12preempted_requests\x18\x12 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x91\x03\n\x0bWorkerStats\x12\x19\n\x11requests_finished\x18\x01 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x02 \x01(\x04\x12\x1e\n\x16prompt_tokens_computed\x18\x03 \x01(\x04\x12\x35\n\x14prompt_tokens_cached\x18\x04 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x04\x12\x1b\n\x13store_pages_written\x18\x06 \x01(\x04\x12#\n\x04info\x18\x07 \x01(\x0b\x32\x15.pdorch.v1.WorkerInfo\x12\x19\n\x11pool_integrity_ok\x18\x08 \x01(\x08\x12\x1c\n\x14pool_integrity_error\x18\t \x01(\t\x12\x14\n\x0c\x61\x63tive_pages\x18\n \x01(\x05\x12\x1a\n\x12store_pages_loaded\x18\x0b \x01(\x04\x12\x16\n\x0etransfer_bytes\x18\x0c \x01(\x04\x12\x18\n\x10requests_aborted\x18\r \x01(\x04\"\x86\x01\n\x0eWatchKVRequest\x12\x13\n\x0bhash_scheme\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x16\n\x0elayout_version\x18\x03 \x01(\x05\x12\r\n\x05\x65poch\x18\x04 \x01(\t\x12\x11\n\tafter_seq\x18\x05 \x01(\x04\x12\x12\n\nsubscriber\x18\x06 \x01(\t\"\xfe\x01\n\x0cKVEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08snapshot\x18\x04 \x01(\x08\x12\x11\n\tl1_stored\x18\x05 \x03(\t\x12\x12\n\nl1_removed\x18\x06 \x03(\t\x12\x15\n\rstore_written\x18\x07 \x03(\t\x12\x15\n\rstore_removed\x18\x08 \x03(\t\x12\x12\n\nfree_pages\x18\t \x01(\x05\x12\x17\n\x0fqueued_requests\x18\n \x01(\x05\x12\x18\n\x10running_requests\x18\x0b \x01(\x05\x12\x11\n\tpage_size\x18\x0c \x01(\x05\"\x91\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdorch.v1.SamplingParams\x12\x17\n\x0fprefill_address\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"\xdb\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\'\n\x06\x63\x61\x63hed\x18\x05 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x14\n\x0cmatched_stop\x18\x07 \x01(\t\x12\x13\n\x0bpreemptions\x18\x08 \x01(\r\x12\x10\n\x08paused_s\x18\t \x01(\x01\x32\xfc\x02\n\x0ePrefillService\x12@\n\x07Prefill\x12\x19.pdorch.v1.PrefillRequest\x1a\x1a.pdorch.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.pdorch.v1.AbortRequest\x1a\x18.pdorch.v1.AbortResponse\x12:\n\x05\x46lush\x12\x17.pdorch.v1.FlushRequest\x1a\x18.pdorch.v1.FlushResponse\x12\x35\n\x04Info\x12\x16.pdorch.v1.InfoRequest\x1a\x15.pdorch.v1.WorkerInfo\x12\x38\n\x05Stats\x12\x17.pdorch.v1.StatsRequest\x1a\x16.pdorch.v1.WorkerStats\x12?\n\x07WatchKV\x12\x19.pdorch.v1.WatchKVRequest\x1a\x17.pdorch.v1.KVEventBatch0\x01\x32\x80\x03\n\rDecodeService\x12\x45\n\x08Generate\x12\x1a.pdorch.v1.GenerateRequest\x1a\x1b.pdorch.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.pdorch.v1.AbortRequest\x1a\x18.pdorch.v1.AbortResponse\x12:\n\x05\x46lush\x12\x17.pdorch.v1.FlushRequest\x1a\x18.pdorch.v1.FlushResponse\x12\x35\n\x04Info\x12\x16.pdorch.v1.InfoRequest\x1a\x15.pdorch.v1.WorkerInfo\x12\x38\n\x05Stats\x12\x17.pdorch.v1.StatsRequest\x1a\x16.pdorch.v1.WorkerStats\x12?\n\x07WatchKV\x12\x19.pdorch.v1.WatchKVRequest\x1a\x17.pdorch.v1.KVEventBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cproto/pdorch/v1/worker.proto\x12\tpdorch.v1\"\xe1\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x00\x88\x01\x01\x12\r\n\x05min_p\x18\t \x01(\x02\x12#\n\x07grammar\x18\n \x01(\x0b\x32\x12.pdorch.v1.GrammarB\x07\n\x05_seed\">\n\x07Grammar\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x05\"H\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\x05\x12\r\n\x05store\x18\x03 \x01(\x05\x12\x0b\n\x03ssd\x18\x04 \x01(\x05\"\xa5\x02\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdorch.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_segment\x18\x04 \x01(\t\x12\x17\n\x0f\x64\x65st_page_addrs\x18\x05 \x03(\x04\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\x12\x11\n\tpage_size\x18\x07 \x01(\x05\x12\x19\n\x11model_fingerprint\x18\x08 \x01(\t\x12\x13\n\x0bpage_hashes\x18\t \x03(\t\x12\x1b\n\x13\x64\x65\x63ode_loaded_pages\x18\n \x03(\x05\x12\x1b\n\x13\x64\x65\x63ode_cached_pages\x18\x0b \x03(\x05\"\xeb\x01\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x02 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12\'\n\x06\x63\x61\x63hed\x18\x04 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x16\n\x0etransfer_bytes\x18\x05 \x01(\x04\x12\x12\n\ntransfer_s\x18\x06 \x01(\x01\x12\x11\n\tcompute_s\x18\x07 \x01(\x01\x12\x15\n\rsampler_state\x18\x08 \x01(\x0c\x12\x16\n\x0eunstored_pages\x18\t \x03(\x05\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0c\x46lushRequest\"$\n\rFlushResponse\x12\x13\n\x0bpages_freed\x18\x01 \x01(\x05\"\r\n\x0bInfoRequest\"\x98\x03\n\nWorkerInfo\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x13\n\x0btotal_pages\x18\x06 \x01(\x05\x12\x12\n\nfree_pages\x18\x07 \x01(\x05\x12\x17\n\x0fqueued_requests\x18\x08 \x01(\x05\x12\x18\n\x10running_requests\x18\t \x01(\x05\x12\x18\n\x10transfer_segment\x18\n \x01(\t\x12\x15\n\rstore_enabled\x18\x0b \x01(\x08\x12\x1a\n\x12max_context_tokens\x18\x0c \x01(\x05\x12\x10\n\x08kv_dtype\x18\r \x01(\t\x12\r\n\x05\x64type\x18\x0e \x01(\t\x12\x14\n\x0cmodel_family\x18\x0f \x01(\t\x12\x1b\n\x13store_evicted_pages\x18\x10 \x01(\x04\x12\x13\n\x0bpreemptions\x18\x11 \x01(\x04\x12\x1a\n\x12preempted_requests\x18\x12 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x91\x03\n\x0bWorkerStats\x12\x19\n\x11requests_finished\x18\x01 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x02 \x01(\x04\x12\x1e\n\x16prompt_tokens_computed\x18\x03 \x01(\x04\x12\x35\n\x14prompt_tokens_cached\x18\x04 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x05 \x01(\x04\x12\x1b\n\x13store_pages_written\x18\x06 \x01(\x04\x12#\n\x04info\x18\x07 \x01(\x0b\x32\x15.pdorch.v1.WorkerInfo\x12\x19\n\x11pool_integrity_ok\x18\x08 \x01(\x08\x12\x1c\n\x14pool_integrity_error\x18\t \x01(\t\x12\x14\n\x0c\x61\x63tive_pages\x18\n \x01(\x05\x12\x1a\n\x12store_pages_loaded\x18\x0b \x01(\x04\x12\x16\n\x0etransfer_bytes\x18\x0c \x01(\x04\x12\x18\n\x10requests_aborted\x18\r \x01(\x04\"\x86\x01\n\x0eWatchKVRequest\x12\x13\n\x0bhash_scheme\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x16\n\x0elayout_version\x18\x03 \x01(\x05\x12\r\n\x05\x65poch\x18\x04 \x01(\t\x12\x11\n\tafter_seq\x18\x05 \x01(\x04\x12\x12\n\nsubscriber\x18\x06 \x01(\t\"\xfe\x01\n\x0cKVEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x10\n\x08snapshot\x18\x04 \x01(\x08\x12\x11\n\tl1_stored\x18\x05 \x03(\t\x12\x12\n\nl1_removed\x18\x06 \x03(\t\x12\x15\n\rstore_written\x18\x07 \x03(\t\x12\x15\n\rstore_removed\x18\x08 \x03(\t\x12\x12\n\nfree_pages\x18\t \x01(\x05\x12\x17\n\x0fqueued_requests\x18\n \x01(\x05\x12\x18\n\x10running_requests\x18\x0b \x01(\x05\x12\x11\n\tpage_size\x18\x0c \x01(\x05\"\x91\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdorch.v1.SamplingParams\x12\x17\n\x0fprefill_address\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"\xdb\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x05\x12\'\n\x06\x63\x61\x63hed\x18\x05 \x01(\x0b\x32\x17.pdorch.v1.CachedTokens\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x14\n\x0cmatched_stop\x18\x07 \x01(\t\x12\x13\n\x0bpreemptions\x18\x08 \x01(\r\x12\x10\n\x08paused_s\x18\t \x01(\x01\x32\xfc\x02\n\x0ePrefillService\x12@\n\x07Prefill\x12\x19.pdorch.v1.PrefillRequest\x1a\x1a.pdorch.v1.PrefillResponse\x12:\n\x05\x41\x62ort\x12\x17.pdorch.v1.AbortRequest\x1a\x18.pdorch.v1.AbortResponse\x12:\n\x05\x46lush\x12\x17.pdorch.v1.FlushRequest\x1a\x18.pdorch.v1.FlushResponse\x12\x35\n\x04Info\x12\x16.pdorch.v1.InfoRequest\x1a\x15.pdorch.v1.WorkerInfo\x12\x38\n\x05Stats\x12\x17.pdorch.v1.StatsRequest\x1a\x16.pdorch.v1.WorkerStats\x12?\n\x07WatchKV\x12\x19.pdorch.v1.WatchKVRequest\x1a\x17.pdorch.v1.KVEventBatch0\x01\x32\x80\x03\n\rDecodeService\x12\x45\n\x08Generate\x12\x1a.pdorch.v1.GenerateRequest\x1a\x1b.pdorch.v1.GenerateResponse0\x01\x12:\n\x05\x41\x62ort\x12\x17.pdorch.v1.AbortRequest\x1a\x18.pdorch.v1.AbortResponse\x12:\n\x05\x46lush\x12\x17.pdorch.v1.FlushRequest\x1a\x18.pdorch.v1.FlushResponse\x12\x35\n\x04Info\x12\x16.pdorch.v1.InfoRequest\x1a\x15.pdorch.v1.WorkerInfo\x12\x38\n\x05Stats\x12\x17.pdorch.v1.StatsRequest\x1a\x16.pdorch.v1.WorkerStats\x12?\n\x07WatchKV\x12\x19.pdorch.v1.WatchKVRequest\x1a\x17.pdorch.v1.KVEventBatch0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,39 +32,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.pdorch.v1.worker_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=44
-  _globals['_SAMPLINGPARAMS']._serialized_end=232
-  _globals['_CACHEDTOKENS']._serialized_start=234
-  _globals['_CACHEDTOKENS']._serialized_end=306
-  _globals['_PREFILLREQUEST']._serialized_start=309
-  _globals['_PREFILLREQUEST']._serialized_end=602
-  _globals['_PREFILLRESPONSE']._serialized_start=605
-  _globals['_PREFILLRESPONSE']._serialized_end=840
-  _globals['_ABORTREQUEST']._serialized_start=842
-  _globals['_ABORTREQUEST']._serialized_end=876
-  _globals['_ABORTRESPONSE']._serialized_start=878
-  _globals['_ABORTRESPONSE']._serialized_end=908
-  _globals['_FLUSHREQUEST']._serialized_start=910
-  _globals['_FLUSHREQUEST']._serialized_end=924
-  _globals['_FLUSHRESPONSE']._serialized_start=926
-  _globals['_FLUSHRESPONSE']._serialized_end=962
-  _globals['_INFOREQUEST']._serialized_start=964
-  _globals['_INFOREQUEST']._serialized_end=977
-  _globals['_WORKERINFO']._serialized_start=980
-  _globals['_WORKERINFO']._serialized_end=1388
-  _globals['_STATSREQUEST']._serialized_start=1390
-  _globals['_STATSREQUEST']._serialized_end=1404
-  _globals['_WORKERSTATS']._serialized_start=1407
-  _globals['_WORKERSTATS']._serialized_end=1808
-  _globals['_WATCHKVREQUEST']._serialized_start=1811
-  _globals['_WATCHKVREQUEST']._serialized_end=1945
-  _globals['_KVEVENTBATCH']._serialized_start=1948
-  _globals['_KVEVENTBATCH']._serialized_end=2202
-  _globals['_GENERATEREQUEST']._serialized_start=2205
-  _globals['_GENERATEREQUEST']._serialized_end=2350
-  _globals['_GENERATERESPONSE']._serialized_start=2353
-  _globals['_GENERATERESPONSE']._serialized_end=2572
-  _globals['_PREFILLSERVICE']._serialized_start=2575
-  _globals['_PREFILLSERVICE']._serialized_end=2955
-  _globals['_DECODESERVICE']._serialized_start=2958
-  _globals['_DECODESERVICE']._serialized_end=3342
+  _globals['_SAMPLINGPARAMS']._serialized_end=269
+  _globals['_GRAMMAR']._serialized_start=271
+  _globals['_GRAMMAR']._serialized_end=333
+  _globals['_CACHEDTOKENS']._serialized_start=335
+  _globals['_CACHEDTOKENS']._serialized_end=407
+  _globals['_PREFILLREQUEST']._serialized_start=410
+  _globals['_PREFILLREQUEST']._serialized_end=703
+  _globals['_PREFILLRESPONSE']._serialized_start=706
+  _globals['_PREFILLRESPONSE']._serialized_end=941
+  _globals['_ABORTREQUEST']._serialized_start=943
+  _globals['_ABORTREQUEST']._serialized_end=977
+  _globals['_ABORTRESPONSE']._serialized_start=979
+  _globals['_ABORTRESPONSE']._serialized_end=1009
+  _globals['_FLUSHREQUEST']._serialized_start=1011
+  _globals['_FLUSHREQUEST']._serialized_end=1025
+  _globals['_FLUSHRESPONSE']._serialized_start=1027
+  _globals['_FLUSHRESPONSE']._serialized_end=1063
+  _globals['_INFOREQUEST']._serialized_start=1065
+  _globals['_INFOREQUEST']._serialized_end=1078
+  _globals['_WORKERINFO']._serialized_start=1081
+  _globals['_WORKERINFO']._serialized_end=1489
+  _globals['_STATSREQUEST']._serialized_start=1491
+  _globals['_STATSREQUEST']._serialized_end=1505
+  _globals['_WORKERSTATS']._serialized_start=1508
+  _globals['_WORKERSTATS']._serialized_end=1909
+  _globals['_WATCHKVREQUEST']._serialized_start=1912
+  _globals['_WATCHKVREQUEST']._serialized_end=2046
+  _globals['_KVEVENTBATCH']._serialized_start=2049
+  _globals['_KVEVENTBATCH']._serialized_end=2303
+  _globals['_GENERATEREQUEST']._serialized_start=2306
+  _globals['_GENERATEREQUEST']._serialized_end=2451
+  _globals['_GENERATERESPONSE']._serialized_start=2454
+  _globals['_GENERATERESPONSE']._serialized_end=2673
+  _globals['_PREFILLSERVICE']._serialized_start=2676
+  _globals['_PREFILLSERVICE']._serialized_end=3056
+  _globals['_DECODESERVICE']._serialized_start=3059
+  _globals['_DECODESERVICE']._serialized_end=3443
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,198 @@
+"""Agent traffic through the API (structured outputs, tool calls) on the real stack: the official
+`openai` client -> the real router -> D -> P (tiny random-weights model, real mooncake_master,
+decode offload on), and a grammar-constrained stream whose decode worker is killed mid-way.
+
+Random weights are the harshest model for a grammar: whatever the logits, the output must parse.
+The schemas bound every value (enums, fixed array lengths) so a random model ends within max_tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+
+import httpx
+import openai
+import pytest
+
+from engine.tokenizer import Tokenizer
+from store_client.master import MasterProcess
+from tests.fixtures.router import RouterThread, router_config, wait_until
+from tests.fixtures.workers import WorkerCluster, make_config
+
+PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a killed decode worker's segment holds nothing
+WORDS = {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "minItems": 24, "maxItems": 24}
+REPORT = {"type": "object", "properties": {"ok": {"type": "boolean"}, "level": {"enum": ["low", "high"]},
+                                           "words": {**WORDS, "minItems": 3, "maxItems": 3}},
+          "required": ["ok", "level", "words"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "unit": {"enum": ["c", "f"]}, "days": {"enum": [1, 2, 3]}},
+                                                "required": ["unit", "days"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time"}}
+MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
+MODEL = None  # the served model (the router answers for its own)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("agent_api")
+    master = MasterProcess(log_dir=str(tmp)).start()
+    c = WorkerCluster(make_config(tmp, tiny_model_dir, master, decode={"offload_generated_kv": True}), tmp, master)
+    try:
+        c.wait_ready(c.spawn_worker("prefill"), *[c.spawn_worker("decode", sections=PURE_CLIENT) for _ in range(2)])
+    except BaseException:
+        c.stop()
+        raise
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def router(cluster, tiny_model_dir):
+    prefills = [w.address for w in cluster.workers if w.role == "prefill"]
+    decodes = [w.address for w in cluster.workers if w.role == "decode"]
+    base = router_config(prefills, decodes)
+    cfg = dataclasses.replace(cluster.cfg, router=base.router, discovery=base.discovery)
+    r = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def client(router):
+    return openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def fits_report(value) -> bool:
+    return (set(value) == {"ok", "level", "words"} and isinstance(value["ok"], bool) and value["level"] in ("low", "high")
+            and len(value["words"]) == 3 and set(value["words"]) <= {"alpha", "beta", "gamma"})
+
+
+def test_json_schema_output_parses_and_fits_streamed_and_not(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "report", "schema": REPORT, "strict": True}}
+    for seed in (1, 2):
+        out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=120, temperature=1.0,
+                                             seed=seed, response_format=fmt)
+        assert out.choices[0].finish_reason == "stop", out
+        assert fits_report(json.loads(out.choices[0].message.content))
+        stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=120, temperature=1.0,
+                                                seed=seed, response_format=fmt, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == out.choices[0].message.content  # seeded: the same draw streamed or not
+
+
+def test_a_named_tool_choice_returns_a_call_whose_arguments_fit(client):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER, CLOCK], tool_choice=choice,
+                                         max_tokens=60, temperature=0)
+    msg = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls" and msg.content is None
+    (call,) = msg.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and args["unit"] in ("c", "f") and args["days"] in (1, 2, 3)
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER, CLOCK],
+                                            tool_choice=choice, max_tokens=60, temperature=0, stream=True)
+    chunks = [c for c in stream if c.choices]
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == args
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_required_tool_choice_returns_calls_of_listed_tools(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER, CLOCK], tool_choice="required",
+                                         parallel_tool_calls=False, max_tokens=80, temperature=0)
+    (call,) = out.choices[0].message.tool_calls
+    assert out.choices[0].finish_reason == "tool_calls" and call.function.name in ("get_weather", "get_time")
+    args = json.loads(call.function.arguments)
+    assert isinstance(args, dict) and (call.function.name == "get_time" or set(args) == {"unit", "days"})
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER, CLOCK],
+                                            tool_choice="required", parallel_tool_calls=False, max_tokens=80,
+                                            temperature=0, stream=True)
+    chunks = [c for c in stream if c.choices]
+    (streamed,) = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
+
+
+def test_a_tool_result_turn_reaches_the_prompt(client, tiny_model_dir):
+    turns = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"unit": "c"}'}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "minus three degrees and snow"}]
+    out = client.chat.completions.create(model=MODEL, messages=turns, tools=[WEATHER], max_tokens=4, temperature=0)
+    # the template as transformers would be given it: the call's arguments as an object, the tool's reply
+    expected = Tokenizer.from_dir(tiny_model_dir).encode_chat(
+        [MESSAGES[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": {"unit": "c"}}}]},
+         {"role": "tool", "content": "minus three degrees and snow", "tool_call_id": "call_7"}],
+        tools=[WEATHER])
+    assert out.usage.prompt_tokens == len(expected)
+    without = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=4,
+                                             temperature=0)
+    assert out.usage.prompt_tokens >= without.usage.prompt_tokens + 5  # "minus three degrees and snow" is in
+
+
+def test_sglang_generate_follows_a_regex(router):
+    body = {"text": "Code:", "sampling_params": {"regex": r"[A-F]{4}-\d{3}", "max_new_tokens": 30, "temperature": 1.0}}
+    r = httpx.post(router.url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert re.fullmatch(r"[A-F]{4}-\d{3}", r.json()["text"]), r.json()
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"extra_body": {"regex": "a(b"}}, "regex", "Regex parsing error"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                                                                           "minProperties": "two"}}}},
+     "response_format.json_schema.schema", "invalid json_schema"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name", "no tool named 'nope'"),
+    ({"logprobs": True, "top_logprobs": 3}, "logprobs", "not served yet"),
+    ({"n": 2}, "n", "several requests"),
+])
+def test_bad_agent_input_is_a_400_naming_the_field(client, fields, param, words):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, **fields)
+    err = e.value.body
+    assert err["param"] == param and words in err["message"] and "Traceback" not in err["message"], err
+
+
+def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(cluster, router):
+    """kill -9 the decode worker after 12 streamed tokens: the new workers advance their matchers by
+    the tokens already streamed (Grammar.accepted_tokens) and the whole output parses; under greedy
+    it equals an uninterrupted run."""
+    body = {"model": None, "messages": MESSAGES, "max_tokens": 150, "temperature": 0, "stream": True,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WORDS}}}
+
+    def run(kill_after: int | None) -> str:
+        pieces, killed = [], False
+        with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200, resp.read()
+            for line in resp.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                ev = json.loads(line[6:])
+                assert "error" not in ev, ev
+                pieces.append(ev["choices"][0]["delta"].get("content") or "")
+                if kill_after is not None and not killed and len(pieces) >= kill_after:
+                    assert not ev["choices"][0]["finish_reason"]
+                    workers = httpx.get(router.url + "/workers", timeout=30).json()["workers"]
+                    (serving,) = [w for w in cluster.workers if w.role == "decode" and w.proc.poll() is None
+                                  and next(x for x in workers if x["address"] == w.address)["in_flight"] == 1]
+                    os.killpg(serving.proc.pid, signal.SIGKILL)
+                    serving.proc.wait(10)
+                    killed = True
+        assert kill_after is None or killed
+        return "".join(pieces)
+
+    resumed = run(kill_after=12)
+    words = json.loads(resumed)
+    assert len(words) == 24 and set(words) <= {"alpha", "beta", "gamma"}
+    text = httpx.get(router.url + "/metrics", timeout=30).text
+    assert re.search(r'^pdorch_router_failovers_total\{outcome="resumed"\} 1\.0$', text, re.MULTILINE), text[-2000:]
+    wait_until(lambda: sum(w["healthy"] for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]
+                           if w["role"] == "decode") == 1, 30, "the dead decode worker marked unhealthy")
+    assert run(kill_after=None) == resumed

@@ -1,0 +1,198 @@
+"""router/structured.py, router/tools.py and the refused fields of router/bodies.py: pure logic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from router.bodies import REFUSED, ChatCompletionRequest, CompletionRequest, GenerateRequest, refuse_unserved
+from router.errors import APIError
+from router.structured import grammar_of
+from router.tools import ToolPlan, ToolStream, final_message, template_messages, tool_plan
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}
+TIME = {"type": "function", "function": {"name": "time", "description": "now"}}
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate_json(json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                                 **fields}))
+
+
+def refused(fn, *args) -> APIError:
+    with pytest.raises(APIError) as e:
+        fn(*args)
+    assert e.value.status == 400
+    return e.value
+
+
+@pytest.mark.parametrize("fields, param, kind, spec", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
+     "response_format.json_schema.schema", "json_schema", SCHEMA),
+    ({"response_format": {"type": "json_object"}}, "response_format", "json_object", ""),
+    ({"response_format": {"type": "text"}}, None, None, None),
+    ({"structured_outputs": {"json": SCHEMA}}, "structured_outputs.json", "json_schema", SCHEMA),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex", "regex", "a+"),
+    ({"structured_outputs": {"choice": ["yes", "no?"]}}, "structured_outputs.choice", "regex", r"(yes|no\?)"),
+    ({"structured_outputs": {"grammar": 'root ::= "a"'}}, "structured_outputs.grammar", "ebnf", 'root ::= "a"'),
+    ({"guided_json": json.dumps(SCHEMA)}, "guided_json", "json_schema", SCHEMA),
+    ({"guided_choice": ["a", "b"]}, "guided_choice", "regex", "(a|b)"),
+    ({"regex": r"\d+"}, "regex", "regex", r"\d+"),
+    ({"ebnf": 'root ::= "b"'}, "ebnf", "ebnf", 'root ::= "b"'),
+    ({"json_schema": SCHEMA}, "json_schema", "json_schema", SCHEMA),
+])
+def test_every_spelling_of_a_structured_output_becomes_one_grammar(fields, param, kind, spec):
+    got = grammar_of(chat(**fields))
+    if param is None:
+        assert got is None
+        return
+    grammar, where = got
+    assert (where, grammar.kind) == (param, kind)
+    assert (json.loads(grammar.spec) if kind == "json_schema" else grammar.spec) == spec
+
+
+def test_sglang_sampling_params_grammar_names_its_place():
+    req = GenerateRequest.model_validate_json(json.dumps({"text": "x", "sampling_params": {"regex": "[ab]+"}}))
+    grammar, where = grammar_of(req.sampling_params, "sampling_params.")
+    assert (grammar.kind, grammar.spec, where) == ("regex", "[ab]+", "sampling_params.regex")
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"response_format": {"type": "json_object"}, "regex": "a"}, "regex", "at most one structured output"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "is required"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"json_schema": "[1]"}, "json_schema", "must be a JSON schema"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "at least one choice"),
+    ({"regex": ""}, "regex", "is empty"),
+])
+def test_a_structured_output_the_router_can_judge_is_refused_naming_the_field(fields, param, words):
+    err = refused(grammar_of, chat(**fields))
+    assert err.param == param and words in err.message
+
+
+def test_named_tool_choice_constrains_to_the_functions_parameters():
+    plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "weather"}}))
+    assert (plan.mode, plan.forced_name, json.loads(plan.grammar.spec)) == ("named", "weather", SCHEMA)
+    assert [t["function"]["name"] for t in plan.template_tools] == ["weather", "time"]
+    (call,) = plan.calls('{"city": "Paris"}')
+    assert (call.name, json.loads(call.arguments)) == ("weather", {"city": "Paris"}) and call.id.startswith("call_")
+    assert plan.calls('{"city": "Par') is None  # cut short: no call
+
+
+def test_required_tool_choice_is_an_array_of_calls_of_the_listed_tools():
+    plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice="required"))
+    schema = json.loads(plan.grammar.spec)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
+    names = [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]]
+    assert names == [["weather"], ["time"]]
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == SCHEMA
+    calls = plan.calls('[{"name": "time", "parameters": {}}, {"name": "weather", "parameters": {"city": "Oslo"}}]')
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("time", {}), ("weather", {"city": "Oslo"})]
+    one = tool_plan(chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False))
+    assert json.loads(one.grammar.spec)["maxItems"] == 1
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "wether"}}},
+     "tool_choice.function.name", "no tool named 'wether' (tools: weather)"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "distinct"),
+])
+def test_a_tool_choice_that_cannot_be_served_is_refused(fields, param, words):
+    err = refused(tool_plan, chat(**fields))
+    assert err.param == param and words in err.message
+
+
+def test_auto_and_none_keep_the_output_free():
+    assert tool_plan(chat(tools=[WEATHER])).grammar is None
+    assert tool_plan(chat(tools=[WEATHER], tool_choice="none")).mode == "none"
+    assert tool_plan(chat()) is None and tool_plan(chat(tool_choice="none")) is None
+
+
+def test_the_named_call_streams_its_arguments_and_ends_with_tool_calls():
+    plan = tool_plan(chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}}))
+    stream = ToolStream(plan)
+    first = stream.delta('{"city"')
+    assert first["role"] == "assistant"
+    (call,) = first["tool_calls"]
+    assert (call["index"], call["type"], call["function"]) == (0, "function", {"name": "weather", "arguments": '{"city"'})
+    assert stream.delta(': "Ro') == {"tool_calls": [{"index": 0, "function": {"arguments": ': "Ro'}}]}
+    last, finish = stream.finish('{"city": "Rome"}', 'me"}', "stop")
+    assert finish == "tool_calls" and last["tool_calls"][0]["function"] == {"arguments": 'me"}'}
+
+
+def test_required_calls_come_in_one_chunk_at_the_end_and_a_cut_one_as_text():
+    plan = tool_plan(chat(tools=[WEATHER], tool_choice="required"))
+    stream = ToolStream(plan)
+    assert stream.delta("[{") == {"role": "assistant"} and stream.delta('"name"') is None
+    text = '[{"name": "weather", "parameters": {"city": "Oslo"}}]'
+    last, finish = stream.finish(text, "]", "stop")
+    assert finish == "tool_calls" and last["tool_calls"][0]["function"]["name"] == "weather"
+    cut, finish = ToolStream(plan).finish('[{"name": "wea', "wea", "length")
+    assert finish == "length" and cut["content"] == '[{"name": "wea'
+    message, finish = final_message(plan, text, "stop")
+    assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
+    assert final_message(plan, '[{"na', "length") == ({"role": "assistant", "content": '[{"na'}, "length")
+
+
+def test_tool_turns_reach_the_template_with_arguments_as_objects():
+    req = chat(messages=[
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])
+    msgs = template_messages(req.messages)
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "weather", "arguments": {"city": "Oslo"}}
+    assert msgs[2] == {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"}
+    bad = chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])
+    assert refused(template_messages, bad.messages).param == "messages.0.tool_calls.0.function.arguments"
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_every_refused_field_is_refused_by_name_and_its_default_is_not(name):
+    served, _ = REFUSED[name]
+    model = CompletionRequest if name in ("echo", "best_of", "suffix") else ChatCompletionRequest
+    base = {"prompt": "x"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "x"}]}
+    for value in served:
+        refuse_unserved(model.model_validate_json(json.dumps({**base, name: value})))
+    other = {"n": 2, "best_of": 3, "logprobs": 0 if model is CompletionRequest else True, "top_logprobs": 5,
+             "echo": True, "frequency_penalty": 0.5, "presence_penalty": -1.0, "repetition_penalty": 1.2,
+             "logit_bias": {"5": 10}, "min_tokens": 3, "suffix": "end", "modalities": ["text", "audio"],
+             "service_tier": "flex", "store": True, "metadata": {"a": "b"}}.get(name, {"anything": 1})
+    err = refused(refuse_unserved, model.model_validate_json(json.dumps({**base, name: other})))
+    assert err.param == name and name in err.message
+
+
+def _openai_fields(module) -> set[str]:
+    return set(module.CompletionCreateParamsBase.__annotations__) | {"stream"}
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_every_field_of_the_openai_sdks_request_is_honoured_or_refused(route):
+    """The official client's request types: a field neither served nor in REFUSED would be ignored."""
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    fields = _openai_fields(chat_params if route == "chat" else completion_create_params)
+    model = ChatCompletionRequest if route == "chat" else CompletionRequest
+    honoured = {"model", "messages", "prompt", "temperature", "top_p", "max_tokens", "max_completion_tokens",
+                "stop", "seed", "stream", "stream_options", "response_format", "tools", "tool_choice",
+                "parallel_tool_calls", "prompt_cache_key"}
+    no_effect = {"user", "safety_identifier"}  # identify the end user; they never change the output
+    declared = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+    assert fields <= declared, f"fields the router would drop unseen: {sorted(fields - declared)}"
+    unclassified = fields - honoured - no_effect - set(REFUSED)
+    assert not unclassified, f"neither honoured nor refused: {sorted(unclassified)}"
+    assert "tools" not in REFUSED and "response_format" not in REFUSED
+
+
+def test_plan_for_required_with_a_tool_without_parameters_takes_an_empty_object():
+    plan = tool_plan(chat(tools=[TIME], tool_choice="required"))
+    assert isinstance(plan, ToolPlan)
+    item = json.loads(plan.grammar.spec)["items"]
+    assert item["properties"]["parameters"] == {"type": "object", "properties": {}}
