@@ -52,6 +52,10 @@ class ModelConfig:
     gpu_memory_utilization: float = _key(0.9, "With num_pages auto: the share of the GPU's memory this worker may "
                                          "take (weights, activations, CUDA graphs and the KV pool)", min=0.05,
                                          max=1.0)
+    tool_call_parser: str = _key("auto", "How the router reads tool calls in a model's free output (tool_choice "
+                                 "auto; docs/api.md): hermes (<tool_call> JSON: Qwen2.5, Qwen3), llama3_json, "
+                                 "mistral, none (returned as text); auto = from the model's family",
+                                 choices=["auto", "none", "hermes", "llama3_json", "mistral"])
     local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "
                                           "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
                                           "one visible GPU each (shared round-robin when there are fewer)",

@@ -28,6 +28,8 @@ from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 from router.structured import grammar_of
+from router.tool_parsers import AutoToolStream
+from router.tool_parsers import parse as parse_tool_calls
 from router.tools import ToolStream, final_message, template_messages, tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -101,17 +103,20 @@ class GenerationHandlers:
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
         forced = plan is not None and plan.grammar is not None  # a tool call under its grammar
+        parsed = plan is not None and plan.mode == "auto" and svc.tool_parser != "none"  # calls read from text
         if not req.stream:
-            if forced:
-                return await _collect(run, lambda: formats.chat_final(progress, oid, created, model,
-                                                                      *final_message(plan, progress.text,
-                                                                                     progress.finish_reason)))
+            if forced or parsed:
+                def final():
+                    msg = final_message(plan, progress.text, progress.finish_reason) if forced else \
+                        auto_message(svc.tool_parser, progress.text, progress.finish_reason)
+                    return formats.chat_final(progress, oid, created, model, *msg)
+                return await _collect(run, final)
             final = formats.chat_final if chat else formats.completion_final
             return await _collect(run, lambda: final(progress, oid, created, model))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
-        if forced:
-            chunk = _tool_chunks(ToolStream(plan), continuous)
+        if forced or parsed:
+            chunk = _tool_chunks(ToolStream(plan) if forced else AutoToolStream(svc.tool_parser), continuous)
         else:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
                                       continuous_usage=continuous)
@@ -220,18 +225,26 @@ def constraint(req, plan):
     return plan.grammar, "tool_choice"
 
 
-def _tool_chunks(stream: ToolStream, continuous: bool):
-    """chunk(progress, oid, created, model, delta_text, first, include_usage) for a forced tool call:
-    b"" while nothing is to be sent."""
+def _tool_chunks(stream, continuous: bool):
+    """chunk(progress, oid, created, model, delta_text, first, include_usage) for a chat with tools
+    (a forced call's ToolStream or an AutoToolStream): b"" while nothing is to be sent."""
     def chunk(p, oid, created, model, delta_text, first, include_usage) -> bytes:
         if p.finish_reason:
-            delta, finish = stream.finish(p.text, delta_text, p.finish_reason)
+            delta, finish = stream.finish(p.text, p.finish_reason)
         else:
-            delta, finish = stream.delta(delta_text), None
+            delta, finish = stream.delta(p.text), None
             if delta is None:
                 return b""
         return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous)
     return chunk
+
+
+def auto_message(parser: str, text: str, finish_reason: str) -> tuple[dict, str]:
+    """A non-streamed answer's message with the calls the model wrote in its own format, if any."""
+    content, calls = parse_tool_calls(parser, text) if finish_reason == "stop" else (text, [])
+    if not calls:
+        return {"role": "assistant", "content": text}, finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
 
 
 def completion_prompt(prompt, svc: RouterService) -> list[int]:

@@ -43,6 +43,25 @@ def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[s
     return frozenset(n for n in names if n)
 
 
+def tool_parser_of(setting: str, model_dir: Path | None) -> str:
+    """model.tool_call_parser, with auto resolved from the model's family (config.json); "none" when
+    the family has no known call format or the directory does not say."""
+    from router.tool_parsers import FAMILY_PARSER
+
+    if setting != "auto":
+        return setting
+    if model_dir is None:
+        return "none"
+    from engine.families import FAMILIES
+
+    try:
+        arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
+    except (OSError, ValueError):
+        return "none"
+    family = FAMILIES.get(arch)
+    return FAMILY_PARSER.get(family.name, "none") if family is not None else "none"
+
+
 def context_from_model_dir(model_dir: Path | None) -> int:
     if model_dir is None:
         return 0
@@ -67,6 +86,7 @@ class RouterService:
         self.model_name = cfg.model.served_name
         self.aliases = model_aliases(cfg.model.served_name, cfg.model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
+        self.tool_parser = tool_parser_of(cfg.model.tool_call_parser, model_dir)
         self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0

@@ -135,9 +135,11 @@ class ToolStream:
         self.plan = plan
         self.call_id = ToolCallOut("", "").id
         self.sent_role = self.opened = False
+        self.sent = 0  # characters of the output already sent as arguments
 
-    def delta(self, text: str) -> dict | None:
-        """The delta of a chunk with this text, or None (nothing to send yet)."""
+    def delta(self, output: str) -> dict | None:
+        """The delta for the output so far (all of it), or None (nothing to send yet)."""
+        text, self.sent = output[self.sent:], len(output)
         out: dict = {}
         if not self.sent_role:
             out["role"], self.sent_role = "assistant", True
@@ -151,12 +153,11 @@ class ToolStream:
             out["tool_calls"] = [call]
         return out or None
 
-    def finish(self, text: str, last_piece: str, finish_reason: str) -> tuple[dict, str]:
-        """The last chunk's delta (with `last_piece` of the output) and its finish_reason; `text`: the
-        whole output."""
+    def finish(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The last chunk's delta and its finish_reason; `text`: the whole output."""
         calls = self.plan.calls(text) if finish_reason == "stop" else None
         if self.plan.mode == "named":
-            return self.delta(last_piece) or {}, "tool_calls" if calls else finish_reason
+            return self.delta(text) or {}, "tool_calls" if calls else finish_reason
         out = {} if self.sent_role else {"role": "assistant"}
         self.sent_role = True
         if calls:

@@ -118,6 +118,24 @@ def test_a_required_tool_choice_returns_calls_of_listed_tools(client):
     assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
 
 
+def test_auto_tool_choice_reads_a_call_the_model_wrote_in_its_familys_format(client):
+    """The tiny model is a Llama: its call format is Llama 3.1's JSON (router/tool_parsers.py). A
+    random model writes no call by itself, so a regex makes it write one."""
+    call = r'\{"name": "get_time", "parameters": \{\}\}'
+    kwargs = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER, CLOCK], "max_tokens": 40, "temperature": 0,
+              "extra_body": {"regex": call}}
+    out = client.chat.completions.create(**kwargs)
+    (got,) = out.choices[0].message.tool_calls
+    assert (got.function.name, json.loads(got.function.arguments)) == ("get_time", {})
+    assert out.choices[0].finish_reason == "tool_calls" and out.choices[0].message.content is None
+    chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    assert not any(c.choices[0].delta.content for c in chunks)  # held back: it was a call
+    (streamed,) = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert streamed.function.name == "get_time" and chunks[-1].choices[0].finish_reason == "tool_calls"
+    prose = client.chat.completions.create(**{**kwargs, "extra_body": {"regex": "Sunny, [0-9]{2} degrees"}})
+    assert prose.choices[0].message.tool_calls is None and prose.choices[0].finish_reason == "stop"
+
+
 def test_a_tool_result_turn_reaches_the_prompt(client, tiny_model_dir):
     turns = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [

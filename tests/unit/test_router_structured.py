@@ -120,19 +120,19 @@ def test_the_named_call_streams_its_arguments_and_ends_with_tool_calls():
     assert first["role"] == "assistant"
     (call,) = first["tool_calls"]
     assert (call["index"], call["type"], call["function"]) == (0, "function", {"name": "weather", "arguments": '{"city"'})
-    assert stream.delta(': "Ro') == {"tool_calls": [{"index": 0, "function": {"arguments": ': "Ro'}}]}
-    last, finish = stream.finish('{"city": "Rome"}', 'me"}', "stop")
+    assert stream.delta('{"city": "Ro') == {"tool_calls": [{"index": 0, "function": {"arguments": ': "Ro'}}]}
+    last, finish = stream.finish('{"city": "Rome"}', "stop")
     assert finish == "tool_calls" and last["tool_calls"][0]["function"] == {"arguments": 'me"}'}
 
 
 def test_required_calls_come_in_one_chunk_at_the_end_and_a_cut_one_as_text():
     plan = tool_plan(chat(tools=[WEATHER], tool_choice="required"))
     stream = ToolStream(plan)
-    assert stream.delta("[{") == {"role": "assistant"} and stream.delta('"name"') is None
+    assert stream.delta("[{") == {"role": "assistant"} and stream.delta('[{"name"') is None
     text = '[{"name": "weather", "parameters": {"city": "Oslo"}}]'
-    last, finish = stream.finish(text, "]", "stop")
+    last, finish = stream.finish(text, "stop")
     assert finish == "tool_calls" and last["tool_calls"][0]["function"]["name"] == "weather"
-    cut, finish = ToolStream(plan).finish('[{"name": "wea', "wea", "length")
+    cut, finish = ToolStream(plan).finish('[{"name": "wea', "length")
     assert finish == "length" and cut["content"] == '[{"name": "wea'
     message, finish = final_message(plan, text, "stop")
     assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
