@@ -6,7 +6,7 @@ Sampling parameters and cached-token counts share the prefill protocol's convert
 from __future__ import annotations
 
 from decode_node.request import DecodeEvent, GenerateJob
-from pdorch.worker.convert import cached_to_proto, sampling_from_proto
+from pdorch.worker.convert import cached_to_proto, logprob_to_proto, sampling_from_proto
 from pdorch.worker.prefill_rpc import CachedTokens
 from proto.pdorch.v1 import worker_pb2 as pb
 
@@ -22,4 +22,5 @@ def event_to_proto(request_id: str, event: DecodeEvent, prompt_tokens: int,
     return pb.GenerateResponse(request_id=request_id, token_ids=list(event.token_ids), text=event.text,
                                prompt_tokens=prompt_tokens, cached=cached_to_proto(cached),
                                finish_reason=event.finish_reason, matched_stop=event.matched_stop,
-                               preemptions=event.preemptions, paused_s=event.paused_s)
+                               preemptions=event.preemptions, paused_s=event.paused_s,
+                               logprobs=[logprob_to_proto(lp) for lp in event.logprobs])

@@ -24,6 +24,7 @@ class DecodeEvent:
     finish_reason: str = ""
     matched_stop: str = ""
     error: Exception | None = None
+    logprobs: tuple = ()  # engine.sampler.TokenLogprob per token of token_ids (when asked for)
     preemptions: int = 0  # times preempted since the previous event (decode_node/preemption.py)
     paused_s: float = 0.0  # seconds those preemptions paused the stream
 

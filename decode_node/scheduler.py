@@ -357,16 +357,17 @@ class DecodeScheduler:
             self._reserve.stepped()
         if sample:
             batch = [rows[row][0] for row in sample]
-            tokens = self._rt.sampler.sample(logits[sample], [r.job.params for r in batch],
-                                             [r.generator for r in batch], [r.grammar for r in batch])
+            rows, params = logits[sample], [r.job.params for r in batch]
+            tokens = self._rt.sampler.sample(rows, params, [r.generator for r in batch], [r.grammar for r in batch])
+            logprobs = self._rt.sampler.logprobs(rows, tokens, params)
             self._rec.generated(len(batch))
-            for req, token in zip(batch, tokens):
+            for req, token, lp in zip(batch, tokens, logprobs):
                 if req.first_pending:
                     req.first_pending = False  # the prompt's last position was fed, not a new token
                 else:
                     self._after_feed(req, len(req.token_ids) - 1)
                 req.token_ids.append(int(token))
-                event = check_stop(req, int(token), self._max_context)
+                event = check_stop(req, int(token), self._max_context, lp)
                 if event.final:
                     self._finish(req, event)
                 elif event.token_ids or event.text:

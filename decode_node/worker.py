@@ -285,7 +285,7 @@ class DecodeWorker:
             req.grammar.accept(res.first_token_id)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)
-        return check_stop(req, res.first_token_id, self.max_context)
+        return check_stop(req, res.first_token_id, self.max_context, res.first_logprob)
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

@@ -18,11 +18,20 @@ noise): make them with `Sampler.make_generator`, which uses the sampler's device
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from engine.grammar import OutputGrammar, mask_rows
 from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability and the most likely alternatives ((id, logprob), best first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | None:
@@ -65,6 +74,27 @@ class Sampler:
         for g, t in zip(grammars or (), out):
             if g is not None:
                 g.accept(t)
+        return out
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, tokens: Sequence[int], params_list: Sequence[SamplingParams]
+                 ) -> list[TokenLogprob | None]:
+        """Each row's sampled token's logprob and its `params.logprobs` alternatives (None for rows
+        that asked for none): the log-softmax of `logits` as the sampler got them (after any grammar
+        mask, before temperature and top-k/p, as vLLM's raw logprobs)."""
+        rows = [i for i, p in enumerate(params_list) if p.logprobs is not None]
+        out: list[TokenLogprob | None] = [None] * len(params_list)
+        if not rows:
+            return out
+        lp = torch.log_softmax(logits[rows].float(), dim=-1)
+        chosen = lp.gather(1, torch.as_tensor([tokens[i] for i in rows], device=lp.device)[:, None])
+        top = torch.topk(lp, max(params_list[i].logprobs for i in rows), dim=-1)
+        values = torch.cat([chosen, top.values], dim=1).tolist()  # [chosen, best, second, ...] per row
+        ids = top.indices.tolist()
+        for j, i in enumerate(rows):
+            n = params_list[i].logprobs  # NOTE: tokens a grammar forbids (-inf) are no alternatives
+            top = tuple((t, v) for t, v in zip(ids[j][:n], values[j][1:n + 1]) if v != float("-inf"))
+            out[i] = TokenLogprob(values[j][0], top)
         return out
 
     @staticmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf")
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class SamplingParams:
     seed: int | None = None           # per-request generator: same seed -> same tokens
     skip_special_tokens: bool = True  # for the output text only
     grammar: GrammarSpec | None = None  # structured output; None: unconstrained
+    logprobs: int | None = None       # each token's logprob and this many alternatives (0-20); None: none
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.
@@ -55,6 +57,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 

@@ -330,9 +330,11 @@ class PrefillScheduler:
             params = [t.job.params for _, t in finished]
             gens = [self._rt.sampler.make_generator(t.job.params) for _, t in finished]  # on the model's device
             tokens = self._rt.sampler.sample(rows, params, gens, [t.grammar for _, t in finished])
-            for (_, task), token, gen in zip(finished, tokens, gens):
+            logprobs = self._rt.sampler.logprobs(rows, tokens, params)
+            for (_, task), token, gen, lp in zip(finished, tokens, gens, logprobs):
                 if gen is not None:
                     task.sampler_state = gen.get_state().numpy().tobytes()
+                task.first_logprob = lp
                 self._finish_compute(task, int(token))
         return True
 
@@ -364,7 +366,8 @@ class PrefillScheduler:
                 task.succeed(PrefillResult(
                     request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
                     cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
-                    sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored)))
+                    sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored),
+                    first_logprob=task.first_logprob))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
 

@@ -71,6 +71,7 @@ class PrefillTask:
     first_token_id: int = -1
     sampler_state: bytes = b""
     grammar: object = None  # engine.grammar.OutputGrammar: the first token is sampled under it
+    first_logprob: object = None  # engine.sampler.TokenLogprob, when the request asked for logprobs
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
     gate: threading.Condition = field(default_factory=threading.Condition)

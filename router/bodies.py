@@ -145,7 +145,7 @@ class _OpenAISampling(BaseModel):
     # fields that change the output and are not served yet, refused when set (refused_fields)
     logit_bias: Any = None
     best_of: Any = None
-    top_logprobs: Any = None
+    top_logprobs: int | None = None
     repetition_penalty: Any = None
     min_tokens: Any = None
     audio: Any = None
@@ -217,6 +217,9 @@ class GenerateRequest(BaseModel):
     stream: bool = False
     rid: str | None = None
     return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int | None = None  # -1 / absent: the output's logprobs only
+    return_text_in_logprobs: bool = False
 
 
 def parse(model_cls: type[BaseModel], body: bytes) -> BaseModel:
@@ -316,8 +319,6 @@ def _check_max_tokens(max_tokens: int | None, param: str) -> None:
 REFUSED: dict[str, tuple[tuple, str]] = {
     "n": ((None, 1), "generate several completions with several requests"),
     "best_of": ((None, 1), "generate several completions with several requests"),
-    "logprobs": ((None, False), "logprobs are not served yet"),
-    "top_logprobs": ((None, 0), "logprobs are not served yet"),
     "echo": ((None, False), "echoing the prompt is not served yet"),
     "frequency_penalty": ((None, 0, 0.0), "only 0 is served yet"),
     "presence_penalty": ((None, 0, 0.0), "only 0 is served yet"),

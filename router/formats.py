@@ -38,6 +38,7 @@ class Progress:
         "device",
         "finish_reason",
         "host",
+        "logprobs",
         "matched_stop",
         "output_ids",
         "paused_s",
@@ -54,6 +55,7 @@ class Progress:
         self.prompt_tokens = prompt_tokens
         self.device = self.host = self.store = self.ssd = 0
         self.output_ids: list[int] = []
+        self.logprobs: list = []  # worker_pb2.TokenLogprob per output id, when asked for
         self.text = ""
         self.finish_reason = ""
         self.matched_stop = ""
@@ -70,6 +72,8 @@ class Progress:
             c = msg.cached
             self.device, self.host, self.store, self.ssd = c.device, c.host, c.store, c.ssd
         self.output_ids.extend(msg.token_ids)
+        if msg.logprobs:
+            self.logprobs.extend(msg.logprobs)
         self.text += msg.text
         if msg.finish_reason:
             self.finish_reason = msg.finish_reason
@@ -100,25 +104,25 @@ def _finish(p: Progress) -> str | None:
 
 
 def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-               include_usage: bool, continuous_usage: bool = False) -> bytes:
+               include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
     delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
-    return chat_delta_chunk(p, oid, created, model, delta, _finish(p), include_usage, continuous_usage)
+    return chat_delta_chunk(p, oid, created, model, delta, _finish(p), include_usage, continuous_usage, logprobs)
 
 
 def chat_delta_chunk(p: Progress, oid: str, created: int, model: str, delta: dict, finish: str | None,
-                     include_usage: bool, continuous_usage: bool = False) -> bytes:
-    """A chat chunk with any delta (tool calls: router/tools.py)."""
+                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
+    """A chat chunk with any delta (tool calls: router/tools.py); `logprobs`: its tokens' (router/logprobs.py)."""
     body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
         body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
 
 
 def completion_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-                     include_usage: bool, continuous_usage: bool = False) -> bytes:
+                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
     body = {"id": oid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": delta_text, "logprobs": None, "finish_reason": _finish(p)}]}
+            "choices": [{"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": _finish(p)}]}
     if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
         body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
@@ -130,22 +134,23 @@ def usage_chunk(p: Progress, oid: str, created: int, model: str, chat: bool) -> 
 
 
 def chat_final(p: Progress, oid: str, created: int, model: str, message: dict | None = None,
-               finish: str | None = None) -> dict:
+               finish: str | None = None, logprobs: dict | None = None) -> dict:
     """`message` / `finish`: given for a tool call (router/tools.py), else the text and its finish."""
     return {"id": oid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message or {"role": "assistant", "content": p.text},
-                         "logprobs": None, "finish_reason": finish or _finish(p)}],
+                         "logprobs": logprobs, "finish_reason": finish or _finish(p)}],
             "usage": p.usage()}
 
 
-def completion_final(p: Progress, oid: str, created: int, model: str) -> dict:
+def completion_final(p: Progress, oid: str, created: int, model: str, logprobs: dict | None = None) -> dict:
     return {"id": oid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": p.text, "logprobs": None, "finish_reason": _finish(p)}],
+            "choices": [{"index": 0, "text": p.text, "logprobs": logprobs, "finish_reason": _finish(p)}],
             "usage": p.usage()}
 
 
 # ---------------------------------------------------------------------------------- SGLang
-def generate_body(p: Progress, e2e_s: float) -> dict:
+def generate_body(p: Progress, e2e_s: float, logprobs: dict | None = None) -> dict:
+    """`logprobs`: meta_info's output_token_logprobs etc. (router/logprobs.py), when asked for."""
     if p.finish_reason == "length":
         finish = {"type": "length", "length": len(p.output_ids)}
     elif p.finish_reason:
@@ -157,4 +162,4 @@ def generate_body(p: Progress, e2e_s: float) -> dict:
                           "completion_tokens": len(p.output_ids), "cached_tokens": p.cached_tokens,
                           "cached_tokens_details": p.cached_by_tier(),
                           "preemptions": p.preemptions, "preempted_s": round(p.paused_s, 6),
-                          "e2e_latency": round(e2e_s, 6)}}
+                          "e2e_latency": round(e2e_s, 6), **(logprobs or {})}}

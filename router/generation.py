@@ -26,6 +26,7 @@ from router.bodies import (
 )
 from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
+from router.logprobs import Logprobs, check_top, openai_logprobs
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 from router.structured import grammar_of
 from router.tool_parsers import AutoToolStream
@@ -89,6 +90,9 @@ class GenerationHandlers:
         grammar = constraint(req, plan)
         if grammar is not None:
             sampling.grammar.CopyFrom(grammar[0])
+        top = openai_logprobs(req, chat)
+        if top is not None:
+            sampling.logprobs = top
         if chat:
             ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
                                   **template_kwargs(req, plan))
@@ -102,17 +106,22 @@ class GenerationHandlers:
         created = int(time.time())
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
+        lp = None if top is None else Logprobs(svc.tokenizer, progress)
         forced = plan is not None and plan.grammar is not None  # a tool call under its grammar
         parsed = plan is not None and plan.mode == "auto" and svc.tool_parser != "none"  # calls read from text
         if not req.stream:
-            if forced or parsed:
-                def final():
-                    msg = final_message(plan, progress.text, progress.finish_reason) if forced else \
-                        auto_message(svc.tool_parser, progress.text, progress.finish_reason)
-                    return formats.chat_final(progress, oid, created, model, *msg)
-                return await _collect(run, final)
-            final = formats.chat_final if chat else formats.completion_final
-            return await _collect(run, lambda: final(progress, oid, created, model))
+            def final():
+                if not chat:
+                    return formats.completion_final(progress, oid, created, model,
+                                                    lp and lp.completion(progress.output_ids, progress.logprobs, 0))
+                msg = (None, None)
+                if forced:
+                    msg = final_message(plan, progress.text, progress.finish_reason)
+                elif parsed:
+                    msg = auto_message(svc.tool_parser, progress.text, progress.finish_reason)
+                return formats.chat_final(progress, oid, created, model, *msg,
+                                          logprobs=lp and lp.chat(progress.output_ids, progress.logprobs))
+            return await _collect(run, final)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         if forced or parsed:
@@ -124,16 +133,22 @@ class GenerationHandlers:
         def tail() -> bytes:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
 
+        def chunk_lp(delta: str) -> dict:
+            """The chunk's tokens' logprobs (a tool call's stream carries none: its text is held back)."""
+            if lp is None or forced or parsed:
+                return {}
+            return {"logprobs": lp.take_chat() if chat else lp.take_completion(len(progress.text) - len(delta))}
+
         async def events():
             try:
-                out = chunk(progress, oid, created, model, first, True, include_usage)
+                out = chunk(progress, oid, created, model, first, True, include_usage, **chunk_lp(first))
                 if progress.finish_reason:
                     yield out + tail()
                     return
                 if out:
                     yield out
                 async for delta in run:
-                    out = chunk(progress, oid, created, model, delta, False, include_usage)
+                    out = chunk(progress, oid, created, model, delta, False, include_usage, **chunk_lp(delta))
                     if progress.finish_reason:  # the worker's last chunk: end the HTTP body with it
                         yield out + tail()
                         return
@@ -153,9 +168,13 @@ class GenerationHandlers:
         req = parse(GenerateRequest, body)
         if (req.text is None) == (req.input_ids is None):
             raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
-        if req.return_logprob:
-            raise APIError(400, "return_logprob is not supported", param="return_logprob")
         sampling, max_tokens = sampling_from_sglang(req.sampling_params)
+        if req.return_logprob:
+            if req.logprob_start_len is not None and req.logprob_start_len >= 0:
+                raise APIError(400, "logprob_start_len >= 0 asks for prompt logprobs, not served yet (-1: the "
+                               "output's only)", param="logprob_start_len")
+            check_top(req.top_logprobs_num, "top_logprobs_num")
+            sampling.logprobs = req.top_logprobs_num
         grammar = grammar_of(req.sampling_params, "sampling_params.")
         if grammar is not None:
             sampling.grammar.CopyFrom(grammar[0])
@@ -164,11 +183,17 @@ class GenerationHandlers:
                            max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
                            grammar_param=grammar[1] if grammar else "")
         progress, _, run = await svc.start(job, "/generate", t0)
+        lp = Logprobs(svc.tokenizer, progress) if req.return_logprob else None
+
+        def body() -> dict:
+            return formats.generate_body(progress, time.perf_counter() - t0,
+                                         lp and lp.sglang(req.return_text_in_logprobs))
+
         if not req.stream:
-            return await _collect(run, lambda: formats.generate_body(progress, time.perf_counter() - t0))
+            return await _collect(run, body)
 
         def event() -> bytes:
-            out = formats.sse(formats.generate_body(progress, time.perf_counter() - t0))
+            out = formats.sse(body())
             return out + formats.DONE if progress.finish_reason else out  # last chunk ends the body
 
         async def events():

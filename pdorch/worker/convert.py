@@ -6,6 +6,7 @@ servicer; the engine never imports generated code.
 
 from __future__ import annotations
 
+from engine.sampler import TokenLogprob
 from engine.sampling_params import GrammarSpec, SamplingParams
 from pdorch.worker.errors import InvalidRequest
 from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
@@ -34,6 +35,7 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         seed=int(msg.seed) if msg.HasField("seed") else None,
         grammar=GrammarSpec(msg.grammar.kind, msg.grammar.spec, int(msg.grammar.accepted_tokens))
         if msg.HasField("grammar") else None,
+        logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
     )
 
 
@@ -48,7 +50,17 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     if params.grammar is not None:
         g = params.grammar
         msg.grammar.CopyFrom(pb.Grammar(kind=g.kind, spec=g.spec, accepted_tokens=g.accepted_tokens))
+    if params.logprobs is not None:
+        msg.logprobs = params.logprobs
     return msg
+
+
+def logprob_to_proto(lp: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(logprob=lp.logprob, top_ids=[i for i, _ in lp.top], top_logprobs=[v for _, v in lp.top])
+
+
+def logprob_from_proto(msg: pb.TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(msg.logprob, tuple(zip(msg.top_ids, msg.top_logprobs)))
 
 
 def cached_to_proto(cached: CachedTokens) -> pb.CachedTokens:
@@ -83,6 +95,7 @@ def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
         request_id=res.request_id, first_token_id=res.first_token_id, prompt_tokens=res.prompt_tokens,
         cached=cached_to_proto(res.cached), transfer_bytes=res.transfer_bytes, transfer_s=res.transfer_s,
         compute_s=res.compute_s, sampler_state=res.sampler_state, unstored_pages=list(res.unstored_pages),
+        first_logprob=None if res.first_logprob is None else logprob_to_proto(res.first_logprob),
     )
 
 
@@ -91,4 +104,5 @@ def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
         request_id=msg.request_id, first_token_id=msg.first_token_id, prompt_tokens=msg.prompt_tokens,
         cached=cached_from_proto(msg.cached), transfer_bytes=msg.transfer_bytes, transfer_s=msg.transfer_s,
         compute_s=msg.compute_s, sampler_state=msg.sampler_state, unstored_pages=tuple(msg.unstored_pages),
+        first_logprob=logprob_from_proto(msg.first_logprob) if msg.HasField("first_logprob") else None,
     )

@@ -63,3 +63,4 @@ class PrefillResult:
     compute_s: float = 0.0
     sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)
     unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)
+    first_logprob: object = None  # engine.sampler.TokenLogprob of the first token, when asked for

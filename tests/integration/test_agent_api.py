@@ -154,6 +154,41 @@ def test_a_tool_result_turn_reaches_the_prompt(client, tiny_model_dir):
     assert out.usage.prompt_tokens >= without.usage.prompt_tokens + 5  # "minus three degrees and snow" is in
 
 
+def test_chat_logprobs_are_log_probabilities_greedy_picks_the_best_and_stream_agrees(client):
+    kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 12, "temperature": 0, "logprobs": True,
+              "top_logprobs": 3, "extra_body": {"ignore_eos": True}}
+    out = client.chat.completions.create(**kwargs)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 12
+    assert "".join(t.token for t in content) == out.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.logprob == max(a.logprob for a in t.top_logprobs) == t.top_logprobs[0].logprob  # greedy
+        assert t.top_logprobs[0].token == t.token and bytes(t.bytes).decode() == t.token
+    streamed = [lp for c in client.chat.completions.create(**kwargs, stream=True)
+                if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
+
+
+def test_completions_and_generate_logprobs(client, router):
+    out = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=6, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) <= 2 for t in lp.top_logprobs)
+    assert lp.token_logprobs[0] == max(lp.top_logprobs[0].values())
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == out.choices[0].text
+    body = {"text": "The sea is", "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}
+    meta = httpx.post(router.url + "/generate", json=body, timeout=120).json()["meta_info"]
+    tokens = meta["output_token_logprobs"]
+    assert [t[1] for t in tokens] == httpx.post(router.url + "/generate", json=body, timeout=120).json()["output_ids"]
+    assert all(t[0] <= 0 and isinstance(t[2], str) for t in tokens) and len(meta["output_top_logprobs"][0]) == 2
+    assert tokens[0][0] == meta["output_top_logprobs"][0][0][0]
+    bad = httpx.post(router.url + "/generate", json={**body, "logprob_start_len": 0}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
+
+
 def test_sglang_generate_follows_a_regex(router):
     body = {"text": "Code:", "sampling_params": {"regex": r"[A-F]{4}-\d{3}", "max_new_tokens": 30, "temperature": 1.0}}
     r = httpx.post(router.url + "/generate", json=body, timeout=120)
@@ -168,7 +203,7 @@ def test_sglang_generate_follows_a_regex(router):
      "response_format.json_schema.schema", "invalid json_schema"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name", "no tool named 'nope'"),
-    ({"logprobs": True, "top_logprobs": 3}, "logprobs", "not served yet"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
     ({"n": 2}, "n", "several requests"),
 ])
 def test_bad_agent_input_is_a_400_naming_the_field(client, fields, param, words):
@@ -183,7 +218,9 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
     the tokens already streamed (Grammar.accepted_tokens) and the whole output parses; under greedy
     it equals an uninterrupted run."""
     body = {"model": None, "messages": MESSAGES, "max_tokens": 150, "temperature": 0, "stream": True,
+            "logprobs": True, "top_logprobs": 2,
             "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": WORDS}}}
+    logprobs: dict[bool, list[float]] = {True: [], False: []}
 
     def run(kill_after: int | None) -> str:
         pieces, killed = [], False
@@ -195,6 +232,8 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
                 ev = json.loads(line[6:])
                 assert "error" not in ev, ev
                 pieces.append(ev["choices"][0]["delta"].get("content") or "")
+                logprobs[kill_after is not None] += [t["logprob"] for t in
+                                                     (ev["choices"][0]["logprobs"] or {"content": []})["content"]]
                 if kill_after is not None and not killed and len(pieces) >= kill_after:
                     assert not ev["choices"][0]["finish_reason"]
                     workers = httpx.get(router.url + "/workers", timeout=30).json()["workers"]
@@ -214,3 +253,6 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
     wait_until(lambda: sum(w["healthy"] for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]
                            if w["role"] == "decode") == 1, 30, "the dead decode worker marked unhealthy")
     assert run(kill_after=None) == resumed
+    # every token's logprob came through the join: the first from the new prefill worker
+    assert len(logprobs[True]) == len(logprobs[False]) > 24 and all(v <= 0 for v in logprobs[True])
+    assert max(abs(a - b) for a, b in zip(logprobs[True], logprobs[False])) < 1e-3

@@ -128,3 +128,29 @@ def test_compiles_run_on_the_compile_thread_and_close_stops_it(tiny_model_dir):
     assert compile_threads() == before
     with pytest.raises(RuntimeError, match="closed"):
         grammars.start(GrammarSpec("regex", "a+"), [], 30)
+
+
+def test_logprobs_are_the_log_softmax_of_the_masked_logits_and_greedy_picks_the_best(env):
+    """Sampler.logprobs against a hand computation: log p_i = x_i - log(sum_j exp x_j)."""
+    import math
+
+    tk, grammars = env
+    grammar = grammars.start(GrammarSpec("regex", "7+"), [], 30)
+    logits = torch.randn(3, tk.vocab_size + 64, generator=torch.Generator().manual_seed(3))
+    raw = logits.clone()
+    params = [SamplingParams(temperature=0.0, logprobs=3), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=0.7, logprobs=0)]
+    tokens = Sampler().sample(logits, params, None, [grammar, None, None])
+    lps = Sampler.logprobs(logits, tokens, params)
+    assert lps[1] is None and lps[2].top == ()
+    row = raw[2].double().tolist()
+    norm = math.log(sum(math.exp(x) for x in row))
+    assert abs(lps[2].logprob - (row[tokens[2]] - norm)) < 1e-4
+    allowed = [i for i in range(raw.shape[1]) if set(tk.decode([i])) == {"7"}]
+    masked = [raw[0, i].item() for i in allowed]
+    norm0 = math.log(sum(math.exp(x) for x in masked))  # the grammar's mask is part of the distribution
+    best = sorted(zip(masked, allowed), reverse=True)[:3]
+    assert [i for i, _ in lps[0].top] == [i for _, i in best]
+    assert all(abs(v - (x - norm0)) < 1e-4 for (_, v), (x, _) in zip(lps[0].top, best))
+    assert lps[0].logprob == lps[0].top[0][1] and tokens[0] == lps[0].top[0][0]  # greedy: the best
+    assert all(v <= 0 for _, v in lps[0].top)
