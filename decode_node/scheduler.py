@@ -40,6 +40,7 @@ from decode_node.stopping import check_stop
 from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages, pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
+from pdorch.worker.history import token_history
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
 
@@ -358,7 +359,9 @@ class DecodeScheduler:
         if sample:
             batch = [rows[row][0] for row in sample]
             rows, params = logits[sample], [r.job.params for r in batch]
-            tokens = self._rt.sampler.sample(rows, params, [r.generator for r in batch], [r.grammar for r in batch])
+            histories = [token_history(self._rt.eos_token_ids, r.job.params, r.token_ids, r.prompt_len) for r in batch]
+            tokens = self._rt.sampler.sample(rows, params, [r.generator for r in batch], [r.grammar for r in batch],
+                                             histories)
             logprobs = self._rt.sampler.logprobs(rows, tokens, params)
             self._rec.generated(len(batch))
             for req, token, lp in zip(batch, tokens, logprobs):

@@ -4,10 +4,10 @@
     the vocabulary cost ~2 s that a worker serving no grammar never pays)
         the tokenizer's vocabulary as xgrammar reads it, a compiler whose cache is keyed by the
         grammar, ONE compile thread (owned: close() stops it)
-        start(spec, prompt_ids, timeout_s) -> OutputGrammar
+        start(spec, generated, timeout_s) -> OutputGrammar
             called on the worker's RPC thread, never the scheduler's: it waits there for the
             compile (a running batch never waits on one), then advances the new matcher by the
-            prompt's last `spec.accepted_tokens` tokens (a stream resumed by failover)
+            tokens already generated (a stream resumed by failover: the prompt's last ones)
     OutputGrammar (one per request, lives on the request: it survives a preemption)
         accept(token)  after each sampled token (P's first token: D accepts it too)
     mask_rows(logits, grammars)
@@ -110,9 +110,10 @@ class Grammars:
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
             return self._compiler, self._pool
 
-    def start(self, spec: GrammarSpec, prompt_ids: Sequence[int], timeout_s: float) -> OutputGrammar:
-        """A matcher for `spec`, advanced by the prompt's accepted tokens. Raises GrammarError (the
-        grammar is invalid) or TimeoutError (the compile took longer than timeout_s)."""
+    def start(self, spec: GrammarSpec, generated: Sequence[int], timeout_s: float) -> OutputGrammar:
+        """A matcher for `spec`, advanced by the tokens already `generated`. Raises GrammarError (the
+        grammar is invalid, or the tokens do not follow it) or TimeoutError (the compile took longer
+        than timeout_s)."""
         import xgrammar as xgr
 
         compiler, pool = self._ready()
@@ -122,13 +123,10 @@ class Grammars:
         except FutureTimeout:
             raise TimeoutError(f"the {spec.kind} grammar did not compile within {timeout_s:.1f} s") from None
         out = OutputGrammar(xgr.GrammarMatcher(compiled), spec.kind)
-        k = spec.accepted_tokens
-        if k > len(prompt_ids):
-            raise GrammarError(f"grammar: accepted_tokens {k} exceeds the prompt's {len(prompt_ids)} tokens")
-        for t in list(prompt_ids)[len(prompt_ids) - k:]:
+        for t in generated:
             out.accept(t)
         if out.rejected:
-            raise GrammarError(f"grammar ({spec.kind}): the {k} tokens already generated do not follow it")
+            raise GrammarError(f"{spec.kind}: the {len(generated)} tokens already generated do not follow it")
         return out
 
     def close(self) -> None:

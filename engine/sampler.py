@@ -27,6 +27,16 @@ from engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
+class TokenHistory:
+    """What the sampling controls of one row read (SamplingParams.needs_history): its tokens so far
+    (prompt, then output from `output_start`) and the ids min_tokens keeps out (EOS, stop tokens)."""
+
+    token_ids: Sequence[int]
+    output_start: int
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     """A sampled token's log-probability and the most likely alternatives ((id, logprob), best first)."""
 
@@ -52,9 +62,12 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, params_list: Sequence[SamplingParams],
                generators: Sequence[torch.Generator | None] | None = None,
-               grammars: Sequence[OutputGrammar | None] | None = None) -> list[int]:
+               grammars: Sequence[OutputGrammar | None] | None = None,
+               histories: Sequence[TokenHistory | None] | None = None) -> list[int]:
         """One token per row. Rows with a grammar (engine/grammar.py) are masked IN PLACE first (the
-        callers pass a gathered copy), and each grammar accepts its row's token after."""
+        callers pass a gathered copy), and each grammar accepts its row's token after. Rows whose
+        params need it get the penalties, logit_bias and min_tokens from their `histories` entry, on
+        a copy (the logits stay as the logprobs report them)."""
         if logits.shape[0] != len(params_list):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params_list)} requests")
         generators = list(generators or [None] * len(params_list))
@@ -64,6 +77,7 @@ class Sampler:
                                  "make generators with Sampler.make_generator")
         if grammars:
             mask_rows(logits, grammars)
+        logits = apply_controls(logits, params_list, histories)
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params_list) if not p.greedy]
         if rows:
@@ -135,3 +149,52 @@ class Sampler:
                     noise[i].exponential_(generator=g)
         # NOTE: E can be exactly 0; the floor keeps a zero-probability token at 0 / floor = 0.
         return (probs / noise.clamp_min_(1e-30)).argmax(dim=-1)
+
+
+def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
+                   histories: Sequence[TokenHistory | None] | None) -> torch.Tensor:
+    """vLLM's definitions, for the rows that need them, batched: a repetition penalty p on every
+    token of the prompt and the output (logit / p where positive, x p where not), then
+    logit -= frequency_penalty x count + presence_penalty x (count > 0) over the output's tokens,
+    + logit_bias, and EOS / stop tokens at -inf while the output is shorter than min_tokens.
+    Returns `logits` itself when no row needs any, else a copy."""
+    rows = [i for i, p in enumerate(params_list) if p.needs_history]
+    if not rows:
+        return logits
+    if histories is None or any(histories[i] is None for i in rows):
+        raise ValueError("sampling controls (penalties, logit_bias, min_tokens) need the rows' TokenHistory")
+    x, dev, vocab = logits.clone(), logits.device, logits.shape[-1]
+    ps, hs = [params_list[i] for i in rows], [histories[i] for i in rows]
+    index = torch.as_tensor(rows, device=dev)
+    sub = x[index].float()
+
+    def column(values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=dev)[:, None]
+
+    def counts(seqs: list[Sequence[int]]) -> torch.Tensor:
+        """[rows, vocab] occurrences: one scatter over the padded sequences (pad id = vocab)."""
+        width = max((len(s) for s in seqs), default=0)
+        ids = torch.full((len(seqs), width + 1), vocab, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            ids[r, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        out = torch.zeros(len(seqs), vocab + 1, device=dev)
+        return out.scatter_add_(1, ids.to(dev), torch.ones_like(ids, dtype=out.dtype, device=dev))[:, :vocab]
+
+    rep = [p.repetition_penalty for p in ps]
+    if any(r != 1.0 for r in rep):
+        seen = counts([h.token_ids for h in hs]) > 0
+        r = column(rep)
+        sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+    freq, pres = [p.frequency_penalty for p in ps], [p.presence_penalty for p in ps]
+    if any(freq) or any(pres):
+        c = counts([h.token_ids[h.output_start:] for h in hs])
+        sub = sub - column(freq) * c - column(pres) * (c > 0).float()
+    for r, (p, h) in enumerate(zip(ps, hs)):
+        if p.logit_bias:
+            ids = torch.as_tensor([t for t, _ in p.logit_bias if 0 <= t < vocab], dtype=torch.long, device=dev)
+            bias = torch.as_tensor([b for t, b in p.logit_bias if 0 <= t < vocab], device=dev)
+            sub[r].index_add_(0, ids, bias)
+        if p.min_tokens and len(h.token_ids) - h.output_start < p.min_tokens and h.stop_ids:
+            sub[r, torch.as_tensor(h.stop_ids, dtype=torch.long, device=dev)] = float("-inf")
+    x[index] = sub.to(x.dtype)
+    return x

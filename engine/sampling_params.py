@@ -10,18 +10,14 @@ MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """A grammar the output must follow (engine/grammar.py). `accepted_tokens`: the last that many
-    prompt tokens were generated under it already (a stream resumed elsewhere)."""
+    """A grammar the output must follow (engine/grammar.py)."""
 
     kind: str                         # one of GRAMMAR_KINDS
     spec: str = ""                    # the JSON schema text, regex or EBNF; "" for json_object
-    accepted_tokens: int = 0
 
     def __post_init__(self):
         if self.kind not in GRAMMAR_KINDS:
             raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
-        if self.accepted_tokens < 0:
-            raise ValueError(f"grammar accepted_tokens must be >= 0, got {self.accepted_tokens}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +34,12 @@ class SamplingParams:
     skip_special_tokens: bool = True  # for the output text only
     grammar: GrammarSpec | None = None  # structured output; None: unconstrained
     logprobs: int | None = None       # each token's logprob and this many alternatives (0-20); None: none
+    presence_penalty: float = 0.0     # logit -= presence_penalty x (count in the output > 0)
+    frequency_penalty: float = 0.0    # logit -= frequency_penalty x count in the output
+    repetition_penalty: float = 1.0   # prompt and output tokens: positive logits / p, negative x p
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0               # no EOS / stop token / stop string before this many tokens
+    resumed_tokens: int = 0           # the prompt's last that many tokens are output already (failover)
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.
@@ -57,10 +59,26 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0 or self.resumed_tokens < 0:
+            raise ValueError("min_tokens and resumed_tokens must be >= 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether sampling reads the tokens so far (penalties, min_tokens) or adds a bias."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:

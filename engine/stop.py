@@ -40,12 +40,13 @@ class StopChecker:
         if self.finish_reason is not None:
             raise RuntimeError("append() after the request finished")
         self.ids.append(token_id)
-        if token_id in self.stop_ids or token_id in self.eos:
+        early = len(self.ids) < self.params.min_tokens  # nothing stops the request before min_tokens (vLLM)
+        if not early and (token_id in self.stop_ids or token_id in self.eos):
             # NOTE: stop tokens and eos count as output tokens but add no text.
             self.matched_stop = token_id
             return self._finish("stop", len(self.text))
         self._decode_new()
-        if self.params.stop:
+        if self.params.stop and not early:
             start = max(0, self._emitted - self._hold)
             hits = [(i, s) for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
             if hits:

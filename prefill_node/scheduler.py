@@ -30,6 +30,7 @@ from prometheus_client import Counter
 from engine.model_runner import Chunk
 from engine.page_allocator import pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
+from pdorch.worker.history import token_history
 from pdorch.worker.loop import SchedulerLoop
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.prompt_pages import consume, take_ranges
@@ -329,7 +330,9 @@ class PrefillScheduler:
             rows = logits[[row for row, _ in finished]]
             params = [t.job.params for _, t in finished]
             gens = [self._rt.sampler.make_generator(t.job.params) for _, t in finished]  # on the model's device
-            tokens = self._rt.sampler.sample(rows, params, gens, [t.grammar for _, t in finished])
+            histories = [token_history(self._rt.eos_token_ids, t.job.params, t.job.token_ids, t.prompt_len)
+                         for _, t in finished]
+            tokens = self._rt.sampler.sample(rows, params, gens, [t.grammar for _, t in finished], histories)
             logprobs = self._rt.sampler.logprobs(rows, tokens, params)
             for (_, task), token, gen, lp in zip(finished, tokens, gens, logprobs):
                 if gen is not None:

@@ -143,11 +143,11 @@ class _OpenAISampling(BaseModel):
     ebnf: str | None = None
     json_schema: dict | str | None = None
     # fields that change the output and are not served yet, refused when set (refused_fields)
-    logit_bias: Any = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as JSON keys are) -> bias
+    repetition_penalty: float | None = None  # vLLM / SGLang extension
+    min_tokens: int | None = None  # vLLM extension
     best_of: Any = None
     top_logprobs: int | None = None
-    repetition_penalty: Any = None
-    min_tokens: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -201,11 +201,11 @@ class SGLangSampling(BaseModel):
     ebnf: str | None = None
     # not served yet: refused when set (SGLANG_REFUSED)
     n: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    min_new_tokens: Any = None
-    logit_bias: Any = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
     structural_tag: Any = None
 
 
@@ -320,11 +320,6 @@ REFUSED: dict[str, tuple[tuple, str]] = {
     "n": ((None, 1), "generate several completions with several requests"),
     "best_of": ((None, 1), "generate several completions with several requests"),
     "echo": ((None, False), "echoing the prompt is not served yet"),
-    "frequency_penalty": ((None, 0, 0.0), "only 0 is served yet"),
-    "presence_penalty": ((None, 0, 0.0), "only 0 is served yet"),
-    "repetition_penalty": ((None, 1, 1.0), "only 1 is served yet"),
-    "logit_bias": ((None, {}), "logit_bias is not served yet"),
-    "min_tokens": ((None, 0), "min_tokens is not served yet"),
     "suffix": ((None, ""), "insertion (a suffix) is not served"),
     "audio": ((None,), "this server serves text only"),
     "modalities": ((None, ["text"]), "this server serves text only"),
@@ -347,11 +342,6 @@ REFUSED: dict[str, tuple[tuple, str]] = {
 # The same for SGLang's sampling_params.
 SGLANG_REFUSED: dict[str, tuple[tuple, str]] = {
     "n": ((None, 1), "generate several completions with several requests"),
-    "frequency_penalty": ((None, 0, 0.0), "only 0 is served yet"),
-    "presence_penalty": ((None, 0, 0.0), "only 0 is served yet"),
-    "repetition_penalty": ((None, 1, 1.0), "only 1 is served yet"),
-    "min_new_tokens": ((None, 0), "min_new_tokens is not served yet"),
-    "logit_bias": ((None, {}), "logit_bias is not served yet"),
     "structural_tag": ((None,), "structural tags are not served yet: use json_schema, regex or ebnf"),
 }
 
@@ -381,7 +371,35 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
                                    stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
     if req.seed is not None:
         sp.seed = req.seed
+    _controls(sp, req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.logit_bias,
+              req.min_tokens, max_tokens)
     return sp, max_tokens
+
+
+def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: float | None,
+              repetition: float | None, logit_bias: dict | None, min_tokens: int | None, max_tokens: int | None,
+              prefix: str = "", min_param: str = "min_tokens") -> None:
+    """Penalties, logit_bias and min_tokens into `sp`, range-checked (vLLM's bounds; OpenAI's for the bias)."""
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise bad_request(f"{prefix}{name} must be in [-2, 2], got {value}", param=prefix + name)
+    if repetition is not None and not 0.0 < repetition <= 10.0:
+        raise bad_request(f"{prefix}repetition_penalty must be in (0, 10], got {repetition}",
+                          param=prefix + "repetition_penalty")
+    if min_tokens is not None and not 0 <= min_tokens <= (max_tokens or INT32_MAX):
+        raise bad_request(f"{prefix}{min_param} must be in [0, max_tokens], got {min_tokens}", param=prefix + min_param)
+    bias = {}
+    for key, value in (logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) <= INT32_MAX:
+            raise bad_request(f"{prefix}logit_bias keys must be token ids, got {key!r}", param=prefix + "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"{prefix}logit_bias values must be in [-100, 100], got {value}",
+                              param=prefix + "logit_bias")
+        bias[int(key)] = value
+    sp.presence_penalty, sp.frequency_penalty = presence or 0.0, frequency or 0.0
+    sp.repetition_penalty = 1.0 if repetition is None else repetition
+    sp.min_tokens = min_tokens or 0
+    sp.logit_bias.update(bias)
 
 
 def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
@@ -396,4 +414,6 @@ def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, 
     seed = s.seed if s.seed is not None else s.sampling_seed
     if seed is not None:
         sp.seed = seed
+    _controls(sp, s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.logit_bias, s.min_new_tokens,
+              s.max_new_tokens, "sampling_params.", "min_new_tokens")
     return sp, s.max_new_tokens

@@ -60,7 +60,7 @@ class Resumption:
         self.request_id = f"{job.request_id}-r{attempt}"  # a fresh id: the dead D's P may still know the old one
         self.page_hashes = page_hashes(self.token_ids, page_size) if job.page_hashes else []
         params = SamplingParams(max_tokens=s.max_tokens, stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids),
-                                ignore_eos=s.ignore_eos)
+                                ignore_eos=s.ignore_eos, min_tokens=s.min_tokens)
         self.checker = StopChecker(tokenizer, params, eos_token_ids=tokenizer.eos_token_ids)
         for t in streamed_ids:
             if self.checker.append(t).finish_reason:
@@ -68,8 +68,10 @@ class Resumption:
         self.sampling = worker_pb2.SamplingParams()
         self.sampling.CopyFrom(s)
         self.sampling.max_tokens = self.remaining
-        if s.HasField("grammar"):  # the new workers advance their matchers by the tokens already streamed
-            self.sampling.grammar.accepted_tokens = s.grammar.accepted_tokens + len(streamed_ids)
+        # the new workers count the streamed tokens as output (penalties, a grammar's matcher) ...
+        self.sampling.resumed_tokens = s.resumed_tokens + len(streamed_ids)
+        # ... and min_tokens counts from here, as max_tokens does
+        self.sampling.min_tokens = max(0, s.min_tokens - len(streamed_ids))
         self.cached: worker_pb2.CachedTokens | None = None  # the resumed prefill's counts (first chunk)
         self.finished = False
         self.cut_short = False  # finished by the router's stop check while the worker still generates

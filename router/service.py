@@ -140,6 +140,11 @@ class RouterService:
             bad = low if low < 0 else high
             raise bad_request(f"token ids must be in [0, {vocab}) (the model's vocabulary), got {bad}",
                               param=prompt_param)
+        biased = [t for t in sampling.logit_bias if t >= vocab]
+        if biased:
+            param = "sampling_params.logit_bias" if prompt_param == "input_ids" else "logit_bias"
+            raise bad_request(f"logit_bias: token id {biased[0]} is not in the model's vocabulary [0, {vocab})",
+                              param=param)
         limit = self.context_limit()
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "

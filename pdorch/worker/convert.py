@@ -33,9 +33,12 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         stop_token_ids=tuple(int(t) for t in msg.stop_token_ids),
         ignore_eos=bool(msg.ignore_eos),
         seed=int(msg.seed) if msg.HasField("seed") else None,
-        grammar=GrammarSpec(msg.grammar.kind, msg.grammar.spec, int(msg.grammar.accepted_tokens))
-        if msg.HasField("grammar") else None,
+        grammar=GrammarSpec(msg.grammar.kind, msg.grammar.spec) if msg.HasField("grammar") else None,
         logprobs=int(msg.logprobs) if msg.HasField("logprobs") else None,
+        presence_penalty=float(msg.presence_penalty), frequency_penalty=float(msg.frequency_penalty),
+        repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty > 0 else 1.0,
+        logit_bias=tuple(sorted(msg.logit_bias.items())), min_tokens=int(msg.min_tokens),
+        resumed_tokens=int(msg.resumed_tokens),
     )
 
 
@@ -43,13 +46,15 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(
         temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0), min_p=params.min_p,
         max_tokens=params.max_tokens, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
+        ignore_eos=params.ignore_eos, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+        logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens, resumed_tokens=params.resumed_tokens,
     )
     if params.seed is not None:
         msg.seed = params.seed
     if params.grammar is not None:
         g = params.grammar
-        msg.grammar.CopyFrom(pb.Grammar(kind=g.kind, spec=g.spec, accepted_tokens=g.accepted_tokens))
+        msg.grammar.CopyFrom(pb.Grammar(kind=g.kind, spec=g.spec))
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
     return msg

@@ -16,8 +16,11 @@ def request_grammar(rt, request_id: str, params: SamplingParams, token_ids: Sequ
         return None
     if rt.grammars is None:
         raise InvalidRequest(f"request {request_id}: this worker serves no structured outputs")
+    k = params.resumed_tokens
+    if k > len(token_ids):
+        raise InvalidRequest(f"request {request_id}: resumed_tokens {k} exceeds the prompt's {len(token_ids)} tokens")
     try:
-        return rt.grammars.start(params.grammar, token_ids, timeout_s)
+        return rt.grammars.start(params.grammar, list(token_ids)[len(token_ids) - k:], timeout_s)
     except GrammarError as e:
         raise InvalidRequest(f"request {request_id}: grammar: {e}") from None
     except TimeoutError as e:

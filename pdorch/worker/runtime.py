@@ -57,6 +57,7 @@ class WorkerRuntime:
     chain_index: ChainIndex | None = None  # schedulers call chain_index.touch(keys, first_depth)
     evictor: StoreEvictor | None = None  # StoreEvictor thread, started here
     grammars: Grammars | None = None  # structured outputs (compiles on the first grammar; None in unit fakes)
+    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids (min_tokens keeps them out)
 
     @property
     def max_context(self) -> int:
@@ -122,6 +123,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     from engine.pool_sizing import profile_activation_bytes, size_pool
     from engine.prepare import prepare_model, weights_digest
     from engine.sampler import Sampler
+    from engine.tokenizer import Tokenizer
     from pdorch.worker.startup_checks import check_startup
     from store_client.page_hash import KV_LAYOUT_VERSION, model_fingerprint
     from store_client.transfer import KVTransfer
@@ -180,4 +182,5 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
                          pool=pool,
                          allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
-                         chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size))
+                         chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
+                         eos_token_ids=Tokenizer.from_dir(model_dir).eos_token_ids)

@@ -189,6 +189,30 @@ def test_completions_and_generate_logprobs(client, router):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
 
 
+def test_logit_bias_and_min_tokens_hold_on_p_and_d(client, router, tiny_model_dir):
+    """The first token is P's, the rest D's: a +100 bias makes every one of them the biased token;
+    a +100 bias on EOS with min_tokens=5 ends the output right after 5 tokens."""
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    (hello,) = tok.encode(" hello", add_special_tokens=False)
+    out = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=6, temperature=0,
+                                    logit_bias={str(hello): 100}, extra_body={"ignore_eos": True})
+    assert out.choices[0].text == " hello" * 6
+    eos = tok.eos_token_ids[0]
+    body = {"text": "The sea is", "sampling_params": {"max_new_tokens": 20, "temperature": 0, "min_new_tokens": 5,
+                                                      "logit_bias": {str(eos): 100}}}
+    meta = httpx.post(router.url + "/generate", json=body, timeout=120).json()
+    assert meta["output_ids"][:5] != [eos] * 5 and eos not in meta["output_ids"][:5]
+    assert meta["meta_info"]["completion_tokens"] == 6 and meta["output_ids"][5] == eos, meta
+    # a penalty moves greedy output off the token it repeats (vLLM: logit -= frequency x count)
+    plain = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+    penalised = client.completions.create(model=MODEL, prompt="The sea is", max_tokens=12, temperature=0,
+                                          frequency_penalty=2.0, presence_penalty=2.0,
+                                          extra_body={"ignore_eos": True}).choices[0].text
+    ids = tok.encode(penalised, add_special_tokens=False)
+    assert penalised != plain and len(set(ids)) >= len(set(tok.encode(plain, add_special_tokens=False)))
+
+
 def test_sglang_generate_follows_a_regex(router):
     body = {"text": "Code:", "sampling_params": {"regex": r"[A-F]{4}-\d{3}", "max_new_tokens": 30, "temperature": 1.0}}
     r = httpx.post(router.url + "/generate", json=body, timeout=120)
@@ -205,6 +229,9 @@ def test_sglang_generate_follows_a_regex(router):
      "tool_choice.function.name", "no tool named 'nope'"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
     ({"n": 2}, "n", "several requests"),
+    ({"frequency_penalty": 3.0}, "frequency_penalty", "must be in [-2, 2]"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias", "not in the model's vocabulary"),
+    ({"logit_bias": {"x": 1}}, "logit_bias", "keys must be token ids"),
 ])
 def test_bad_agent_input_is_a_400_naming_the_field(client, fields, param, words):
     with pytest.raises(openai.BadRequestError) as e:
@@ -215,7 +242,7 @@ def test_bad_agent_input_is_a_400_naming_the_field(client, fields, param, words)
 
 def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(cluster, router):
     """kill -9 the decode worker after 12 streamed tokens: the new workers advance their matchers by
-    the tokens already streamed (Grammar.accepted_tokens) and the whole output parses; under greedy
+    the tokens already streamed (SamplingParams.resumed_tokens) and the whole output parses; under greedy
     it equals an uninterrupted run."""
     body = {"model": None, "messages": MESSAGES, "max_tokens": 150, "temperature": 0, "stream": True,
             "logprobs": True, "top_logprobs": 2,

@@ -65,7 +65,7 @@ def test_json_object_takes_any_object_and_nothing_else(env):
     def follows(text: str) -> bool:
         ids = tk.encode(text, add_special_tokens=False)
         try:
-            g = grammars.start(GrammarSpec("json_object", accepted_tokens=len(ids)), ids, 30)
+            g = grammars.start(GrammarSpec("json_object"), ids, 30)
         except GrammarError:
             return False
         g.accept(tk.eos_token_ids[0])
@@ -77,18 +77,17 @@ def test_json_object_takes_any_object_and_nothing_else(env):
 
 
 def test_a_resumed_stream_continues_the_grammar_from_the_tokens_already_generated(env):
-    """failover: the new worker's prompt ends with the k tokens already streamed (accepted_tokens=k)."""
+    """failover: the new worker's prompt ends with the k tokens already streamed (resumed_tokens=k)."""
     tk, grammars = env
     spec = GrammarSpec("json_schema", json.dumps(SCHEMA))
     whole = generate(tk, grammars.start(spec, [], 30), seed=7)
     k = len(whole) // 2
-    prompt = tk.encode("some prompt") + whole[:k]
-    resumed = grammars.start(GrammarSpec(spec.kind, spec.spec, accepted_tokens=k), prompt, 30)
+    resumed = grammars.start(spec, whole[:k], 30)
     rest = generate(tk, resumed, seed=8)
     value = json.loads(tk.decode(whole[:k] + rest))
     assert set(value) == {"ok", "color"}
     with pytest.raises(GrammarError, match="do not follow"):  # tokens that never fit the grammar
-        grammars.start(GrammarSpec(spec.kind, spec.spec, accepted_tokens=2), tk.encode("hello world"), 30)
+        grammars.start(spec, tk.encode("hello world"), 30)
 
 
 def test_only_constrained_rows_are_masked(env):

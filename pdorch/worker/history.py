@@ -1,0 +1,18 @@
+"""What the sampling controls of one request read (engine/sampler.py TokenHistory), on either worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.sampler import TokenHistory
+from engine.sampling_params import SamplingParams
+
+
+def token_history(eos_token_ids: Sequence[int], params: SamplingParams, token_ids: Sequence[int],
+                  prompt_len: int) -> TokenHistory | None:
+    """None unless the params need it (penalties, logit_bias, min_tokens). `token_ids`: the prompt
+    then the output so far; the prompt's last `params.resumed_tokens` are output too (failover)."""
+    if not params.needs_history:
+        return None
+    stop = tuple(params.stop_token_ids) + (() if params.ignore_eos else tuple(eos_token_ids))
+    return TokenHistory(token_ids, prompt_len - params.resumed_tokens, stop)
