@@ -56,6 +56,10 @@ class ModelConfig:
                                  "auto; docs/api.md): hermes (<tool_call> JSON: Qwen2.5, Qwen3), llama3_json, "
                                  "mistral, none (returned as text); auto = from the model's family",
                                  choices=["auto", "none", "hermes", "llama3_json", "mistral"])
+    reasoning_parser: str = _key("auto", "How the router splits a reasoning model's thinking into "
+                                 "reasoning_content (docs/api.md): qwen3 (<think>...</think>), deepseek_r1 (the "
+                                 "template opens <think>), none; auto = from the model's family (Qwen3: qwen3)",
+                                 choices=["auto", "none", "qwen3", "deepseek_r1"])
     local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "
                                           "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
                                           "one visible GPU each (shared round-robin when there are fewer)",

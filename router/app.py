@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
-from router import admin
+from router import admin, tokenize
 from router.auth import Auth
 from router.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.discovery import make_discovery
@@ -41,7 +41,8 @@ from router.workers import WorkerPool
 log = logging.getLogger("pdorch.router")
 
 _ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/flush_cache", "/server_info",
-           "/get_server_info", "/get_model_info", "/health", "/health_generate", "/metrics", "/workers"}
+           "/get_server_info", "/get_model_info", "/health", "/health_generate", "/metrics", "/workers",
+           "/tokenize", "/detokenize"}
 
 
 class RouterApp(FastAPI):
@@ -185,5 +186,6 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
             "root": cfg.model.source, "max_model_len": svc.context_limit()}]})
 
     admin.add_routes(app, cfg, svc, auth, pool, metrics)
+    tokenize.add_routes(app, svc, auth)
     return app
 

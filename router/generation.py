@@ -24,14 +24,13 @@ from router.bodies import (
     sampling_from_openai,
     sampling_from_sglang,
 )
+from router.chat_output import ChatShape
 from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.logprobs import Logprobs, check_top, openai_logprobs
 from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 from router.structured import grammar_of
-from router.tool_parsers import AutoToolStream
-from router.tool_parsers import parse as parse_tool_calls
-from router.tools import ToolStream, final_message, template_messages, tool_plan
+from router.tools import template_messages, tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
@@ -107,35 +106,31 @@ class GenerationHandlers:
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
         lp = None if top is None else Logprobs(svc.tokenizer, progress)
-        forced = plan is not None and plan.grammar is not None  # a tool call under its grammar
-        parsed = plan is not None and plan.mode == "auto" and svc.tool_parser != "none"  # calls read from text
+        shape = ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
+        plain = shape is None or shape.plain
         if not req.stream:
             def final():
                 if not chat:
                     return formats.completion_final(progress, oid, created, model,
                                                     lp and lp.completion(progress.output_ids, progress.logprobs, 0))
-                msg = (None, None)
-                if forced:
-                    msg = final_message(plan, progress.text, progress.finish_reason)
-                elif parsed:
-                    msg = auto_message(svc.tool_parser, progress.text, progress.finish_reason)
-                return formats.chat_final(progress, oid, created, model, *msg,
+                return formats.chat_final(progress, oid, created, model,
+                                          *shape.message(progress.text, progress.finish_reason),
                                           logprobs=lp and lp.chat(progress.output_ids, progress.logprobs))
             return await _collect(run, final)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
-        if forced or parsed:
-            chunk = _tool_chunks(ToolStream(plan) if forced else AutoToolStream(svc.tool_parser), continuous)
-        else:
+        if plain:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
                                       continuous_usage=continuous)
+        else:
+            chunk = shape.stream(continuous)
 
         def tail() -> bytes:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
 
         def chunk_lp(delta: str) -> dict:
-            """The chunk's tokens' logprobs (a tool call's stream carries none: its text is held back)."""
-            if lp is None or forced or parsed:
+            """The chunk's tokens' logprobs (a shaped chat's stream carries none: its text is held back)."""
+            if lp is None or not plain:
                 return {}
             return {"logprobs": lp.take_chat() if chat else lp.take_completion(len(progress.text) - len(delta))}
 
@@ -248,28 +243,6 @@ def constraint(req, plan):
         raise APIError(400, f"tool_choice {plan.mode!r} and {grammar[1]} both constrain the output; give one",
                        param=grammar[1])
     return plan.grammar, "tool_choice"
-
-
-def _tool_chunks(stream, continuous: bool):
-    """chunk(progress, oid, created, model, delta_text, first, include_usage) for a chat with tools
-    (a forced call's ToolStream or an AutoToolStream): b"" while nothing is to be sent."""
-    def chunk(p, oid, created, model, delta_text, first, include_usage) -> bytes:
-        if p.finish_reason:
-            delta, finish = stream.finish(p.text, p.finish_reason)
-        else:
-            delta, finish = stream.delta(p.text), None
-            if delta is None:
-                return b""
-        return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous)
-    return chunk
-
-
-def auto_message(parser: str, text: str, finish_reason: str) -> tuple[dict, str]:
-    """A non-streamed answer's message with the calls the model wrote in its own format, if any."""
-    content, calls = parse_tool_calls(parser, text) if finish_reason == "stop" else (text, [])
-    if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
 
 
 def completion_prompt(prompt, svc: RouterService) -> list[int]:

@@ -24,6 +24,8 @@ from router.failover import failover_enabled
 from router.formats import Progress
 from router.metrics import RouterMetrics
 from router.policies import CacheAware, Policy
+from router.reasoning import FAMILY_PARSER as REASONING_FORMATS
+from router.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.workers import WorkerPool
 from store_client.page_hash import page_hashes
 
@@ -43,11 +45,9 @@ def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[s
     return frozenset(n for n in names if n)
 
 
-def tool_parser_of(setting: str, model_dir: Path | None) -> str:
-    """model.tool_call_parser, with auto resolved from the model's family (config.json); "none" when
-    the family has no known call format or the directory does not say."""
-    from router.tool_parsers import FAMILY_PARSER
-
+def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str]) -> str:
+    """model.tool_call_parser / model.reasoning_parser, with auto resolved from the model's family
+    (config.json); "none" when the family has no known format or the directory does not say."""
     if setting != "auto":
         return setting
     if model_dir is None:
@@ -59,7 +59,7 @@ def tool_parser_of(setting: str, model_dir: Path | None) -> str:
     except (OSError, ValueError):
         return "none"
     family = FAMILIES.get(arch)
-    return FAMILY_PARSER.get(family.name, "none") if family is not None else "none"
+    return by_family.get(family.name, "none") if family is not None else "none"
 
 
 def context_from_model_dir(model_dir: Path | None) -> int:
@@ -86,7 +86,8 @@ class RouterService:
         self.model_name = cfg.model.served_name
         self.aliases = model_aliases(cfg.model.served_name, cfg.model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
-        self.tool_parser = tool_parser_of(cfg.model.tool_call_parser, model_dir)
+        self.tool_parser = parser_of(cfg.model.tool_call_parser, model_dir, TOOL_FORMATS)
+        self.reasoning_parser = parser_of(cfg.model.reasoning_parser, model_dir, REASONING_FORMATS)
         self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0

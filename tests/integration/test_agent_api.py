@@ -213,6 +213,28 @@ def test_logit_bias_and_min_tokens_hold_on_p_and_d(client, router, tiny_model_di
     assert penalised != plain and len(set(ids)) >= len(set(tok.encode(plain, add_special_tokens=False)))
 
 
+def test_a_reasoning_models_thinking_comes_back_as_reasoning_content(cluster, tiny_model_dir):
+    """A router told the model thinks in Qwen3's tags (model.reasoning_parser); a regex makes the tiny
+    model write a think block and an answer."""
+    base = router_config([w.address for w in cluster.workers if w.role == "prefill"],
+                         [w.address for w in cluster.workers if w.role == "decode" and w.proc.poll() is None])
+    cfg = dataclasses.replace(cluster.cfg, router=base.router, discovery=base.discovery,
+                              model=dataclasses.replace(cluster.cfg.model, reasoning_parser="qwen3"))
+    thinking = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
+    try:
+        c = openai.OpenAI(base_url=thinking.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 40, "temperature": 0,
+                  "extra_body": {"regex": "<think>\nIt is [a-z]{3,6}\\.\n</think>\n\nYes"}}
+        out = c.chat.completions.create(**kwargs).choices[0].message
+        assert out.content == "Yes" and re.fullmatch(r"It is [a-z]{3,6}\.", out.model_extra["reasoning_content"])
+        chunks = [ch.choices[0].delta for ch in c.chat.completions.create(**kwargs, stream=True) if ch.choices]
+        assert "".join(d.content or "" for d in chunks) == "Yes"
+        assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in chunks).strip() == \
+            out.model_extra["reasoning_content"]
+    finally:
+        thinking.stop()
+
+
 def test_sglang_generate_follows_a_regex(router):
     body = {"text": "Code:", "sampling_params": {"regex": r"[A-F]{4}-\d{3}", "max_new_tokens": 30, "temperature": 1.0}}
     r = httpx.post(router.url + "/generate", json=body, timeout=120)

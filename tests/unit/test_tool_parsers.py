@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.service import tool_parser_of
-from router.tool_parsers import AutoToolStream, parse
+from router.service import parser_of
+from router.tool_parsers import FAMILY_PARSER, AutoToolStream, parse
 
 HERMES = ('I will look it up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
           '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
@@ -96,9 +96,9 @@ def test_the_parser_follows_the_models_family(tmp_path: Path):
         d = tmp_path / arch
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"architectures": [arch]}))
-        return tool_parser_of("auto", d)
+        return parser_of("auto", d, FAMILY_PARSER)
 
     assert family("Qwen2ForCausalLM") == family("Qwen3ForCausalLM") == "hermes"
     assert family("LlamaForCausalLM") == "llama3_json" and family("MistralForCausalLM") == "mistral"
-    assert family("GPT2LMHeadModel") == "none" and tool_parser_of("auto", None) == "none"
-    assert tool_parser_of("hermes", None) == "hermes"
+    assert family("GPT2LMHeadModel") == "none" and parser_of("auto", None, FAMILY_PARSER) == "none"
+    assert parser_of("hermes", None, FAMILY_PARSER) == "hermes"
