@@ -56,6 +56,10 @@ class ModelConfig:
                                  "auto; docs/api.md): hermes (<tool_call> JSON: Qwen2.5, Qwen3), llama3_json, "
                                  "mistral, none (returned as text); auto = from the model's family",
                                  choices=["auto", "none", "hermes", "llama3_json", "mistral"])
+    generation_config: str = _key("auto", "auto: requests that leave temperature, top_p, top_k, min_p or "
+                                  "repetition_penalty unset get the model's generation_config.json values (as vLLM's "
+                                  "--generation-config auto); none: the API's own defaults",
+                                  choices=["auto", "none"])
     reasoning_parser: str = _key("auto", "How the router splits a reasoning model's thinking into "
                                  "reasoning_content (docs/api.md): qwen3 (<think>...</think>), deepseek_r1 (the "
                                  "template opens <think>), none; auto = from the model's family (Qwen3: qwen3)",

@@ -402,6 +402,16 @@ def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: 
     sp.logit_bias.update(bias)
 
 
+# generation_config.json keys a request may leave to the model (vLLM's --generation-config auto)
+DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def with_defaults(req: BaseModel, defaults: dict) -> BaseModel:
+    """`req` with the model's sampling `defaults` where it left a field unset (absent or null)."""
+    unset = {k: v for k, v in defaults.items() if k not in req.model_fields_set or getattr(req, k) is None}
+    return req.model_copy(update=unset) if unset else req
+
+
 def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
     refuse_unserved(s, SGLANG_REFUSED, "sampling_params.")
     _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.", s.min_p)

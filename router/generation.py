@@ -23,6 +23,7 @@ from router.bodies import (
     parse,
     sampling_from_openai,
     sampling_from_sglang,
+    with_defaults,
 )
 from router.chat_output import ChatShape
 from router.dispatch import StreamFailed
@@ -84,7 +85,7 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
-        sampling, max_tokens = sampling_from_openai(req)
+        sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
         plan = tool_plan(req) if chat else None
         grammar = constraint(req, plan)
         if grammar is not None:
@@ -163,7 +164,7 @@ class GenerationHandlers:
         req = parse(GenerateRequest, body)
         if (req.text is None) == (req.input_ids is None):
             raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
-        sampling, max_tokens = sampling_from_sglang(req.sampling_params)
+        sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
         if req.return_logprob:
             if req.logprob_start_len is not None and req.logprob_start_len >= 0:
                 raise APIError(400, "logprob_start_len >= 0 asks for prompt logprobs, not served yet (-1: the "

@@ -18,6 +18,7 @@ from starlette.requests import Request
 
 from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
+from router.bodies import DEFAULTABLE
 from router.dispatch import Dispatcher, Job
 from router.errors import APIError, bad_request, overloaded, unavailable
 from router.failover import failover_enabled
@@ -62,6 +63,24 @@ def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str]) -
     return by_family.get(family.name, "none") if family is not None else "none"
 
 
+def sampling_defaults(setting: str, model_dir: Path | None) -> dict:
+    """model.generation_config auto: the sampling defaults of the model's generation_config.json
+    (temperature, top_p, top_k, min_p, repetition_penalty) for requests that leave them unset."""
+    if setting != "auto" or model_dir is None:
+        return {}
+    try:
+        gen = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key in DEFAULTABLE:
+        value = gen.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        out[key] = int(value) if key == "top_k" else float(value)
+    return out  # NOTE: do_sample is not read, as vLLM does not
+
+
 def context_from_model_dir(model_dir: Path | None) -> int:
     if model_dir is None:
         return 0
@@ -88,6 +107,7 @@ class RouterService:
         self._dir_context = context_from_model_dir(model_dir)
         self.tool_parser = parser_of(cfg.model.tool_call_parser, model_dir, TOOL_FORMATS)
         self.reasoning_parser = parser_of(cfg.model.reasoning_parser, model_dir, REASONING_FORMATS)
+        self.sampling_defaults = sampling_defaults(cfg.model.generation_config, model_dir)
         self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0

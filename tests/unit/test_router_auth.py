@@ -28,6 +28,8 @@ CLIENT_ROUTES = [
     ("GET", "/server_info", None),
     ("GET", "/get_server_info", None),
     ("GET", "/get_model_info", None),
+    ("POST", "/tokenize", {"prompt": "hi"}),
+    ("POST", "/detokenize", {"tokens": [1, 2]}),
 ]
 ADMIN_ROUTES = [("GET", "/workers", None), ("POST", "/flush_cache", None), ("GET", "/flush_cache", None)]
 # Probes and scrapes: Kubernetes and Prometheus call them without credentials (docs/operations.md).

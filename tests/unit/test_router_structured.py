@@ -196,3 +196,20 @@ def test_plan_for_required_with_a_tool_without_parameters_takes_an_empty_object(
     assert isinstance(plan, ToolPlan)
     item = json.loads(plan.grammar.spec)["items"]
     assert item["properties"]["parameters"] == {"type": "object", "properties": {}}
+
+
+def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path):
+    from router.bodies import SGLangSampling, sampling_from_openai, sampling_from_sglang, with_defaults
+    from router.service import sampling_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05, "do_sample": True,
+         "eos_token_id": 2, "min_p": True}))  # a bool is no number: ignored
+    defaults = sampling_defaults("auto", tmp_path)
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05}
+    assert sampling_defaults("none", tmp_path) == {} and sampling_defaults("auto", tmp_path / "nowhere") == {}
+    sp, _ = sampling_from_openai(with_defaults(chat(temperature=0.0, top_p=None), defaults))
+    assert (round(sp.temperature, 3), round(sp.top_p, 3), sp.top_k, round(sp.repetition_penalty, 3)) == \
+        (0.0, 0.95, 20, 1.05)  # the request's own temperature 0 stays; its null top_p takes the model's
+    sg, _ = sampling_from_sglang(with_defaults(SGLangSampling.model_validate({"top_k": 5}), defaults))
+    assert (round(sg.temperature, 3), sg.top_k) == (0.6, 5)
