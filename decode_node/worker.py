@@ -65,7 +65,7 @@ class DecodeWorker:
         self.rt, self.cfg, self.worker_id = rt, rt.cfg, worker_id
         cfg = rt.cfg
         self.recorder = recorder or WorkerRecorder(ROLE)
-        self.tokenizer = Tokenizer.from_dir(rt.model_dir)
+        self.tokenizer = rt.tokenizer if rt.tokenizer is not None else Tokenizer.from_dir(rt.model_dir)
         dc = cfg.decode
         reserve = GrowthReserve(dc.growth_reserve, min(dc.growth_reserve_min, dc.growth_reserve)) \
             if dc.growth_reserve > 0 else None

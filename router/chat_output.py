@@ -10,7 +10,7 @@ from router.reasoning import ReasoningStream
 from router.reasoning import split as split_reasoning
 from router.tool_parsers import AutoToolStream
 from router.tool_parsers import parse as parse_tool_calls
-from router.tools import ToolPlan, ToolStream, final_message
+from router.tools import ToolPlan, ToolStream, answer, final_message
 
 
 class ChatShape:
@@ -88,6 +88,4 @@ class TextStream:
 def auto_message(parser: str, text: str, finish_reason: str) -> tuple[dict, str]:
     """A non-streamed answer's message with the calls the model wrote in its own format, if any."""
     content, calls = parse_tool_calls(parser, text) if finish_reason == "stop" else (text, [])
-    if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
+    return answer(text, calls, finish_reason, content)

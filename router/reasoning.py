@@ -33,7 +33,7 @@ def split(parser: str, text: str) -> tuple[str | None, str]:
     return body[:end].strip("\n") or None, body[end + len(CLOSE):].lstrip("\n")
 
 
-def _held(text: str, tag: str) -> int:
+def tag_start_at_end(text: str, tag: str) -> int:
     """Characters at the end of `text` that may be the start of `tag`."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-k:]):
@@ -59,7 +59,7 @@ class ReasoningStream:
             body = text.lstrip()
             body = body.removeprefix(OPEN)
             body = body.lstrip("\n")
-            visible = body[:len(body) - _held(body, CLOSE)]
+            visible = body[:len(body) - tag_start_at_end(body, CLOSE)]
             new, self.sent = visible[self.sent:], max(self.sent, len(visible))
             return new, ""
         reasoning = reasoning or ""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 
+from router.reasoning import tag_start_at_end
 from router.tools import ToolCallOut
 
 PARSERS = ("hermes", "llama3_json", "mistral")
@@ -95,12 +96,7 @@ class AutoToolStream:
         """How much of `text` is content for sure."""
         if self.parser == "hermes":
             start = text.find(_HERMES_START)
-            if start >= 0:
-                return start
-            for k in range(min(len(_HERMES_START) - 1, len(text)), 0, -1):  # a possible start at the end
-                if _HERMES_START.startswith(text[-k:]):
-                    return len(text) - k
-            return len(text)
+            return start if start >= 0 else len(text) - tag_start_at_end(text, _HERMES_START)
         head = text.lstrip()
         if not head:
             return 0  # only blanks so far: the format may still begin

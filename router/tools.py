@@ -169,7 +169,13 @@ class ToolStream:
 
 def final_message(plan: ToolPlan, text: str, finish_reason: str) -> tuple[dict, str]:
     """A non-streamed answer's message and finish_reason for a forced call."""
-    calls = plan.calls(text) if finish_reason == "stop" else None
+    return answer(text, plan.calls(text) if finish_reason == "stop" else None, finish_reason)
+
+
+def answer(text: str, calls: list[ToolCallOut] | None, finish_reason: str,
+           content: str | None = None) -> tuple[dict, str]:
+    """A non-streamed chat message: `text` as content without calls; with them, `content` (the text
+    beside the calls, if any) and the calls, finish_reason "tool_calls"."""
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": None, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
+    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
     from engine.sampler import Sampler
+    from engine.tokenizer import Tokenizer
     from store_client.chain_index import ChainIndex
     from store_client.evictor import StoreEvictor
     from store_client.io_thread import StoreIO
@@ -57,7 +58,12 @@ class WorkerRuntime:
     chain_index: ChainIndex | None = None  # schedulers call chain_index.touch(keys, first_depth)
     evictor: StoreEvictor | None = None  # StoreEvictor thread, started here
     grammars: Grammars | None = None  # structured outputs (compiles on the first grammar; None in unit fakes)
-    eos_token_ids: tuple[int, ...] = ()  # the model's end-of-sequence ids (min_tokens keeps them out)
+    tokenizer: Tokenizer | None = None  # loaded once per worker (D detokenizes; both read the EOS ids)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The model's end-of-sequence ids (min_tokens keeps them out); () without a tokenizer."""
+        return () if self.tokenizer is None else self.tokenizer.eos_token_ids
 
     @property
     def max_context(self) -> int:
@@ -183,4 +189,4 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
                          allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
                          chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
-                         eos_token_ids=Tokenizer.from_dir(model_dir).eos_token_ids)
+                         tokenizer=Tokenizer.from_dir(model_dir))
