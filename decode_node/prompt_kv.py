@@ -91,7 +91,9 @@ class PromptKV:
                 present = [False] * n_reuse
                 for i, ok in zip(ask, found):
                     present[i] = ok
-        plan = plan_prompt(present, req.prompt_len, page_size, dc.max_local_prefill_tokens, dc.load_prefix_from_store,
+        # n > 1: P samples every sequence's first token from one prefill, so no local plan
+        local_tokens = dc.max_local_prefill_tokens if req.job.params.n == 1 else 0
+        plan = plan_prompt(present, req.prompt_len, page_size, local_tokens, dc.load_prefix_from_store,
                            req.l1_pages, why)
         self._plans.labels(plan.where, plan.reason).inc()
         return plan

@@ -27,6 +27,7 @@ class DecodeEvent:
     logprobs: tuple = ()  # engine.sampler.TokenLogprob per token of token_ids (when asked for)
     preemptions: int = 0  # times preempted since the previous event (decode_node/preemption.py)
     paused_s: float = 0.0  # seconds those preemptions paused the stream
+    index: int = 0  # which of the request's n sequences (params.n > 1) this event continues
 
     @property
     def final(self) -> bool:
@@ -78,6 +79,11 @@ class DecodeRequest:
     resuming: bool = False  # its KV is being restored (pages read or recomputed before it decodes again)
     unreported: tuple[int, float] = (0, 0.0)  # preemptions and paused seconds not streamed yet
     events: queue.Queue = field(default_factory=queue.Queue)
+    # n > 1 (decode_node/forks.py): sequence `index` of its request. The first sequence owns the
+    # forks; they share its events queue, the prompt's full pages and its deadline.
+    index: int = 0
+    forks: list[DecodeRequest] = field(default_factory=list)
+    spare_pages: list[int] = field(default_factory=list)  # admitted for the forks' copies of the last page
 
     @property
     def request_id(self) -> str:
@@ -91,7 +97,14 @@ class DecodeRequest:
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
 
+    @property
+    def sequences(self) -> list[DecodeRequest]:
+        """This request and its forks (n > 1)."""
+        return [self, *self.forks]
+
     def emit(self, event: DecodeEvent) -> None:
+        if self.index:
+            event = replace(event, index=self.index)
         if self.unreported[0]:  # the first event after a resume says how long the stream paused
             event = replace(event, preemptions=self.unreported[0], paused_s=self.unreported[1])
             self.unreported = (0, 0.0)

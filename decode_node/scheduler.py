@@ -29,6 +29,7 @@ import torch
 from prometheus_client import Counter
 
 from decode_node.admission import Admission, AdmitTicket
+from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.messages import Admit, Evicted, Join, PrefixRead, Release, ResumeRead
 from decode_node.offload import extend_hash_chain, filled_page
@@ -123,6 +124,11 @@ class DecodeScheduler:
         """Hand a prefilled request to the batch (from a handler thread)."""
         self._loop.post(Join(req))
 
+    def fork(self, fork: Fork) -> None:
+        """Hand a fork of a prefilled request (n > 1, decode_node/forks.py) to the batch; posted
+        before the request itself joins, so its copy of the prompt's last page is taken unwritten."""
+        self._loop.post(fork)
+
     def release(self, page_ids, request_id: str = "") -> None:
         """Give pages back (any thread): a request that failed before joining (`request_id`: its
         admission is settled too), or the fence."""
@@ -173,6 +179,10 @@ class DecodeScheduler:
             self.admission.settled(msg.req.request_id)
             if not msg.req.todo:  # nothing left to compute here: the prompt KV is in place
                 self.cache.prompt_in_place(msg.req)
+            msg.req.arrival = next(self._arrivals)
+            self._waiting.append(msg.req)
+        elif isinstance(msg, Fork):
+            place(msg, self._rt.allocator, self._rt.pool)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):

@@ -31,6 +31,7 @@ import time
 import torch
 
 from decode_node.fence import PageFence
+from decode_node.forks import Fork, fork_sequences, shared_pages
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.prefill_client import PrefillClient
 from decode_node.prompt_kv import PromptKV
@@ -40,7 +41,7 @@ from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
-from pdorch.worker.errors import InvalidRequest, ShuttingDown, WorkerError
+from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
@@ -121,12 +122,15 @@ class DecodeWorker:
         """A request the whole pool could never hold (prompt + max_tokens, up to the context limit)
         is refused now, not admitted to fail later. NOTE: the router refuses it first (it knows the
         decode workers' pools from their Info)."""
-        page_size, total = self.cfg.model.page_size, self.rt.allocator.num_total
+        page_size, total, n = self.cfg.model.page_size, self.rt.allocator.num_total, job.params.n
         end = min(len(job.token_ids) + job.params.max_tokens, self.max_context)
-        if pages_for(end, page_size) > total:
+        shared = shared_pages(len(job.token_ids), page_size) if n > 1 else 0  # n > 1: decode_node/forks.py
+        need = shared + n * (pages_for(end, page_size) - shared)
+        if need > total:
+            many = f" for each of n={n} sequences" if n > 1 else ""
             raise InvalidRequest(
                 f"request {job.request_id}: its prompt ({len(job.token_ids)} tokens) and max_tokens "
-                f"({job.params.max_tokens}) need {pages_for(end, page_size)} KV pages of {page_size} tokens; this "
+                f"({job.params.max_tokens}){many} need {need} KV pages of {page_size} tokens; this "
                 f"decode worker's pool has {total} ({total * page_size} tokens, decode.num_pages)")
 
     def run(self, req: DecodeRequest, is_active=lambda: True):
@@ -136,15 +140,17 @@ class DecodeWorker:
         finally:
             with self._lock:
                 self._requests.pop(req.request_id, None)
-            if not req.done:  # the consumer went away mid-stream: let the scheduler drop it
-                req.cancelled = True
+            left = [s for s in req.sequences if not s.done]
+            for seq in left:  # the consumer went away mid-stream: let the scheduler drop it
+                seq.cancelled = True
+            if left:
                 self.scheduler.wake()
 
     def _run(self, req: DecodeRequest, is_active):
         def cancelled() -> bool:
             return req.cancelled or not is_active()
 
-        page_size, n = self.cfg.model.page_size, req.prompt_len
+        page_size, n, sequences = self.cfg.model.page_size, req.prompt_len, req.job.params.n
         # The prompt is hashed once, here: the prefix cache looks it up, P reuses the hashes, and D
         # continues the chain when it offloads generated pages (decode_node/offload.py).
         try:
@@ -152,10 +158,12 @@ class DecodeWorker:
             # +1 position: the first decode step feeds the first token at position n (a spare page
             # when the prompt fills its last page exactly).
             first_pages = pages_for(n + 1, page_size)
-            req.page_ids, req.l1_pages = self.scheduler.admit_prompt(
-                req.request_id, first_pages, req.deadline, cancelled,
-                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]),
-                growth=growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size))
+            growth = growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size)
+            # n > 1: one spare page per further sequence, its copy of the last page (decode_node/forks.py)
+            pages, req.l1_pages = self.scheduler.admit_prompt(
+                req.request_id, first_pages + sequences - 1, req.deadline, cancelled,
+                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
+            req.page_ids, req.spare_pages = pages[:first_pages], pages[first_pages:]
         except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
@@ -166,6 +174,7 @@ class DecodeWorker:
             # conditional disaggregation: a local plan calls no prefill worker at all
             res = None if plan.local else self._prefill(req, cancelled, plan)
             self.prompt_kv.finish(req, plan)  # D's own read landed: what D still computes is in req
+            forks = self._fork(req, res) if sequences > 1 and res is not None else []
             first = None if res is None else self._first_token(req, res)
             if first is None or not first.final:
                 # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
@@ -175,23 +184,25 @@ class DecodeWorker:
             # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
             self._settle_read(req, plan)
-            pages, req.page_ids = req.page_ids, []
+            pages, req.page_ids, req.spare_pages = req.page_ids + req.spare_pages, [], []
             self.scheduler.release(pages, req.request_id)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
                 log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
+        open_ = {s.index for s in req.sequences}  # sequences still to end (forks ended at once are not)
         if first is not None:
             if first.final:
                 self.scheduler.release(req.page_ids, req.request_id)
                 req.page_ids = []
                 self.recorder.request_finished()
                 req.done = True
-                yield first
-                return
+                open_.discard(0)
             yield first
-        while True:
+        for _, event in forks:
+            yield event
+        while open_:
             try:
                 event = req.events.get(timeout=EVENT_WAIT_S)
             except queue.Empty:
@@ -203,8 +214,31 @@ class DecodeWorker:
             if req.handoff and event.error is not None:
                 self._await_offload(req)  # the resumed stream's prefill finds these pages in the store
             yield event
+            if event.error is not None:
+                return  # the stream ends with it; the other sequences are cancelled (run's finally)
             if event.final:
-                return
+                open_.discard(event.index)
+
+    def _fork(self, req: DecodeRequest, res) -> list:
+        """Sequences 1 .. n-1 from P's first tokens, placed on the scheduler before sequence 0 joins:
+        [(fork, its first event)]. A fork whose first token ends it gives its spare page back."""
+        if len(res.more_first) != req.job.params.n - 1:
+            raise PeerFailed(f"request {req.request_id}: prefill answered {len(res.more_first) + 1} first "
+                             f"tokens for n={req.job.params.n}")
+        forks = fork_sequences(req, res.more_first, self.tokenizer, self.max_context, self._generator)
+        shared = tuple(req.page_ids[:shared_pages(req.prompt_len, self.cfg.model.page_size)])
+        tail = req.page_ids[len(shared)]
+        for fork, event in forks:
+            self.recorder.generated(1)
+            if event.final:
+                fork.done = True
+                self.recorder.request_finished()
+                self.scheduler.release([req.spare_pages.pop()])
+                continue
+            fork.spare_pages = [req.spare_pages.pop()]
+            req.forks.append(fork)
+            self.scheduler.fork(Fork(fork, shared, tail))
+        return forks
 
     def _await_offload(self, req: DecodeRequest) -> None:
         deadline = time.monotonic() + self.cfg.store.op_timeout_s
@@ -224,7 +258,8 @@ class DecodeWorker:
         with self._lock:
             left = list(self._requests.values())
         for req in left:
-            req.handoff = True
+            for seq in req.sequences:
+                seq.handoff = True
         self.scheduler.wake()
         log.info("draining: handing %d streams on to other decode workers", len(left))
         deadline = time.monotonic() + self.cfg.store.op_timeout_s + 5.0
@@ -271,15 +306,7 @@ class DecodeWorker:
         req.cached = res.cached
         req.unstored_pages = res.unstored_pages
         if res.sampler_state and req.generator is not None:
-            # Continue P's random stream: seeded output equals the single-process engine's.
-            state = torch.frombuffer(bytearray(res.sampler_state), dtype=torch.uint8)
-            if state.numel() != req.generator.get_state().numel() and state.numel() in GENERATOR_STATE_BYTES:
-                # P samples on another kind of device (a CPU prefill worker, a GPU decode worker)
-                log.warning("request %s: prefill's sampler state is a %s generator's; this worker's is on %s: "
-                            "continuing from the seed", req.request_id, GENERATOR_STATE_BYTES[state.numel()],
-                            req.generator.device)
-            else:
-                req.generator.set_state(state)
+            req.generator = self._generator(req.job.params, res.sampler_state)
         self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
         if req.grammar is not None:  # P sampled it under the same grammar
             req.grammar.accept(res.first_token_id)
@@ -287,12 +314,28 @@ class DecodeWorker:
         self.recorder.generated(1)
         return check_stop(req, res.first_token_id, self.max_context, res.first_logprob)
 
+    def _generator(self, params, sampler_state: bytes):
+        """A generator for `params` that continues P's random stream (seeded output equals the
+        single-process engine's); None without a seed."""
+        gen = self.rt.sampler.make_generator(params)
+        if gen is None or not sampler_state:
+            return gen
+        state = torch.frombuffer(bytearray(sampler_state), dtype=torch.uint8)
+        if state.numel() != gen.get_state().numel() and state.numel() in GENERATOR_STATE_BYTES:
+            # P samples on another kind of device (a CPU prefill worker, a GPU decode worker)
+            log.warning("prefill's sampler state is a %s generator's; this worker's is on %s: continuing "
+                        "from the seed", GENERATOR_STATE_BYTES[state.numel()], gen.device)
+        else:
+            gen.set_state(state)
+        return gen
+
     def abort(self, request_id: str) -> bool:
         with self._lock:
             req = self._requests.get(request_id)
         if req is None:
             return False
-        req.cancelled = True
+        for seq in req.sequences:
+            seq.cancelled = True
         self.scheduler.wake()
         return True
 

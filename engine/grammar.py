@@ -59,6 +59,10 @@ class OutputGrammar:
             self.rejected += 1
             log.error("grammar (%s) refused token %d that was sampled under its mask", self.kind, token)
 
+    def fork(self) -> OutputGrammar:
+        """A matcher in this one's state that goes on alone (another output sequence of the prompt)."""
+        return OutputGrammar(self._m.fork(), self.kind)
+
     def fill(self, bitmask, row: int) -> bool:
         """This row's allowed tokens into bitmask[row]; False when the grammar has ended (no mask)."""
         if self._m.is_terminated():

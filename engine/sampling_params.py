@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf")
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
@@ -40,6 +40,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_tokens: int = 0               # no EOS / stop token / stop string before this many tokens
     resumed_tokens: int = 0           # the prompt's last that many tokens are output already (failover)
+    n: int = 1                        # output sequences for the prompt; sequence i samples with seed + i
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.
@@ -67,12 +68,18 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.min_tokens < 0 or self.resumed_tokens < 0:
             raise ValueError("min_tokens and resumed_tokens must be >= 0")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    def sequence(self, i: int) -> SamplingParams:
+        """Sequence i's own params (n > 1): one sequence, its generator seeded seed + i."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + i)
 
     @property
     def needs_history(self) -> bool:

@@ -198,6 +198,8 @@ class RouterConfig:
     previous_api_key: str = _key("", "During an API key rotation: the old key, still accepted like api_key until "
                                  "clients have moved; empty = none (env PDORCH_ROUTER_PREVIOUS_API_KEY)")
     max_queued_requests: int = _key(1024, "Requests in flight before the router answers 429", min=1)
+    max_n: int = _key(16, "Largest `n` (output sequences per prompt) a request may ask for; they share one "
+                      "prefill and the prompt's KV pages on the decode worker", min=1, max=128)
     request_timeout_s: float = _key(600.0, "Whole-request deadline", min=0.1)
     drain_timeout_s: float = _key(30.0, "On SIGTERM: the router stops accepting connections and gives requests "
                                   "in flight this long to finish (cover router.request_timeout_s for no cut stream)",

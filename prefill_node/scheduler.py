@@ -32,7 +32,7 @@ from engine.page_allocator import pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.history import token_history
 from pdorch.worker.loop import SchedulerLoop
-from pdorch.worker.prefill_rpc import PrefillResult
+from pdorch.worker.prefill_rpc import FirstToken, PrefillResult
 from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
@@ -327,19 +327,35 @@ class PrefillScheduler:
             if not task.todo:
                 finished.append((row, task))
         if finished:
-            rows = logits[[row for row, _ in finished]]
-            params = [t.job.params for _, t in finished]
-            gens = [self._rt.sampler.make_generator(t.job.params) for _, t in finished]  # on the model's device
-            histories = [token_history(self._rt.eos_token_ids, t.job.params, t.job.token_ids, t.prompt_len)
-                         for _, t in finished]
-            tokens = self._rt.sampler.sample(rows, params, gens, [t.grammar for _, t in finished], histories)
-            logprobs = self._rt.sampler.logprobs(rows, tokens, params)
-            for (_, task), token, gen, lp in zip(finished, tokens, gens, logprobs):
-                if gen is not None:
-                    task.sampler_state = gen.get_state().numpy().tobytes()
-                task.first_logprob = lp
-                self._finish_compute(task, int(token))
+            self._sample_first(logits, finished)
         return True
+
+    def _sample_first(self, logits: torch.Tensor, finished: list[tuple[int, PrefillTask]]) -> None:
+        """The first token of each finished task, batched; a task with params.n > 1 gets n rows of
+        its logits (sequence i: its own generator, seed + i, and a fork of the grammar)."""
+        rows, params, grammars, histories, owners = [], [], [], [], []
+        for row, t in finished:
+            p = t.job.params
+            history = token_history(self._rt.eos_token_ids, p, t.job.token_ids, t.prompt_len)
+            forks = [t.grammar.fork() if t.grammar is not None else None for _ in range(p.n - 1)]
+            for i, grammar in enumerate([t.grammar, *forks]):
+                rows.append(row)
+                params.append(p if p.n == 1 else p.sequence(i))
+                grammars.append(grammar)
+                histories.append(history)
+                owners.append(t)
+        x = logits[rows]
+        gens = [self._rt.sampler.make_generator(p) for p in params]  # on the model's device
+        tokens = self._rt.sampler.sample(x, params, gens, grammars, histories)
+        logprobs = self._rt.sampler.logprobs(x, tokens, params)
+        firsts: dict[int, list[FirstToken]] = {}
+        for task, token, gen, lp in zip(owners, tokens, gens, logprobs):
+            state = b"" if gen is None else gen.get_state().numpy().tobytes()
+            firsts.setdefault(id(task), []).append(FirstToken(int(token), state, lp))
+        for _, task in finished:
+            first, *more = firsts[id(task)]
+            task.sampler_state, task.first_logprob, task.more_first = first.sampler_state, first.logprob, tuple(more)
+            self._finish_compute(task, first.token_id)
 
     def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
         task.first_token_id = first_token
@@ -370,7 +386,7 @@ class PrefillScheduler:
                     request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
                     cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
                     sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored),
-                    first_logprob=task.first_logprob))
+                    first_logprob=task.first_logprob, more_first=task.more_first))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
 

@@ -72,6 +72,7 @@ class PrefillTask:
     sampler_state: bytes = b""
     grammar: object = None  # engine.grammar.OutputGrammar: the first token is sampled under it
     first_logprob: object = None  # engine.sampler.TokenLogprob, when the request asked for logprobs
+    more_first: tuple = ()  # pdorch.worker.prefill_rpc.FirstToken of sequences 1 .. n-1 (params.n > 1)
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
     gate: threading.Condition = field(default_factory=threading.Condition)

@@ -199,8 +199,8 @@ class SGLangSampling(BaseModel):
     json_schema: str | None = None  # structured outputs (router/structured.py)
     regex: str | None = None
     ebnf: str | None = None
+    n: int = 1
     # not served yet: refused when set (SGLANG_REFUSED)
-    n: Any = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -317,8 +317,7 @@ def _check_max_tokens(max_tokens: int | None, param: str) -> None:
 # served yet: a value other than what pdorch does anyway is refused, never silently dropped.
 # name -> (the values served, why / what to do instead). docs/api.md lists them beside vLLM and SGLang.
 REFUSED: dict[str, tuple[tuple, str]] = {
-    "n": ((None, 1), "generate several completions with several requests"),
-    "best_of": ((None, 1), "generate several completions with several requests"),
+    "best_of": ((None, 1), "use n: the client chooses among the n choices"),
     "echo": ((None, False), "echoing the prompt is not served yet"),
     "suffix": ((None, ""), "insertion (a suffix) is not served"),
     "audio": ((None,), "this server serves text only"),
@@ -341,7 +340,6 @@ REFUSED: dict[str, tuple[tuple, str]] = {
 
 # The same for SGLang's sampling_params.
 SGLANG_REFUSED: dict[str, tuple[tuple, str]] = {
-    "n": ((None, 1), "generate several completions with several requests"),
     "structural_tag": ((None,), "structural tags are not served yet: use json_schema, regex or ebnf"),
 }
 
@@ -378,6 +376,7 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
         sp.seed = req.seed
     _controls(sp, req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.logit_bias,
               req.min_tokens, max_tokens)
+    sp.n = _n(1 if req.n is None else req.n, "n")  # the handler checks it against router.max_n (check_n)
     return sp, max_tokens
 
 
@@ -431,4 +430,16 @@ def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, 
         sp.seed = seed
     _controls(sp, s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.logit_bias, s.min_new_tokens,
               s.max_new_tokens, "sampling_params.", "min_new_tokens")
+    sp.n = _n(s.n, "sampling_params.n")
     return sp, s.max_new_tokens
+
+
+def _n(n: int, param: str) -> int:
+    if not 1 <= n <= INT32_MAX:
+        raise bad_request(f"{param} must be >= 1, got {n}", param=param)
+    return n
+
+
+def check_n(n: int, max_n: int, param: str = "n") -> None:
+    if not 1 <= n <= max_n:
+        raise bad_request(f"{param} must be in [1, {max_n}] (router.max_n), got {n}", param=param)

@@ -42,9 +42,9 @@ class ChatShape:
             msg["reasoning_content"] = reasoning
         return msg, finish
 
-    def stream(self, continuous: bool):
+    def stream(self, continuous: bool, index: int = 0):
         """chunk(progress, oid, created, model, delta_text, first, include_usage) -> bytes (b"": nothing
-        to send yet) for a chat that is not plain."""
+        to send yet) for a chat that is not plain; `index`: the choice it streams (n > 1)."""
         inner = ToolStream(self.plan) if self.forced else AutoToolStream(self.tool_parser) if self.parsed \
             else TextStream()
         thinking = ReasoningStream(self.reasoning) if self.reasoning else None
@@ -67,7 +67,8 @@ class ChatShape:
                 delta, role_sent[0] = {"role": "assistant", **delta}, True
             if not delta and not finish:
                 return b""
-            return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous)
+            return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous,
+                                            index=index)
         return chunk
 
 

@@ -132,6 +132,8 @@ class Dispatcher:
         streamed: list[int] = []  # token ids the client has been sent (what a resumption continues)
         resumption: Resumption | None = None
         failovers = 0
+        sequences = max(job.sampling.n, 1)
+        ended = [0, sequences]  # n > 1: the call is over once every sequence ended
         try:
             batch = att.first
             while True:
@@ -140,7 +142,7 @@ class Dispatcher:
                 if batch:
                     # NOTE: the chunk with finish_reason is the last one: the request is complete
                     # here, so a consumer that stops reading after it must not cancel the call.
-                    if batch[-1].finish_reason:
+                    if batch[-1].finish_reason if sequences == 1 else self._all_ended(batch, ended):
                         # NOTE: unless the router's own stop check ended a resumed stream before D did:
                         # then closing the attempt cancels D's call.
                         att.finished = self._done(att.d) and not (resumption and resumption.cut_short)
@@ -156,7 +158,7 @@ class Dispatcher:
                     self.pool.record_failure(att.d, f"{e.code().name}: {e.details()}")
                     self.metrics.worker_errors.labels(att.d.role, att.d.address).inc()
                     broke = (f"decode worker {att.d.address} failed mid-stream: {e.code().name}: {e.details()}")
-                    if not self._may_resume(e, failovers):
+                    if not self._may_resume(e, failovers, job):
                         raise StreamFailed(broke) from None
                     failovers += 1
                     att.close()
@@ -169,10 +171,18 @@ class Dispatcher:
         finally:
             att.close()  # a client that went away (or a failure): stop the work on D and P
 
-    def _may_resume(self, e: RpcError, failovers: int) -> bool:
+    @staticmethod
+    def _all_ended(batch: list[worker_pb2.GenerateResponse], ended: list[int]) -> bool:
+        """n > 1: count the sequences this batch ends (ended[1] = the request's n); all of them ended?"""
+        ended[0] += sum(1 for m in batch if m.finish_reason)
+        return ended[0] >= ended[1]
+
+    def _may_resume(self, e: RpcError, failovers: int, job: Job) -> bool:
         # NOTE: only UNAVAILABLE (connection lost, worker gone): a worker that answered with an error
         # (INTERNAL, DEADLINE_EXCEEDED) would likely answer the same again.
-        return self.failover and e.code() == grpc.StatusCode.UNAVAILABLE and failovers < MAX_FAILOVERS
+        # NOTE: nor a request of n > 1 sequences (each would resume on its own: not served yet)
+        return self.failover and e.code() == grpc.StatusCode.UNAVAILABLE and failovers < MAX_FAILOVERS \
+            and job.sampling.n <= 1
 
     async def _resume(self, job: Job, streamed: list[int], dead: Worker, n: int,
                       broke: str) -> tuple[Resumption, _Attempt]:

@@ -104,25 +104,30 @@ def _finish(p: Progress) -> str | None:
 
 
 def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-               include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
+               include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None,
+               index: int = 0) -> bytes:
     delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
-    return chat_delta_chunk(p, oid, created, model, delta, _finish(p), include_usage, continuous_usage, logprobs)
+    return chat_delta_chunk(p, oid, created, model, delta, _finish(p), include_usage, continuous_usage, logprobs,
+                            index)
 
 
 def chat_delta_chunk(p: Progress, oid: str, created: int, model: str, delta: dict, finish: str | None,
-                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
-    """A chat chunk with any delta (tool calls: router/tools.py); `logprobs`: its tokens' (router/logprobs.py)."""
+                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None,
+                     index: int = 0) -> bytes:
+    """A chat chunk with any delta (tool calls: router/tools.py); `logprobs`: its tokens' (router/logprobs.py);
+    `index`: the choice it continues (n > 1)."""
     body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
     if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
         body["usage"] = p.usage() if continuous_usage else None
     return sse(body)
 
 
 def completion_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str, first: bool,
-                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None) -> bytes:
+                     include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None,
+                     index: int = 0) -> bytes:
     body = {"id": oid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": delta_text, "logprobs": logprobs, "finish_reason": _finish(p)}]}
+            "choices": [{"index": index, "text": delta_text, "logprobs": logprobs, "finish_reason": _finish(p)}]}
     if include_usage:  # OpenAI: null on content chunks, the totals in a last chunk of their own
         body["usage"] = p.usage() if continuous_usage else None
     return sse(body)

@@ -20,12 +20,14 @@ from router.bodies import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
+    check_n,
     parse,
     sampling_from_openai,
     sampling_from_sglang,
     with_defaults,
 )
 from router.chat_output import ChatShape
+from router.choices import GenerateChoices, OpenAIChoices
 from router.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.logprobs import Logprobs, check_top, openai_logprobs
@@ -86,6 +88,7 @@ class GenerationHandlers:
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
         sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
+        check_n(sampling.n, self.cfg.router.max_n)
         plan = tool_plan(req) if chat else None
         grammar = constraint(req, plan)
         if grammar is not None:
@@ -107,6 +110,16 @@ class GenerationHandlers:
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
         lp = None if top is None else Logprobs(svc.tokenizer, progress)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and req.stream_options.continuous_usage_stats
+        if sampling.n > 1:  # router/choices.py
+            many = OpenAIChoices(run, chat, [ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
+                                             for _ in run.choices],
+                                 [None if top is None else Logprobs(svc.tokenizer, p) for p in run.choices],
+                                 oid, created, model)
+            if not req.stream:
+                return await _collect(run, many.final)
+            return SSEResponse(many.events(include_usage, continuous), run.aclose)
         shape = ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
         plain = shape is None or shape.plain
         if not req.stream:
@@ -118,8 +131,6 @@ class GenerationHandlers:
                                           *shape.message(progress.text, progress.finish_reason),
                                           logprobs=lp and lp.chat(progress.output_ids, progress.logprobs))
             return await _collect(run, final)
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and req.stream_options.continuous_usage_stats
         if plain:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
                                       continuous_usage=continuous)
@@ -165,6 +176,7 @@ class GenerationHandlers:
         if (req.text is None) == (req.input_ids is None):
             raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
         sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
+        check_n(sampling.n, self.cfg.router.max_n, "sampling_params.n")
         if req.return_logprob:
             if req.logprob_start_len is not None and req.logprob_start_len >= 0:
                 raise APIError(400, "logprob_start_len >= 0 asks for prompt logprobs, not served yet (-1: the "
@@ -179,6 +191,13 @@ class GenerationHandlers:
                            max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
                            grammar_param=grammar[1] if grammar else "")
         progress, _, run = await svc.start(job, "/generate", t0)
+        if sampling.n > 1:  # router/choices.py
+            lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
+            many = GenerateChoices(run, lambda p, i: formats.generate_body(
+                p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs)))
+            if not req.stream:
+                return await _collect(run, many.final)
+            return SSEResponse(many.events(), run.aclose)
         lp = Logprobs(svc.tokenizer, progress) if req.return_logprob else None
 
         def body() -> dict:

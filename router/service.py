@@ -190,6 +190,12 @@ class RouterService:
                               f"workers' KV pool of {pool} tokens (decode.num_pages x model.page_size): the "
                               "request could never be held whole", param=max_tokens_param)
         sampling.max_tokens = max_tokens
+        if sampling.n > 1 and pool:  # n sequences share the prompt's pages, each grows its own
+            need = n + sampling.n * (max_tokens + self.cfg.model.page_size)
+            if need > pool:
+                raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
+                                  f"{n} tokens need about {need} tokens of KV, more than the decode workers' pool of "
+                                  f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
         hashes: list[str] = []
         if self._hash_pages:
             hashes = page_hashes(token_ids, self.cfg.model.page_size)
@@ -233,14 +239,23 @@ class RouterService:
         return run.progress, first, run
 
 
+def _n_param(prompt_param: str) -> str:
+    return "sampling_params.n" if prompt_param == "input_ids" else "n"
+
+
 class _Run:
-    """One admitted request's stream of text deltas, with timing metrics and cleanup."""
+    """One admitted request's stream of text deltas, with timing metrics and cleanup.
+
+    n > 1: `choices` holds one Progress per sequence (`progress` is the first's); each batch's
+    deltas per sequence are in `deltas`, [(index, text)] (the text returned joins them)."""
 
     def __init__(self, svc: RouterService, job: Job, route: str, t0: float):
         self.svc = svc
         self.route = route
         self.t0 = t0
-        self.progress = Progress(job.request_id, len(job.token_ids))
+        self.choices = [Progress(job.request_id, len(job.token_ids)) for _ in range(max(job.sampling.n, 1))]
+        self.progress = self.choices[0]
+        self.deltas: list[tuple[int, str]] = []
         self._agen = svc.dispatcher.stream(job)
         self._closed = False
         self._last = t0
@@ -274,6 +289,9 @@ class _Run:
 
     def _fold(self, batch: list) -> str:
         """Fold D's chunks into the Progress; returns their text delta."""
+        if len(self.choices) > 1:
+            self.deltas = [(msg.index, self.choices[msg.index].add(msg)) for msg in batch]
+            return "".join(text for _, text in self.deltas)
         if len(batch) == 1:
             return self.progress.add(batch[0])
         return "".join([self.progress.add(msg) for msg in batch])
@@ -286,7 +304,7 @@ class _Run:
             await self._agen.aclose()
         finally:
             m = self.svc.metrics
-            m.completion_tokens.inc(len(self.progress.output_ids))
+            m.completion_tokens.inc(sum(len(p.output_ids) for p in self.choices))
             if self.progress.preemptions:
                 m.preemptions.inc(self.progress.preemptions)
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.sampler import TokenLogprob
 from engine.sampling_params import GrammarSpec, SamplingParams
 from pdorch.worker.errors import InvalidRequest
-from pdorch.worker.prefill_rpc import CachedTokens, PrefillJob, PrefillResult
+from pdorch.worker.prefill_rpc import CachedTokens, FirstToken, PrefillJob, PrefillResult
 from proto.pdorch.v1 import worker_pb2 as pb
 
 
@@ -38,7 +38,7 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         presence_penalty=float(msg.presence_penalty), frequency_penalty=float(msg.frequency_penalty),
         repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty > 0 else 1.0,
         logit_bias=tuple(sorted(msg.logit_bias.items())), min_tokens=int(msg.min_tokens),
-        resumed_tokens=int(msg.resumed_tokens),
+        resumed_tokens=int(msg.resumed_tokens), n=max(int(msg.n), 1),
     )
 
 
@@ -49,6 +49,7 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens, resumed_tokens=params.resumed_tokens,
+        n=params.n,
     )
     if params.seed is not None:
         msg.seed = params.seed
@@ -101,6 +102,9 @@ def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
         cached=cached_to_proto(res.cached), transfer_bytes=res.transfer_bytes, transfer_s=res.transfer_s,
         compute_s=res.compute_s, sampler_state=res.sampler_state, unstored_pages=list(res.unstored_pages),
         first_logprob=None if res.first_logprob is None else logprob_to_proto(res.first_logprob),
+        more_first=[pb.FirstToken(token_id=f.token_id, sampler_state=f.sampler_state,
+                                  logprob=None if f.logprob is None else logprob_to_proto(f.logprob))
+                    for f in res.more_first],
     )
 
 
@@ -110,4 +114,7 @@ def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
         cached=cached_from_proto(msg.cached), transfer_bytes=msg.transfer_bytes, transfer_s=msg.transfer_s,
         compute_s=msg.compute_s, sampler_state=msg.sampler_state, unstored_pages=tuple(msg.unstored_pages),
         first_logprob=logprob_from_proto(msg.first_logprob) if msg.HasField("first_logprob") else None,
+        more_first=tuple(FirstToken(f.token_id, f.sampler_state,
+                                    logprob_from_proto(f.logprob) if f.HasField("logprob") else None)
+                         for f in msg.more_first),
     )

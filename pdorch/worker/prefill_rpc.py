@@ -51,6 +51,15 @@ class PrefillJob:
 
 
 @dataclass(frozen=True)
+class FirstToken:
+    """Another output sequence's first token (params.n > 1), sampled from the same logits."""
+
+    token_id: int
+    sampler_state: bytes = b""  # its generator (seed + i) after sampling, for seeded requests
+    logprob: object = None  # engine.sampler.TokenLogprob, when asked for
+
+
+@dataclass(frozen=True)
 class PrefillResult:
     """What P returns once the KV sits in D's pages."""
 
@@ -64,3 +73,4 @@ class PrefillResult:
     sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)
     unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)
     first_logprob: object = None  # engine.sampler.TokenLogprob of the first token, when asked for
+    more_first: tuple[FirstToken, ...] = ()  # sequences 1 .. n-1's first tokens (params.n > 1)

@@ -250,7 +250,7 @@ def test_sglang_generate_follows_a_regex(router):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice.function.name", "no tool named 'nope'"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be in [0, 20]"),
-    ({"n": 2}, "n", "several requests"),
+    ({"n": 1000}, "n", "router.max_n"),
     ({"frequency_penalty": 3.0}, "frequency_penalty", "must be in [-2, 2]"),
     ({"logit_bias": {"99999999": 1}}, "logit_bias", "not in the model's vocabulary"),
     ({"logit_bias": {"x": 1}}, "logit_bias", "keys must be token ids"),

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "seed", "min_p", "grammar", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "resumed_tokens")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "seed", "min_p", "grammar", "logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "resumed_tokens", "n")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class SamplingParams(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -49,7 +50,8 @@ class SamplingParams(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     min_tokens: int
     resumed_tokens: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
+    n: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ..., min_p: _Optional[float] = ..., grammar: _Optional[_Union[Grammar, _Mapping]] = ..., logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., min_tokens: _Optional[int] = ..., resumed_tokens: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("logprob", "top_ids", "top_logprobs")
@@ -108,7 +110,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ..., decode_cached_pages: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state", "unstored_pages", "first_logprob")
+    __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state", "unstored_pages", "first_logprob", "more_first")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +121,7 @@ class PrefillResponse(_message.Message):
     SAMPLER_STATE_FIELD_NUMBER: _ClassVar[int]
     UNSTORED_PAGES_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIRST_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     first_token_id: int
     prompt_tokens: int
@@ -129,7 +132,18 @@ class PrefillResponse(_message.Message):
     sampler_state: bytes
     unstored_pages: _containers.RepeatedScalarFieldContainer[int]
     first_logprob: TokenLogprob
-    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., transfer_bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., sampler_state: _Optional[bytes] = ..., unstored_pages: _Optional[_Iterable[int]] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ...) -> None: ...
+    more_first: _containers.RepeatedCompositeFieldContainer[FirstToken]
+    def __init__(self, request_id: _Optional[str] = ..., first_token_id: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., transfer_bytes: _Optional[int] = ..., transfer_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., sampler_state: _Optional[bytes] = ..., unstored_pages: _Optional[_Iterable[int]] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., more_first: _Optional[_Iterable[_Union[FirstToken, _Mapping]]] = ...) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ("token_id", "sampler_state", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_STATE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    sampler_state: bytes
+    logprob: TokenLogprob
+    def __init__(self, token_id: _Optional[int] = ..., sampler_state: _Optional[bytes] = ..., logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -290,7 +304,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., prefill_address: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached", "finish_reason", "matched_stop", "preemptions", "paused_s", "logprobs")
+    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached", "finish_reason", "matched_stop", "preemptions", "paused_s", "logprobs", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +315,7 @@ class GenerateResponse(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     PAUSED_S_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -311,4 +326,5 @@ class GenerateResponse(_message.Message):
     preemptions: int
     paused_s: float
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ..., preemptions: _Optional[int] = ..., paused_s: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached: _Optional[_Union[CachedTokens, _Mapping]] = ..., finish_reason: _Optional[str] = ..., matched_stop: _Optional[str] = ..., preemptions: _Optional[int] = ..., paused_s: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
