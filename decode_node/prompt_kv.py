@@ -19,7 +19,7 @@ from dataclasses import replace
 from prometheus_client import Counter
 
 from decode_node.prefix_load import start_load
-from decode_node.prompt_plan import REASONS, PromptPlan, plan_prompt
+from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
 from decode_node.request import DecodeRequest
 from pdorch.worker.errors import PeerFailed
 from pdorch.worker.prompt_pages import reusable_pages
@@ -74,6 +74,9 @@ class PromptKV:
 
     def _decide(self, req: DecodeRequest) -> PromptPlan:
         dc, store, page_size = self.cfg.decode, self.rt.store, self.cfg.model.page_size
+        if req.job.params.prompt_logprobs is not None:  # P computes it all (prefill_node/prefix.py)
+            self._plans.labels(PREFILL, "prompt_logprobs").inc()
+            return PromptPlan(PREFILL, "prompt_logprobs")
         n_reuse = reusable_pages(req.prompt_len, page_size)
         keys = [store_key(self.rt.fingerprint, h) for h in req.page_hashes[:n_reuse]]
         index = self.rt.chain_index

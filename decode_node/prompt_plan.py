@@ -35,8 +35,10 @@ LOCAL = "local"
 PREFILL = "prefill"
 # Why: store_off (no store), store_slow (the existence check did not answer in time), no_prefix
 # (no reusable page in the store nor in D's prefix cache), local_off (threshold 0), long_tail (more
-# left than the threshold), short_tail (local).
-REASONS = {LOCAL: ("short_tail",), PREFILL: ("store_off", "store_slow", "no_prefix", "local_off", "long_tail")}
+# left than the threshold), short_tail (local), prompt_logprobs (P computes the whole prompt: every
+# position's logits are asked for).
+REASONS = {LOCAL: ("short_tail",),
+           PREFILL: ("store_off", "store_slow", "no_prefix", "local_off", "long_tail", "prompt_logprobs")}
 
 
 class Source(enum.Enum):

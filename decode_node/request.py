@@ -28,6 +28,7 @@ class DecodeEvent:
     preemptions: int = 0  # times preempted since the previous event (decode_node/preemption.py)
     paused_s: float = 0.0  # seconds those preemptions paused the stream
     index: int = 0  # which of the request's n sequences (params.n > 1) this event continues
+    prompt_logprobs: tuple = ()  # TokenLogprob of prompt tokens 1 .. n-1, on the first event (when asked for)
 
     @property
     def final(self) -> bool:

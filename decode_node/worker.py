@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -162,7 +163,8 @@ class DecodeWorker:
             # n > 1: one spare page per further sequence, its copy of the last page (decode_node/forks.py)
             pages, req.l1_pages = self.scheduler.admit_prompt(
                 req.request_id, first_pages + sequences - 1, req.deadline, cancelled,
-                lookup=tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
+                lookup=() if req.job.params.prompt_logprobs is not None else
+                tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
             req.page_ids, req.spare_pages = pages[:first_pages], pages[first_pages:]
         except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
             self.recorder.request_failed(aborted=req.cancelled)
@@ -312,7 +314,8 @@ class DecodeWorker:
             req.grammar.accept(res.first_token_id)
         req.token_ids.append(res.first_token_id)
         self.recorder.generated(1)
-        return check_stop(req, res.first_token_id, self.max_context, res.first_logprob)
+        event = check_stop(req, res.first_token_id, self.max_context, res.first_logprob)
+        return replace(event, prompt_logprobs=res.prompt_logprobs) if res.prompt_logprobs else event
 
     def _generator(self, params, sampler_state: bytes):
         """A generator for `params` that continues P's random stream (seeded output equals the

@@ -55,3 +55,24 @@ class ModelRunner:
         batch = build_batch(chunks, self.pool, self.device)
         self.attention.begin(batch)
         return self.model(batch.input_ids, batch.positions, batch.logit_rows, self.attention.attend, batch.max_pos)
+
+    def forward_every_row(self, chunks: Sequence[Chunk], every_row: Sequence[bool]
+                          ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """As forward(), plus the logits at every token of the chunks marked in `every_row` (prompt
+        logprobs): (logits [len(chunks), vocab] at each chunk's last token, {chunk index: logits
+        [its tokens, vocab]}). A prefill path: no CUDA graph."""
+        batch = build_batch(chunks, self.pool, self.device)
+        rows, last, spans, start = [], [], {}, 0
+        for i, c in enumerate(chunks):
+            n = len(c.token_ids)
+            if every_row[i]:
+                spans[i] = slice(len(rows), len(rows) + n)
+                rows.extend(range(start, start + n))
+            else:
+                rows.append(start + n - 1)
+            last.append(len(rows) - 1)
+            start += n
+        self.attention.begin(batch)
+        logits = self.model(batch.input_ids, batch.positions, torch.tensor(rows, device=self.device),
+                            self.attention.attend, batch.max_pos)
+        return logits[last], {i: logits[s] for i, s in spans.items()}

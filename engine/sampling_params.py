@@ -41,6 +41,7 @@ class SamplingParams:
     min_tokens: int = 0               # no EOS / stop token / stop string before this many tokens
     resumed_tokens: int = 0           # the prompt's last that many tokens are output already (failover)
     n: int = 1                        # output sequences for the prompt; sequence i samples with seed + i
+    prompt_logprobs: int | None = None  # each prompt token's logprob and this many alternatives; None: none
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.
@@ -72,8 +73,10 @@ class SamplingParams:
             raise ValueError(f"n must be >= 1, got {self.n}")
         if self.min_tokens < 0 or self.resumed_tokens < 0:
             raise ValueError("min_tokens and resumed_tokens must be >= 0")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 

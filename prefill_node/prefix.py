@@ -39,7 +39,9 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     n_reuse = reusable_pages(task.prompt_len, page_size)
     # D hashed the prompt once and sent the hashes (validated count); older callers did not.
     task.page_hashes = list(task.job.page_hashes) or page_hashes(list(task.job.token_ids), page_size)
-    found = alloc.lookup(task.page_hashes[:n_reuse]) if prefix_cache else [None] * n_reuse
+    # NOTE: prompt logprobs need every prompt position's logits: no page is reused (as vLLM)
+    fresh = task.job.params.prompt_logprobs is not None
+    found = alloc.lookup(task.page_hashes[:n_reuse]) if prefix_cache and not fresh else [None] * n_reuse
     found += [None] * (num_pages - n_reuse)
     need = found.count(None)
     available = alloc.num_available() if allow_loss else alloc.num_available_without_loss()
@@ -47,19 +49,19 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
         alloc.release([p for p in found if p is not None])
         task.pages_short = need - available
         return False
-    fresh = iter(alloc.allocate(need))
-    task.page_ids = [p if p is not None else next(fresh) for p in found]
+    new_pages = iter(alloc.allocate(need))
+    task.page_ids = [p if p is not None else next(new_pages) for p in found]
     task.device_pages = n_reuse - found[:n_reuse].count(None)
     task.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]
-    on_decode = set(task.job.decode_cached_pages)  # D's pool holds them: read from there (the scheduler)
+    on_decode = set() if fresh else set(task.job.decode_cached_pages)  # D's pool holds them: read from there
     task.reading = [i for i in missing if i in on_decode]
     missing = [i for i in missing if i not in on_decode]
     if rt.chain_index is not None:  # the store evictor keeps recently used chains, heads longest
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
         rt.chain_index.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
     task.loads_left = int(bool(task.reading))
-    if missing and rt.store_io is not None and rt.store.enabled:
+    if missing and rt.store_io is not None and rt.store.enabled and not fresh:
         keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
         rt.store_io.submit_load(PrefixLoaded(task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
         task.loading = missing

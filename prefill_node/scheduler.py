@@ -23,12 +23,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from dataclasses import replace
 
 import torch
 from prometheus_client import Counter
 
 from engine.model_runner import Chunk
 from engine.page_allocator import pages_for
+from engine.sampler import Sampler
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.history import token_history
 from pdorch.worker.loop import SchedulerLoop
@@ -316,8 +318,14 @@ class PrefillScheduler:
         chunks = [Chunk(page_ids=task.page_ids[:pages_for(end, page_size)], start_pos=start,
                         token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
         t0 = time.perf_counter()
+        every = [task.job.params.prompt_logprobs is not None for task, _, _ in batch]
         with torch.inference_mode():
-            logits = self._rt.runner.forward(chunks)
+            if any(every):
+                logits, rows = self._rt.runner.forward_every_row(chunks, every)
+                for i, x in rows.items():
+                    record_prompt_logprobs(*batch[i], x)
+            else:
+                logits = self._rt.runner.forward(chunks)
         elapsed = time.perf_counter() - t0
         total = sum(end - start for _, start, end in batch)
         finished = []
@@ -357,6 +365,7 @@ class PrefillScheduler:
             task.sampler_state, task.first_logprob, task.more_first = first.sampler_state, first.logprob, tuple(more)
             self._finish_compute(task, first.token_id)
 
+
     def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
         task.first_token_id = first_token
         self._rec.prompt_tokens(computed=task.computed_tokens, cached=task.cached)
@@ -386,7 +395,8 @@ class PrefillScheduler:
                     request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
                     cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
                     sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored),
-                    first_logprob=task.first_logprob, more_first=task.more_first))
+                    first_logprob=task.first_logprob, more_first=task.more_first,
+                    prompt_logprobs=tuple(task.prompt_logprobs[p] for p in sorted(task.prompt_logprobs))))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
 
@@ -398,3 +408,15 @@ class PrefillScheduler:
         self.load = WorkerLoad(queued=len(self._waiting), running=len(self._tasks) - len(self._waiting),
                                  free_pages=free, active_pages=active)
 
+
+def record_prompt_logprobs(task: PrefillTask, start: int, end: int, logits: torch.Tensor) -> None:
+    """The logprobs of prompt tokens start+1 .. end (each predicted by the row before it) from a chunk's
+    every-row `logits`; the last prompt position predicts the first output token, not a prompt token."""
+    stop = min(end, task.prompt_len - 1)
+    if stop <= start:
+        return
+    params = task.job.params
+    ask = replace(params, logprobs=params.prompt_logprobs)
+    ids = list(task.job.token_ids[start + 1:stop + 1])
+    for pos, lp in enumerate(Sampler.logprobs(logits[:stop - start], ids, [ask] * len(ids)), start + 1):
+        task.prompt_logprobs[pos] = lp

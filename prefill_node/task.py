@@ -73,6 +73,7 @@ class PrefillTask:
     grammar: object = None  # engine.grammar.OutputGrammar: the first token is sampled under it
     first_logprob: object = None  # engine.sampler.TokenLogprob, when the request asked for logprobs
     more_first: tuple = ()  # pdorch.worker.prefill_rpc.FirstToken of sequences 1 .. n-1 (params.n > 1)
+    prompt_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob (params.prompt_logprobs)
     compute_s: float = 0.0
     created: float = field(default_factory=time.monotonic)
     gate: threading.Condition = field(default_factory=threading.Condition)

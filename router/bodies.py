@@ -318,7 +318,6 @@ def _check_max_tokens(max_tokens: int | None, param: str) -> None:
 # name -> (the values served, why / what to do instead). docs/api.md lists them beside vLLM and SGLang.
 REFUSED: dict[str, tuple[tuple, str]] = {
     "best_of": ((None, 1), "use n: the client chooses among the n choices"),
-    "echo": ((None, False), "echoing the prompt is not served yet"),
     "suffix": ((None, ""), "insertion (a suffix) is not served"),
     "audio": ((None,), "this server serves text only"),
     "modalities": ((None, ["text"]), "this server serves text only"),

@@ -48,8 +48,9 @@ class OpenAIChoices:
     for a stream. `shape`: a ChatShape per choice (chat) or None; `logprobs`: a router/logprobs.py
     Logprobs per choice, or None per choice when not asked for."""
 
-    def __init__(self, run, chat: bool, shapes, logprobs, oid: str, created: int, model: str):
-        self.run, self.chat, self.shapes, self.lps = run, chat, shapes, logprobs
+    def __init__(self, run, chat: bool, shapes, logprobs, oid: str, created: int, model: str, echo: str = ""):
+        """`echo`: completions' echoed prompt text, leading each choice's text."""
+        self.run, self.chat, self.shapes, self.lps, self.echo = run, chat, shapes, logprobs, echo
         self.oid, self.created, self.model = oid, created, model
         self.total = Total(run.choices)
 
@@ -61,7 +62,7 @@ class OpenAIChoices:
                                           logprobs=lp and lp.chat(p.output_ids, p.logprobs))
             else:
                 body = formats.completion_final(p, self.oid, self.created, self.model,
-                                                lp and lp.completion(p.output_ids, p.logprobs, 0))
+                                                lp and lp.completion(p.output_ids, p.logprobs, 0), self.echo)
             items.append({**body["choices"][0], "index": i})
         return {**body, "choices": items, "usage": self.total.usage()}
 
@@ -72,7 +73,8 @@ class OpenAIChoices:
         def out(deltas) -> bytes:
             parts = []
             for i, delta in merged(deltas).items():
-                parts.append(chunks[i](self.run.choices[i], self.oid, self.created, self.model, delta,
+                lead = "" if started[i] else self.echo
+                parts.append(chunks[i](self.run.choices[i], self.oid, self.created, self.model, lead + delta,
                                        not started[i], include_usage, **self._logprobs(i, delta)))
                 started[i] = True
             return b"".join(parts)

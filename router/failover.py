@@ -68,6 +68,7 @@ class Resumption:
         self.sampling = worker_pb2.SamplingParams()
         self.sampling.CopyFrom(s)
         self.sampling.max_tokens = self.remaining
+        self.sampling.ClearField("prompt_logprobs")  # the client has them; the resumed prefill may use its caches
         # the new workers count the streamed tokens as output (penalties, a grammar's matcher) ...
         self.sampling.resumed_tokens = s.resumed_tokens + len(streamed_ids)
         # ... and min_tokens counts from here, as max_tokens does

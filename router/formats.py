@@ -43,6 +43,7 @@ class Progress:
         "output_ids",
         "paused_s",
         "preemptions",
+        "prompt_logprobs",
         "prompt_tokens",
         "request_id",
         "ssd",
@@ -56,6 +57,7 @@ class Progress:
         self.device = self.host = self.store = self.ssd = 0
         self.output_ids: list[int] = []
         self.logprobs: list = []  # worker_pb2.TokenLogprob per output id, when asked for
+        self.prompt_logprobs: list = []  # worker_pb2.TokenLogprob of prompt tokens 1 .. n-1, when asked for
         self.text = ""
         self.finish_reason = ""
         self.matched_stop = ""
@@ -74,6 +76,8 @@ class Progress:
         self.output_ids.extend(msg.token_ids)
         if msg.logprobs:
             self.logprobs.extend(msg.logprobs)
+        if msg.prompt_logprobs:  # the first chunk's
+            self.prompt_logprobs = list(msg.prompt_logprobs)
         self.text += msg.text
         if msg.finish_reason:
             self.finish_reason = msg.finish_reason
@@ -147,9 +151,11 @@ def chat_final(p: Progress, oid: str, created: int, model: str, message: dict | 
             "usage": p.usage()}
 
 
-def completion_final(p: Progress, oid: str, created: int, model: str, logprobs: dict | None = None) -> dict:
+def completion_final(p: Progress, oid: str, created: int, model: str, logprobs: dict | None = None,
+                     echo: str = "") -> dict:
+    """`echo`: the prompt's text, leading the output's (echo: true)."""
     return {"id": oid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": p.text, "logprobs": logprobs, "finish_reason": _finish(p)}],
+            "choices": [{"index": 0, "text": echo + p.text, "logprobs": logprobs, "finish_reason": _finish(p)}],
             "usage": p.usage()}
 
 

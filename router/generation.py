@@ -96,6 +96,9 @@ class GenerationHandlers:
         top = openai_logprobs(req, chat)
         if top is not None:
             sampling.logprobs = top
+        echo = not chat and bool(req.echo)
+        if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
+            sampling.prompt_logprobs = top
         if chat:
             ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
                                   **template_kwargs(req, plan))
@@ -109,14 +112,15 @@ class GenerationHandlers:
         created = int(time.time())
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
-        lp = None if top is None else Logprobs(svc.tokenizer, progress)
+        lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
+        lp = None if top is None else Logprobs(svc.tokenizer, progress, (ids, lead) if echo else None)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         if sampling.n > 1:  # router/choices.py
             many = OpenAIChoices(run, chat, [ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
                                              for _ in run.choices],
-                                 [None if top is None else Logprobs(svc.tokenizer, p) for p in run.choices],
-                                 oid, created, model)
+                                 [None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None)
+                                  for p in run.choices], oid, created, model, lead)
             if not req.stream:
                 return await _collect(run, many.final)
             return SSEResponse(many.events(include_usage, continuous), run.aclose)
@@ -126,7 +130,8 @@ class GenerationHandlers:
             def final():
                 if not chat:
                     return formats.completion_final(progress, oid, created, model,
-                                                    lp and lp.completion(progress.output_ids, progress.logprobs, 0))
+                                                    lp and lp.completion(progress.output_ids, progress.logprobs, 0),
+                                                    lead)
                 return formats.chat_final(progress, oid, created, model,
                                           *shape.message(progress.text, progress.finish_reason),
                                           logprobs=lp and lp.chat(progress.output_ids, progress.logprobs))
@@ -148,7 +153,7 @@ class GenerationHandlers:
 
         async def events():
             try:
-                out = chunk(progress, oid, created, model, first, True, include_usage, **chunk_lp(first))
+                out = chunk(progress, oid, created, model, lead + first, True, include_usage, **chunk_lp(first))
                 if progress.finish_reason:
                     yield out + tail()
                     return
@@ -177,16 +182,20 @@ class GenerationHandlers:
             raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
         sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
         check_n(sampling.n, self.cfg.router.max_n, "sampling_params.n")
+        start = -1 if req.logprob_start_len is None else req.logprob_start_len  # >= 0: prompt logprobs from there
         if req.return_logprob:
-            if req.logprob_start_len is not None and req.logprob_start_len >= 0:
-                raise APIError(400, "logprob_start_len >= 0 asks for prompt logprobs, not served yet (-1: the "
-                               "output's only)", param="logprob_start_len")
             check_top(req.top_logprobs_num, "top_logprobs_num")
             sampling.logprobs = req.top_logprobs_num
+            if start >= 0:  # P computes the whole prompt for them (prefill_node/prefix.py)
+                sampling.prompt_logprobs = req.top_logprobs_num
         grammar = grammar_of(req.sampling_params, "sampling_params.")
         if grammar is not None:
             sampling.grammar.CopyFrom(grammar[0])
         ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
+        if req.return_logprob and start >= max(len(ids), 1):
+            raise APIError(400, f"logprob_start_len {start} is past the prompt's {len(ids)} tokens",
+                           param="logprob_start_len")
+        prompt = ids if req.return_logprob and start >= 0 else None
         job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
                            max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
                            grammar_param=grammar[1] if grammar else "")
@@ -194,7 +203,7 @@ class GenerationHandlers:
         if sampling.n > 1:  # router/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
             many = GenerateChoices(run, lambda p, i: formats.generate_body(
-                p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs)))
+                p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs, prompt, start)))
             if not req.stream:
                 return await _collect(run, many.final)
             return SSEResponse(many.events(), run.aclose)
@@ -202,7 +211,7 @@ class GenerationHandlers:
 
         def body() -> dict:
             return formats.generate_body(progress, time.perf_counter() - t0,
-                                         lp and lp.sglang(req.return_text_in_logprobs))
+                                         lp and lp.sglang(req.return_text_in_logprobs, prompt, start))
 
         if not req.stream:
             return await _collect(run, body)
@@ -263,6 +272,15 @@ def constraint(req, plan):
         raise APIError(400, f"tool_choice {plan.mode!r} and {grammar[1]} both constrain the output; give one",
                        param=grammar[1])
     return plan.grammar, "tool_choice"
+
+
+def echo_text(prompt, ids: list[int], svc: RouterService) -> str:
+    """The prompt as completions' echo gives it back: the text as sent, token ids decoded."""
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return prompt[0]
+    return svc.tokenizer.decode(ids)
 
 
 def completion_prompt(prompt, svc: RouterService) -> list[int]:

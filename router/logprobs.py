@@ -35,10 +35,13 @@ def openai_logprobs(req, chat: bool) -> int | None:
 class Logprobs:
     """One request's logprobs: formats the ones not sent yet (`take_*`) or all of them (`*_all`)."""
 
-    def __init__(self, tokenizer, progress):
+    def __init__(self, tokenizer, progress, echo: tuple[list[int], str] | None = None):
+        """`echo`: (prompt ids, prompt text) of a completions request with echo: its tokens lead the
+        first completion() (their logprobs from P, `progress.prompt_logprobs`; the first has none)."""
         self._text = _token_text_fn(tokenizer)
         self.p = progress
         self.sent = 0
+        self.echo = echo
 
     def _new(self) -> tuple[list[int], list]:
         p, start = self.p, self.sent
@@ -55,13 +58,24 @@ class Logprobs:
                             for t, lp in zip(ids, lps)], "refusal": None}
 
     def completion(self, ids: list[int], lps: list, offset: int) -> dict:
+        """`offset`: where the first of `ids` starts in the output text."""
+        echo, self.echo = self.echo, None
+        if echo is not None:  # once: the prompt's tokens first, the output after the echoed text
+            prompt = self._completion(echo[0], [None, *self.p.prompt_logprobs], 0)
+            output = self._completion(ids, lps, offset + len(echo[1]))
+            return {key: prompt[key] + output[key] for key in output}
+        return self._completion(ids, lps, offset)
+
+    def _completion(self, ids: list[int], lps: list, offset: int) -> dict:
         texts = [self._text(t) for t in ids]
         offsets = []
         for text in texts:
             offsets.append(offset)
             offset += len(text)
-        return {"tokens": texts, "token_logprobs": [lp.logprob for lp in lps],
-                "top_logprobs": [{self._text(i): v for i, v in zip(lp.top_ids, lp.top_logprobs)} for lp in lps],
+        lps = list(lps) + [None] * (len(ids) - len(lps))  # NOTE: a prompt token without one: null, as vLLM
+        return {"tokens": texts, "token_logprobs": [lp and lp.logprob for lp in lps],
+                "top_logprobs": [lp and {self._text(i): v for i, v in zip(lp.top_ids, lp.top_logprobs)}
+                                 for lp in lps],
                 "text_offset": offsets}
 
     def take_chat(self) -> dict:
@@ -70,14 +84,23 @@ class Logprobs:
     def take_completion(self, offset: int) -> dict:
         return self.completion(*self._new(), offset)
 
-    def sglang(self, with_text: bool) -> dict:
-        """meta_info's output_token_logprobs / output_top_logprobs: [logprob, id, text or None]."""
+    def sglang(self, with_text: bool, prompt_ids: list[int] | None = None, start: int = 0) -> dict:
+        """meta_info's output_token_logprobs / output_top_logprobs: [logprob, id, text or None]; with
+        `prompt_ids` (logprob_start_len >= 0) input_* from prompt position `start` (position 0: null)."""
         name = self._text if with_text else (lambda _: None)
         p = self.p
-        return {"output_token_logprobs": [[lp.logprob, t, name(t)] for t, lp in zip(p.output_ids, p.logprobs)],
-                "output_top_logprobs": [[[v, i, name(i)] for i, v in zip(lp.top_ids, lp.top_logprobs)]
-                                        for lp in p.logprobs],
-                "input_token_logprobs": [], "input_top_logprobs": []}
+        out = {"output_token_logprobs": [[lp.logprob, t, name(t)] for t, lp in zip(p.output_ids, p.logprobs)],
+               "output_top_logprobs": [self._sglang_top(lp, name) for lp in p.logprobs],
+               "input_token_logprobs": [], "input_top_logprobs": []}
+        if prompt_ids is not None:
+            lps = [None, *p.prompt_logprobs][start:]
+            out["input_token_logprobs"] = [[lp and lp.logprob, t, name(t)] for t, lp in zip(prompt_ids[start:], lps)]
+            out["input_top_logprobs"] = [lp and self._sglang_top(lp, name) for lp in lps]
+        return out
+
+    @staticmethod
+    def _sglang_top(lp, name) -> list:
+        return [[v, i, name(i)] for i, v in zip(lp.top_ids, lp.top_logprobs)]
 
 
 @functools.lru_cache(maxsize=8)

@@ -36,6 +36,7 @@ from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill
 from router.kv_index import KVIndex
 from router.kv_loads import LoadBoard
 from router.workers import Worker
+from store_client.page_hash import page_hashes
 
 
 @dataclass
@@ -92,6 +93,11 @@ class Policy:
     def choose(self, workers: list[Worker], ctx: RouteContext) -> Worker:
         raise NotImplementedError
 
+    def prompt_hashes(self, token_ids: list[int], page_size: int) -> list[str]:
+        """The prompt's page hashes the policy routes on (RouteContext.page_hashes): none but a
+        cache-aware policy's (the others never read them: no hashing on their hot path)."""
+        return []
+
     def on_routed(self, worker: Worker, ctx: RouteContext) -> None:
         pass
 
@@ -126,6 +132,9 @@ class LeastLoad(Policy):
 class CacheAware(Policy):
     name = "cache_aware"
     REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered")
+
+    def prompt_hashes(self, token_ids: list[int], page_size: int) -> list[str]:
+        return page_hashes(token_ids, page_size)
 
     def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8,
                  store_index_pages: int = 0, kv_index: KVIndex | None = None,

@@ -24,11 +24,10 @@ from router.errors import APIError, bad_request, overloaded, unavailable
 from router.failover import failover_enabled
 from router.formats import Progress
 from router.metrics import RouterMetrics
-from router.policies import CacheAware, Policy
+from router.policies import Policy
 from router.reasoning import FAMILY_PARSER as REASONING_FORMATS
 from router.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.workers import WorkerPool
-from store_client.page_hash import page_hashes
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).
@@ -108,7 +107,6 @@ class RouterService:
         self.tool_parser = parser_of(cfg.model.tool_call_parser, model_dir, TOOL_FORMATS)
         self.reasoning_parser = parser_of(cfg.model.reasoning_parser, model_dir, REASONING_FORMATS)
         self.sampling_defaults = sampling_defaults(cfg.model.generation_config, model_dir)
-        self._hash_pages = isinstance(policy, CacheAware)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0
         # NOTE: request ids are a random per-process prefix + a counter: unique across routers
@@ -196,9 +194,7 @@ class RouterService:
                 raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
                                   f"{n} tokens need about {need} tokens of KV, more than the decode workers' pool of "
                                   f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
-        hashes: list[str] = []
-        if self._hash_pages:
-            hashes = page_hashes(token_ids, self.cfg.model.page_size)
+        hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.cfg.model.page_size)
         header = self.cfg.router.session_affinity_header
         session = (request.headers.get(header) if header else None) or session
         timeout_s = self.cfg.router.request_timeout_s

@@ -39,6 +39,7 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty > 0 else 1.0,
         logit_bias=tuple(sorted(msg.logit_bias.items())), min_tokens=int(msg.min_tokens),
         resumed_tokens=int(msg.resumed_tokens), n=max(int(msg.n), 1),
+        prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -58,6 +59,8 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
         msg.grammar.CopyFrom(pb.Grammar(kind=g.kind, spec=g.spec))
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.prompt_logprobs is not None:
+        msg.prompt_logprobs = params.prompt_logprobs
     return msg
 
 
@@ -105,6 +108,7 @@ def result_to_proto(res: PrefillResult) -> pb.PrefillResponse:
         more_first=[pb.FirstToken(token_id=f.token_id, sampler_state=f.sampler_state,
                                   logprob=None if f.logprob is None else logprob_to_proto(f.logprob))
                     for f in res.more_first],
+        prompt_logprobs=[logprob_to_proto(lp) for lp in res.prompt_logprobs],
     )
 
 
@@ -117,4 +121,5 @@ def result_from_proto(msg: pb.PrefillResponse) -> PrefillResult:
         more_first=tuple(FirstToken(f.token_id, f.sampler_state,
                                     logprob_from_proto(f.logprob) if f.HasField("logprob") else None)
                          for f in msg.more_first),
+        prompt_logprobs=tuple(logprob_from_proto(lp) for lp in msg.prompt_logprobs),
     )

@@ -74,3 +74,4 @@ class PrefillResult:
     unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)
     first_logprob: object = None  # engine.sampler.TokenLogprob of the first token, when asked for
     more_first: tuple[FirstToken, ...] = ()  # sequences 1 .. n-1's first tokens (params.n > 1)
+    prompt_logprobs: tuple = ()  # engine.sampler.TokenLogprob of prompt tokens 1 .. n-1 (params.prompt_logprobs)

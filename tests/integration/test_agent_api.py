@@ -185,8 +185,6 @@ def test_completions_and_generate_logprobs(client, router):
     assert [t[1] for t in tokens] == httpx.post(router.url + "/generate", json=body, timeout=120).json()["output_ids"]
     assert all(t[0] <= 0 and isinstance(t[2], str) for t in tokens) and len(meta["output_top_logprobs"][0]) == 2
     assert tokens[0][0] == meta["output_top_logprobs"][0][0][0]
-    bad = httpx.post(router.url + "/generate", json={**body, "logprob_start_len": 0}, timeout=30)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_start_len"
 
 
 def test_logit_bias_and_min_tokens_hold_on_p_and_d(client, router, tiny_model_dir):
@@ -308,3 +306,55 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
     # every token's logprob came through the join: the first from the new prefill worker
     assert len(logprobs[True]) == len(logprobs[False]) > 120 and all(v <= 0 for v in logprobs[True])
     assert max(abs(a - b) for a, b in zip(logprobs[True], logprobs[False])) < 1e-3
+
+
+PROMPT = [(i * 37) % 800 + 40 for i in range(45)]  # token ids: a prompt of its own (nothing cached)
+
+
+def test_echoed_prompt_logprobs_equal_the_decoded_tokens_logprobs(client, router):
+    """Greedy: generate 6 tokens from PROMPT, then echo PROMPT + those tokens. P's every-row prefill
+    gives the last 6 positions the logprobs D's decode steps gave them (another code path)."""
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    gen = router_tokens(router, out.choices[0].text, PROMPT)
+    decoded = out.choices[0].logprobs.token_logprobs
+    for attempt in range(2):  # the second time the prompt's pages are cached: the logprobs are computed anyway
+        echo = client.completions.create(model=MODEL, prompt=PROMPT + gen, max_tokens=1, temperature=0,
+                                         logprobs=2, echo=True)
+        lp = echo.choices[0].logprobs
+        assert len(lp.tokens) == len(PROMPT) + len(gen) + 1 and lp.token_logprobs[0] is None
+        assert lp.top_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+        assert lp.token_logprobs[len(PROMPT):len(PROMPT) + 6] == pytest.approx(decoded, abs=1e-4), attempt
+        assert echo.usage.prompt_tokens_details.cached_tokens == 0  # prompt logprobs: nothing reused
+        assert echo.choices[0].text.startswith(lp.tokens[0])
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=PROMPT + gen, max_tokens=1, temperature=0, logprobs=2, echo=True, stream=True))
+    assert text == echo.choices[0].text
+
+
+def router_tokens(router, text: str, prompt: list[int]) -> list[int]:
+    """The ids of a greedy continuation, read back through /generate (the same request)."""
+    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    out = httpx.post(router.url + "/generate", json=body, timeout=120).json()
+    assert out["text"] == text
+    return out["output_ids"]
+
+
+def test_echo_without_logprobs_leads_with_the_prompt_text(client):
+    out = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, echo=True, temperature=0)
+    plain = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=0)
+    assert out.choices[0].text == "Once upon a time" + plain.choices[0].text
+
+
+def test_generate_logprob_start_len_gives_the_input_logprobs_from_there(router):
+    body = {"input_ids": PROMPT, "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    full = httpx.post(router.url + "/generate", json={**body, "logprob_start_len": 0}, timeout=120).json()["meta_info"]
+    tail = httpx.post(router.url + "/generate", json={**body, "logprob_start_len": 40}, timeout=120).json()["meta_info"]
+    assert len(full["input_token_logprobs"]) == len(PROMPT) and full["input_token_logprobs"][0][0] is None
+    assert [t[1] for t in full["input_token_logprobs"]] == PROMPT and full["input_top_logprobs"][0] is None
+    assert len(full["input_top_logprobs"][1]) == 2
+    assert [t[0] for t in tail["input_token_logprobs"]] == pytest.approx(
+        [t[0] for t in full["input_token_logprobs"][40:]], abs=1e-4)
+    assert httpx.post(router.url + "/generate", json={**body, "logprob_start_len": 45}, timeout=120).json()[
+        "error"]["param"] == "logprob_start_len"

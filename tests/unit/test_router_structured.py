@@ -156,12 +156,12 @@ def test_tool_turns_reach_the_template_with_arguments_as_objects():
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_every_refused_field_is_refused_by_name_and_its_default_is_not(name):
     served, _ = REFUSED[name]
-    model = CompletionRequest if name in ("echo", "best_of", "suffix") else ChatCompletionRequest
+    model = CompletionRequest if name in ("best_of", "suffix") else ChatCompletionRequest
     base = {"prompt": "x"} if model is CompletionRequest else {"messages": [{"role": "user", "content": "x"}]}
     for value in served:
         refuse_unserved(model.model_validate_json(json.dumps({**base, name: value})))
     other = {"best_of": 3,
-             "echo": True, "suffix": "end", "modalities": ["text", "audio"],
+             "suffix": "end", "modalities": ["text", "audio"],
              "service_tier": "flex", "store": True, "metadata": {"a": "b"}}.get(name, {"anything": 1})
     err = refused(refuse_unserved, model.model_validate_json(json.dumps({**base, name: other})))
     assert err.param == name and name in err.message
@@ -182,7 +182,7 @@ def test_every_field_of_the_openai_sdks_request_is_honoured_or_refused(route):
     honoured = {"model", "messages", "prompt", "temperature", "top_p", "max_tokens", "max_completion_tokens",
                 "stop", "seed", "stream", "stream_options", "response_format", "tools", "tool_choice",
                 "parallel_tool_calls", "prompt_cache_key", "logprobs", "top_logprobs", "frequency_penalty",
-                "presence_penalty", "logit_bias", "n"}
+                "presence_penalty", "logit_bias", "n", "echo"}
     no_effect = {"user", "safety_identifier"}  # identify the end user; they never change the output
     declared = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
     assert fields <= declared, f"fields the router would drop unseen: {sorted(fields - declared)}"
