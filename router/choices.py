@@ -35,6 +35,25 @@ class Total:
         return out
 
 
+async def stream(run, total: Total, out, tail):
+    """The SSE events of every batch's chunks (`out(run.deltas)`) until every choice ended, `tail()`
+    after the last; a stream failed after its first token ends with an error event."""
+    try:
+        data = out(run.deltas)
+        while not total.finished:
+            if data:
+                yield data
+            try:
+                await run.__anext__()
+            except StopAsyncIteration:
+                yield tail()
+                return
+            data = out(run.deltas)
+        yield data + tail()
+    except StreamFailed as e:
+        yield formats.sse(stream_error_event(str(e))) + formats.DONE
+
+
 def merged(deltas: list[tuple[int, str]]) -> dict[int, str]:
     """One batch's text per choice, in the order the choices first appear (one chunk each)."""
     out: dict[int, str] = {}
@@ -66,7 +85,7 @@ class OpenAIChoices:
             items.append({**body["choices"][0], "index": i})
         return {**body, "choices": items, "usage": self.total.usage()}
 
-    async def events(self, include_usage: bool, continuous: bool):
+    def events(self, include_usage: bool, continuous: bool):
         chunks = [self._chunk_fn(i, continuous) for i in range(len(self.run.choices))]
         started = [False] * len(chunks)
 
@@ -83,20 +102,7 @@ class OpenAIChoices:
             usage = formats.usage_chunk(self.total, self.oid, self.created, self.model, self.chat)
             return (usage if include_usage else b"") + formats.DONE
 
-        try:
-            data = out(self.run.deltas)
-            while not self.total.finished:
-                if data:
-                    yield data
-                try:
-                    await self.run.__anext__()
-                except StopAsyncIteration:
-                    yield tail()
-                    return
-                data = out(self.run.deltas)
-            yield data + tail()
-        except StreamFailed as e:
-            yield formats.sse(stream_error_event(str(e))) + formats.DONE
+        return stream(self.run, self.total, out, tail)
 
     def _chunk_fn(self, i: int, continuous: bool):
         shape = self.shapes[i]
@@ -124,22 +130,9 @@ class GenerateChoices:
     def final(self) -> list[dict]:
         return [self.body_of(p, i) for i, p in enumerate(self.run.choices)]
 
-    async def events(self):
+    def events(self):
         def out(deltas) -> bytes:
             return b"".join(formats.sse({**self.body_of(self.run.choices[i], i), "index": i})
                             for i in merged(deltas))
 
-        try:
-            data = out(self.run.deltas)
-            while not self.total.finished:
-                if data:
-                    yield data
-                try:
-                    await self.run.__anext__()
-                except StopAsyncIteration:
-                    yield formats.DONE
-                    return
-                data = out(self.run.deltas)
-            yield data + formats.DONE
-        except StreamFailed as e:
-            yield formats.sse(stream_error_event(str(e))) + formats.DONE
+        return stream(self.run, self.total, out, lambda: formats.DONE)

@@ -53,20 +53,33 @@ class SSEResponse(Response):
         self.status_code = 200
         self.background = None  # FastAPI returns a Response subclass as it is
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def pump(self, write, start=None) -> bool:
+        """The one SSE writer of both serving paths: `start()`, then `write(event, last)` for each
+        event up to the one ending with `data: [DONE]` (True) or the events' end (False); the
+        events closed and `finalize` run however it ends. NOTE: the last event is the final body
+        write (one write less per request: it matters at hundreds of requests/s)."""
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            if start is not None:
+                await start()
             async for chunk in self.events:
-                # NOTE: the stream's last event ends with `data: [DONE]`; sending it as the final
-                # body saves a write per request (it matters at hundreds of requests/s).
                 last = chunk.endswith(formats.DONE)
-                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                await write(chunk, last)
                 if last:
-                    return
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return True
+            return False
         finally:
             await self.events.aclose()
             await self.finalize()
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def start():
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+
+        async def write(chunk: bytes, last: bool):
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+
+        if not await self.pump(write, start):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class GenerationHandlers:

@@ -29,7 +29,6 @@ from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from router.errors import APIError
-from router.formats import DONE
 from router.generation import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
 
@@ -182,22 +181,18 @@ class HotCycle:
     async def _stream(self, response) -> None:
         """Server-sent events in chunked encoding; the stream's last event ends with `data: [DONE]`
         and closes the body in the same write."""
-        try:
-            head = b"".join(self._head(200, _SSE_HEADERS))
-            async for event in response.events:
-                last = event.endswith(DONE)
-                data = b"%s%x\r\n%s\r\n%s" % (head, len(event), event, b"0\r\n\r\n" if last else b"")
-                head = b""
-                if self.flow.write_paused:
-                    await self.flow.drain()
-                self.transport.write(data)
-                if last:
-                    return self._complete()
-            self.transport.write(head + b"0\r\n\r\n")
-            self._complete()
-        finally:
-            await response.events.aclose()
-            await response.finalize()
+        head = [b"".join(self._head(200, _SSE_HEADERS))]  # goes out with the first event
+
+        async def write(event: bytes, last: bool) -> None:
+            data = b"%s%x\r\n%s\r\n%s" % (head[0], len(event), event, b"0\r\n\r\n" if last else b"")
+            head[0] = b""
+            if self.flow.write_paused:
+                await self.flow.drain()
+            self.transport.write(data)
+
+        if not await response.pump(write):
+            self.transport.write(head[0] + b"0\r\n\r\n")
+        self._complete()
 
     def _complete(self) -> None:
         self.response_complete = True

@@ -8,7 +8,6 @@ The schemas bound every value (enums, fixed array lengths) so a random model end
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 
 from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
-from tests.fixtures.router import RouterThread, router_config, wait_until
+from tests.fixtures.router import cluster_router, wait_until
 from tests.fixtures.workers import WorkerCluster, make_config
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a killed decode worker's segment holds nothing
@@ -53,11 +52,7 @@ def cluster(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def router(cluster, tiny_model_dir):
-    prefills = [w.address for w in cluster.workers if w.role == "prefill"]
-    decodes = [w.address for w in cluster.workers if w.role == "decode"]
-    base = router_config(prefills, decodes)
-    cfg = dataclasses.replace(cluster.cfg, router=base.router, discovery=base.discovery)
-    r = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
+    r = cluster_router(cluster, tiny_model_dir)
     yield r
     r.stop()
 
@@ -214,11 +209,7 @@ def test_logit_bias_and_min_tokens_hold_on_p_and_d(client, router, tiny_model_di
 def test_a_reasoning_models_thinking_comes_back_as_reasoning_content(cluster, tiny_model_dir):
     """A router told the model thinks in Qwen3's tags (model.reasoning_parser); a regex makes the tiny
     model write a think block and an answer."""
-    base = router_config([w.address for w in cluster.workers if w.role == "prefill"],
-                         [w.address for w in cluster.workers if w.role == "decode" and w.proc.poll() is None])
-    cfg = dataclasses.replace(cluster.cfg, router=base.router, discovery=base.discovery,
-                              model=dataclasses.replace(cluster.cfg.model, reasoning_parser="qwen3"))
-    thinking = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
+    thinking = cluster_router(cluster, tiny_model_dir, {"reasoning_parser": "qwen3"})
     try:
         c = openai.OpenAI(base_url=thinking.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 40, "temperature": 0,

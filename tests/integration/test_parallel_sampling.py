@@ -9,16 +9,14 @@ state taken from the wrong sequence shows up as different tokens.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import httpx
 import openai
 import pytest
 
-from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
-from tests.fixtures.router import RouterThread, router_config
+from tests.fixtures.router import cluster_router
 from tests.fixtures.workers import WorkerCluster, make_config
 
 MODEL = None  # the served model
@@ -43,9 +41,7 @@ def cluster(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def router(cluster, tiny_model_dir):
-    base = router_config([cluster.prefill.address], [cluster.decode.address])
-    cfg = dataclasses.replace(cluster.cfg, router=dataclasses.replace(base.router, max_n=8), discovery=base.discovery)
-    r = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
+    r = cluster_router(cluster, tiny_model_dir, max_n=8)
     yield r
     r.stop()
 
