@@ -21,6 +21,15 @@ import yaml
 FORMATS: dict[str, tuple[str, str, str]] = {
     "host:port": (r"[^\s:/]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", "a host:port address",
                   "a list of host:port addresses"),
+    # store.master_address: one master's host:port, or masters in HA mode behind etcd
+    # (store_client/addresses.py parses it)
+    "master_address": (r"[^\s:/;]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|etcd://([^\s:/;]+:\d{1,5})(;(etcd://)?[^\s:/;]+:\d{1,5})*",
+                       "host:port (one master) or etcd://host:port;etcd://host:port;... (masters in HA mode)",
+                       "a list of master addresses"),
+    # store.metadata_server: an HTTP metadata server's URL, or the transfer engine's metadata in etcd
+    "metadata_server": (r"P2PHANDSHAKE|https?://[^\s/]+(/\S*)?|etcd://([^\s:/;]+:\d{1,5})(;(etcd://)?[^\s:/;]+:\d{1,5})*",
+                        "http://host:port/path, etcd://host:port;etcd://host:port;... or P2PHANDSHAKE",
+                        "a list of metadata servers"),
     "device": (r"cpu|cuda(:\d+)?", "a torch device (cpu, cuda or cuda:N)", "a list of torch devices"),
     # Mooncake refuses a relative offload path or one with a `..` component (it checks at setup).
     # No lookahead: the chart's JSON Schema takes the same pattern, and helm's regexps lack it.
@@ -180,4 +189,7 @@ def _check_string(value: str, meta: typing.Mapping, expected: str) -> None:
         if not re.fullmatch(pattern, value):
             raise BadValue(expected)
         if fmt == "host:port" and not 1 <= int(value.rsplit(":", 1)[1]) <= 65535:
+            raise BadValue(expected, "port out of range")
+        if fmt in ("master_address", "metadata_server") and not all(
+                1 <= int(port) <= 65535 for port in re.findall(r":(\d{1,5})(?=;|/|$)", value)):
             raise BadValue(expected, "port out of range")

@@ -208,7 +208,18 @@ def redact_argv(argv) -> list[str]:
 
 
 def master_ports(cfg: Config) -> tuple[str, int, int, int]:
-    """(host, rpc port, metadata port, metrics port) of the local mooncake_master from `store.*`."""
+    """(host, rpc port, metadata port, metrics port) of the local mooncake_master from `store.*`.
+    Masters in HA mode (store.master_address etcd://...): this host's RPC port is
+    store.master_rpc_port and the transfer engine's metadata is in etcd (no metadata server: 0)."""
+    from store_client.addresses import parse_master_address
+
+    s = cfg.store
+    if parse_master_address(s.master_address).ha:
+        if not s.metadata_server.startswith("etcd://"):
+            raise PlanError("store.metadata_server: masters in HA mode (store.master_address etcd://...) run no "
+                            "metadata server, so expected etcd://host:port (the transfer engine's metadata in "
+                            f"etcd), got {s.metadata_server!r}")
+        return s.local_hostname, s.master_rpc_port, 0, s.master_metrics_port
     host, rpc = split_host_port(cfg.store.master_address, "store.master_address")
     url = urlsplit(cfg.store.metadata_server)
     if url.scheme != "http" or url.port is None:

@@ -5,6 +5,10 @@ loopback), bare-metal installs (`pdorch master --config FILE` on the master host
 chart's master Deployment (which runs `pdorch master` with the chart's ConfigMap):
 
     rpc port       <- store.master_address          metadata port <- store.metadata_server
+    HA mode        <- store.master_address etcd://...: leader election and metadata replication
+                      (oplog) in that etcd; rpc port <- store.master_rpc_port, the address the
+                      leader advertises <- store.local_hostname (the pod's IP), cluster id <-
+                      store.master_cluster_id; no metadata server (store.metadata_server etcd://)
     metrics port   <- store.master_metrics_port     eviction      <- store.master_eviction_*
     lease / TTL    <- store.master_kv_lease_ttl_ms, store.master_client_ttl_s
     SSD offload    <- store.master_enable_offload (on too when store.ssd_path is set)
@@ -27,10 +31,14 @@ from pdorch.launch_plan import PlanError, master_ports
 
 def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | None = None):
     """A (not yet started) MasterProcess for `cfg.store`; raises PlanError / MasterError."""
+    from store_client.addresses import parse_master_address
     from store_client.master import MasterProcess  # NOTE: lazy: finds the binary at construction
+
     s = cfg.store
     host, rpc, metadata, metrics = master_ports(cfg)
+    master = parse_master_address(s.master_address)
     return MasterProcess(rpc, metadata, metrics, host=host, log_dir=log_dir, bind_host=bind_host,
+                         ha_etcd=master.etcd_endpoints, cluster_id=s.master_cluster_id,
                          kv_lease_ttl_ms=s.master_kv_lease_ttl_ms, client_ttl_s=s.master_client_ttl_s,
                          eviction_high_watermark_ratio=s.master_eviction_high_watermark,
                          eviction_ratio=s.master_eviction_ratio,
@@ -42,6 +50,8 @@ def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | Non
 OWN_FLAGS = {
     "enable_http_metadata_server": "store.metadata_server", "http_metadata_server_host": "--listen",
     "http_metadata_server_port": "store.metadata_server", "rpc_port": "store.master_address",
+    "enable_ha": "store.master_address", "etcd_endpoints": "store.master_address", "rpc_address": "store.local_hostname",
+    "cluster_id": "store.master_cluster_id", "enable_oplog": "store.master_address",
     "metrics_host": "--listen", "metrics_port": "store.master_metrics_port",
     "default_kv_lease_ttl": "store.master_kv_lease_ttl_ms", "client_ttl": "store.master_client_ttl_s",
     "eviction_high_watermark_ratio": "store.master_eviction_high_watermark",
@@ -82,6 +92,20 @@ def add_master_args(parser: argparse.ArgumentParser) -> None:
                         help="print the mooncake_master command line instead of running it")
 
 
+def etcd_unreachable(cfg: Config, timeout_s: float = 2.0) -> str | None:
+    """HA mode: what is wrong when no etcd endpoint of store.master_address answers (else None): a
+    master that cannot reach etcd would wait as a candidate forever."""
+    from store_client.addresses import parse_master_address
+    from store_client.connector import reachable
+
+    master = parse_master_address(cfg.store.master_address)
+    if not master.ha:
+        return None
+    err = reachable(master.endpoints, timeout_s)
+    return None if err is None else (f"store.master_address: no etcd endpoint of {cfg.store.master_address} "
+                                     f"answers ({err})")
+
+
 def run_master(cfg: Config, listen: str, print_only: bool, extra: list[str] = ()) -> int:
     """Replace this process with mooncake_master (signals reach it directly, as PID 1 in a pod);
     `extra`: more mooncake_master flags, appended as given (check_extra_flags)."""
@@ -97,5 +121,9 @@ def run_master(cfg: Config, listen: str, print_only: bool, extra: list[str] = ()
     print(" ".join(argv), flush=True)
     if print_only:
         return 0
+    err = etcd_unreachable(cfg)
+    if err:
+        print(f"pdorch master: {err}", file=sys.stderr)
+        return 2
     os.execv(argv[0], argv)
     return 1  # not reached

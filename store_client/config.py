@@ -20,10 +20,12 @@ class StoreConfig:
     """The Mooncake store (L3 KV tier) and the transfer engine between workers."""
 
     enabled: bool = _key(True, "Use the Mooncake store as the L3 KV tier")
-    master_address: str = _key("127.0.0.1:50151", "mooncake_master RPC address host:port",
-                                 format="host:port", required_when=("enabled", True))
-    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "Mooncake metadata server URL",
-                                  required_when=("enabled", True))
+    master_address: str = _key("127.0.0.1:50151", "mooncake_master's RPC address host:port, or etcd://h1:p1;"
+                                 "etcd://h2:p2 for masters in HA mode (the client finds the leader in etcd)",
+                                 format="master_address", required_when=("enabled", True))
+    metadata_server: str = _key("http://127.0.0.1:8180/metadata", "The transfer engine's metadata: an HTTP "
+                                "metadata server's URL, or etcd://h1:p1;etcd://h2:p2 (etcd)",
+                                format="metadata_server", required_when=("enabled", True))
     protocol: str = _key("tcp", "Transport to the store and between workers", choices=["tcp", "rdma"])
     device_name: str = _key("", "RDMA device(s), e.g. mlx5_0; empty for tcp")
     local_hostname: str = _key("127.0.0.1", "Address this worker advertises to the store, the transfer engine "
@@ -51,6 +53,10 @@ class StoreConfig:
                                  min=1, max=4096)
     max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "
                                        "this new saves are dropped, never blocking requests", min=0)
+    master_rpc_port: int = _key(50151, "Masters in HA mode: the RPC port each master listens on (the clients "
+                                "find the leader's address in etcd)", min=1, max=65535)
+    master_cluster_id: str = _key("mooncake_cluster", "Masters in HA mode: their --cluster_id, which names "
+                                  "their leader's key in etcd (mooncake-store/<id>/master_view)")
     master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher; workers read the "
                                     "store's fill level there for eviction)", min=1, max=65535)
     master_eviction_high_watermark: float = _key(0.9, "mooncake_master's own generic eviction starts above "

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
 from store_client.metrics import StoreMetrics
 
@@ -23,14 +24,26 @@ PROBE_KEY = "pdorch-probe/absent"
 _JOIN_S = 15.0  # a probe op against a dead master can take ~5 s (Mooncake's RPC timeout)
 
 
+def reachable(endpoints, timeout_s: float) -> str | None:
+    """None when one of the (host, port) endpoints accepts a TCP connection, else the last error."""
+    err = "no endpoint"
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+                return None
+        except OSError as e:
+            err = str(e)
+    return err
+
+
 def probe_master(cfg: StoreConfig, timeout_s: float = 1.0) -> str | None:
-    """None when the master RPC port and the metadata server both answer, else what failed."""
-    host, _, port = cfg.master_address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as e:
-        return f"master {cfg.master_address} unreachable ({e})"
+    """None when the master RPC port (in HA mode: an etcd endpoint) and the metadata server both
+    answer, else what failed."""
+    master = parse_master_address(cfg.master_address)
+    err = reachable(master.endpoints, timeout_s)
+    if err is not None:
+        what = "etcd of the HA masters" if master.ha else "master"
+        return f"{what} {cfg.master_address} unreachable ({err})"
     url = cfg.metadata_server
     if url.startswith("http"):
         probe = url + ("&" if "?" in url else "?") + urllib.parse.urlencode({"key": "pdorch_probe"})
@@ -40,6 +53,10 @@ def probe_master(cfg: StoreConfig, timeout_s: float = 1.0) -> str | None:
             pass  # any HTTP answer (404 for our probe key) means the server is up
         except (urllib.error.URLError, OSError) as e:
             return f"metadata server {url} unreachable ({e})"
+    elif url.startswith(ETCD):
+        err = reachable(etcd_endpoints(url, "store.metadata_server"), timeout_s)
+        if err is not None:
+            return f"metadata etcd {url} unreachable ({err})"
     return None
 
 
@@ -155,8 +172,9 @@ class StoreConnector:
             ssd_environment(cfg)
             os.makedirs(self.ssd_dir, exist_ok=True)  # Mooncake refuses a directory that does not exist
         # NOTE: holds the GIL for its whole duration (~90 s if the master vanished since the probe).
-        rc = raw.setup(cfg.local_hostname, cfg.metadata_server, cfg.global_segment_size_mb << 20,
-                       cfg.local_buffer_size_mb << 20, cfg.protocol, cfg.device_name, cfg.master_address,
+        rc = raw.setup(cfg.local_hostname, metadata_for_mooncake(cfg.metadata_server), cfg.global_segment_size_mb << 20,
+                       cfg.local_buffer_size_mb << 20, cfg.protocol, cfg.device_name,
+                       parse_master_address(cfg.master_address).mooncake,
                        enable_ssd_offload=bool(self.ssd_dir), ssd_offload_path=self.ssd_dir)
         if rc != 0:
             return f"store setup against master {cfg.master_address} / {cfg.metadata_server} failed ({rc})"

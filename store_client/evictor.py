@@ -32,8 +32,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from store_client.addresses import parse_master_address
 from store_client.chain_index import ChainIndex
 from store_client.config import StoreConfig
+from store_client.master_view import master_view
 from store_client.store import KVStore
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,17 @@ class MasterFill:
         return self.allocated_bytes / self.capacity_bytes if self.capacity_bytes > 0 else 0.0
 
 
-def master_metrics_url(cfg: StoreConfig) -> str:
-    """The master's Prometheus endpoint: host of store.master_address, port store.master_metrics_port."""
-    host = cfg.master_address.rsplit(":", 1)[0]
+def master_metrics_url(cfg: StoreConfig) -> str | None:
+    """The master's Prometheus endpoint: host of store.master_address (in HA mode: of the leader, read
+    from etcd; None while none leads), port store.master_metrics_port."""
+    master = parse_master_address(cfg.master_address)
+    if master.ha:
+        leader = master_view(master.etcd_endpoints, cfg.master_cluster_id).leader()
+        if leader is None:
+            return None
+        host = leader.rpartition(":")[0]
+    else:
+        host = master.endpoints[0][0]
     return f"http://{host}:{cfg.master_metrics_port}/metrics"
 
 
@@ -106,8 +116,11 @@ def master_eviction_counters(text: str) -> dict[str, float]:
     return {short: values[name] for short, name in MASTER_EVICTION_COUNTERS.items() if name in values}
 
 
-def fetch_text(url: str, timeout_s: float = _METRICS_TIMEOUT_S) -> str | None:
-    """GET url as text, None on any failure (logged at debug: it repeats every pass while down)."""
+def fetch_text(url: str | None, timeout_s: float = _METRICS_TIMEOUT_S) -> str | None:
+    """GET url as text, None on any failure (logged at debug: it repeats every pass while down) or
+    without a url (no master leads)."""
+    if url is None:
+        return None
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return r.read().decode(errors="replace")
@@ -128,15 +141,17 @@ def pages_to_remove(fill: MasterFill, index_pages: int, page_nbytes: int, low_wa
 class StoreEvictor:
     """One daemon thread; start() / stop(timeout_s). run_once() is one pass (tests call it directly)."""
 
-    def __init__(self, store: KVStore, index: ChainIndex, cfg: StoreConfig, master_metrics_url: str,
+    def __init__(self, store: KVStore, index: ChainIndex, cfg: StoreConfig, master_metrics_url,
                  fresh_s: float = FRESH_S):
+        """`master_metrics_url`: the URL, or a function giving it at each reading (HA masters: the
+        leader's, None while none leads)."""
         if not cfg.evict_low_watermark < cfg.evict_high_watermark:
             raise ValueError(f"store.evict_low_watermark ({cfg.evict_low_watermark}) must be below "
                              f"store.evict_high_watermark ({cfg.evict_high_watermark})")
         self.store = store
         self.index = index
         self.cfg = cfg
-        self.url = master_metrics_url
+        self.url = master_metrics_url if callable(master_metrics_url) else (lambda: master_metrics_url)
         self.metrics = store.metrics
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -164,7 +179,7 @@ class StoreEvictor:
         log.info("chain eviction on: remove above %.2f down to %.2f of the store, every %.2fs, depth weight "
                  "%.3fs, index of %d pages; master metrics %s", self.cfg.evict_high_watermark,
                  self.cfg.evict_low_watermark, self.cfg.evict_interval_s, self.cfg.evict_depth_weight_s,
-                 self.index.max_pages, self.url)
+                 self.index.max_pages, self.url())
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -188,7 +203,7 @@ class StoreEvictor:
         self.index.compact()  # here, off the schedulers' threads (see ChainIndex)
         if not self.store.enabled:
             return 0
-        text = fetch_text(self.url)
+        text = fetch_text(self.url())
         fill = master_fill(text) if text is not None else None
         if fill is None or fill.capacity_bytes <= 0:
             self.metrics.master_metrics_failures.inc()
@@ -219,7 +234,7 @@ class StoreEvictor:
         page = self.store.page_nbytes
         fresh = None
         if time.monotonic() - self._read_at > self.fresh_s and self.store.enabled:
-            text = fetch_text(self.url)
+            text = fetch_text(self.url())
             fresh = master_fill(text) if text is not None else None
         with self._lock:
             if fresh is not None and fresh.capacity_bytes > 0:

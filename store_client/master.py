@@ -59,7 +59,11 @@ class MasterProcess:
                  host: str = "127.0.0.1", kv_lease_ttl_ms: int = 10000, client_ttl_s: int = 10,
                  eviction_high_watermark_ratio: float = 0.9, log_dir: str | None = None,
                  binary: str | None = None, eviction_ratio: float = 0.05, enable_offload: bool = False,
-                 bind_host: str | None = None, offload_on_evict: bool = False):
+                 bind_host: str | None = None, offload_on_evict: bool = False, ha_etcd: tuple[str, ...] = (),
+                 cluster_id: str = "mooncake_cluster"):
+        """`ha_etcd`: etcd endpoints (host:port): run in HA mode (leader election in etcd, metadata
+        replicated to the standbys by Mooncake's oplog); clients then address the masters as
+        etcd://... and keep the transfer engine's metadata in etcd (no HTTP metadata server)."""
         ports: set[int] = set()
         chosen = []
         for p in (rpc_port, metadata_port, metrics_port):
@@ -78,6 +82,7 @@ class MasterProcess:
         # Where the metadata and metrics servers listen (the RPC port always binds 0.0.0.0); a pod
         # listens on every interface while clients dial its Service name (`host`).
         self.bind_host = bind_host or host
+        self.ha_etcd, self.cluster_id = tuple(ha_etcd), cluster_id
         self.binary = binary or find_master_binary()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="mooncake_master_")
         self.log_path = os.path.join(self.log_dir, f"master_{self.rpc_port}.log")
@@ -102,12 +107,28 @@ class MasterProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def ha_master_address(self) -> str:
+        """The address clients give for the HA masters (store.master_address)."""
+        return "etcd://" + ";".join(self.ha_etcd)
+
+    def role(self, timeout_s: float = 1.0) -> str | None:
+        """HA mode: "leader" or "standby" (the master's /role), None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/role", timeout=timeout_s) as r:
+                return r.read().decode().strip()
+        except (urllib.error.URLError, OSError):
+            return None
+
     def command(self) -> list[str]:
+        if self.ha_etcd:  # NOTE: --rpc_address: what the leader writes into etcd for the clients
+            own = ["--enable_ha=true", f"--etcd_endpoints={';'.join(self.ha_etcd)}", f"--rpc_address={self.host}",
+                   f"--cluster_id={self.cluster_id}", "--enable_oplog=true", "--enable_http_metadata_server=false"]
+        else:
+            own = ["--enable_http_metadata_server=true", f"--http_metadata_server_host={self.bind_host}",
+                   f"--http_metadata_server_port={self.metadata_port}"]
         return [
-            self.binary,
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={self.bind_host}",
-            f"--http_metadata_server_port={self.metadata_port}",
+            self.binary, *own,
             f"--rpc_port={self.rpc_port}",
             f"--metrics_host={self.bind_host}",
             f"--metrics_port={self.metrics_port}",
@@ -144,7 +165,9 @@ class MasterProcess:
             if self._proc.poll() is not None:
                 raise MasterError(f"mooncake_master exited with {self._proc.returncode} during start-up; "
                                   f"log: {self.log_path}\n{self.log_tail()}")
-            if all(_port_open(p) for p in (self.rpc_port, self.metadata_port, self.metrics_port)):
+            # NOTE: HA: a standby serves no RPC and no master runs a metadata server: metrics only
+            ports = (self.metrics_port,) if self.ha_etcd else (self.rpc_port, self.metadata_port, self.metrics_port)
+            if all(_port_open(p) for p in ports):
                 try:
                     with urllib.request.urlopen(self.metrics_url, timeout=1.0) as r:
                         if r.status == 200:

@@ -96,7 +96,8 @@ def test_out_of_range(tmp_path, yaml_text, expected):
     ("discovery: {prefill: [localhost]}",
      'discovery.prefill: expected a list of host:port addresses, got ["localhost"]'),
     ("store: {master_address: 'h:99999'}",
-     'store.master_address: expected a host:port address, got "h:99999"; port out of range'),
+     ('store.master_address: expected host:port (one master) or etcd://host:port;etcd://host:port;... (masters '
+     'in HA mode), got "h:99999"; port out of range')),
 ])
 def test_bad_choices_and_formats(tmp_path, yaml_text, expected):
     assert error_of(tmp_path, yaml_text).startswith(expected)

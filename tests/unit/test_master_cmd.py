@@ -62,3 +62,22 @@ def test_flags_pdorch_sets_itself_or_non_flags_are_refused():
     # pdorch's own options keep their meaning and typos of them still fail the same way as before
     typo = _master("--print", "--set", "store.no_such_key=1")
     assert typo.returncode != 0 and "no_such_key" in typo.stderr
+
+
+def test_ha_masters_run_against_the_etcd_of_store_master_address():
+    ha = ["--set", "store.master_address=etcd://10.0.0.1:2379;etcd://10.0.0.2:2379", "--set",
+          "store.metadata_server=etcd://10.0.0.1:2379", "--set", "store.local_hostname=10.1.2.3", "--set",
+          "store.master_rpc_port=50200"]
+    out = _master("--print", *ha)
+    assert out.returncode == 0, out.stderr
+    flags = out.stdout.split()
+    for flag in ("--enable_ha=true", "--etcd_endpoints=10.0.0.1:2379;10.0.0.2:2379", "--rpc_address=10.1.2.3",
+                 "--rpc_port=50200", "--enable_oplog=true", "--enable_http_metadata_server=false",
+                 "--cluster_id=mooncake_cluster"):
+        assert flag in flags, (flag, flags)
+    http = _master("--print", "--set", "store.master_address=etcd://10.0.0.1:2379")
+    assert http.returncode == 2 and "store.metadata_server" in http.stderr and "etcd://" in http.stderr
+    dead = _master("--set", "store.master_address=etcd://127.0.0.1:1", "--set", "store.metadata_server=etcd://127.0.0.1:1")
+    assert dead.returncode == 2 and "store.master_address: no etcd endpoint" in dead.stderr
+    own = _master("--print", *ha, "--enable_ha=false")
+    assert own.returncode == 2 and "set store.master_address" in own.stderr
