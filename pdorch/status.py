@@ -71,12 +71,15 @@ def fetch_store(store_cfg, timeout_s: float = 5.0) -> dict[str, Any] | None:
         return None
     from store_client.evictor import fetch_text, master_eviction_counters, master_fill, master_metrics_url
 
+    masters = store_masters(store_cfg)
     url = master_metrics_url(store_cfg)
     text = fetch_text(url, timeout_s)
     if text is None:
-        return {"url": url, "eviction": store_cfg.eviction_in_effect, "error": "mooncake_master metrics unreachable"}
+        error = "no mooncake_master leads (HA masters)" if url is None else "mooncake_master metrics unreachable"
+        return {"url": url, "eviction": store_cfg.eviction_in_effect, "error": error, "masters": masters}
     fill = master_fill(text)
-    return {"url": url, "eviction": store_cfg.eviction_in_effect, "master_eviction": master_eviction_counters(text),
+    return {"url": url, "eviction": store_cfg.eviction_in_effect, "masters": masters,
+            "master_eviction": master_eviction_counters(text),
             **({"fill_ratio": fill.ratio, "keys": fill.key_count, "capacity_bytes": fill.capacity_bytes}
                if fill is not None else {}),
             **({"ssd": ssd_usage(text)} if store_cfg.ssd_path else {})}
@@ -92,12 +95,28 @@ def ssd_usage(master_text: str) -> dict[str, float]:
     return out
 
 
+def store_masters(store_cfg) -> list[dict[str, Any]]:
+    """[{address, leader}]: the one master, or in HA mode the leader etcd names (the standbys are not
+    in etcd; none leading: an empty list)."""
+    from store_client.addresses import parse_master_address
+    from store_client.master_view import master_view
+
+    master = parse_master_address(store_cfg.master_address)
+    if not master.ha:
+        return [{"address": store_cfg.master_address, "leader": True}]
+    leader = master_view(master.etcd_endpoints, store_cfg.master_cluster_id).leader()
+    return [] if leader is None else [{"address": leader, "leader": True}]
+
+
 def render_store(store: dict[str, Any] | None) -> list[str]:
     if store is None:
         return ["store: off"]
     if "error" in store:
         return [f"store ({store['url']}): {store['error']}"]
     head = f"store: eviction {store['eviction']}"
+    leaders = [m["address"] for m in store.get("masters", []) if m["leader"]]
+    if leaders:
+        head += f", master {leaders[0]} leads"
     if "fill_ratio" in store:
         head += (f", {store['fill_ratio']:.1%} of {store['capacity_bytes'] / 2**20:.0f} MiB used, "
                  f"{store['keys']:.0f} keys")

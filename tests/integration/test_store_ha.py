@@ -15,6 +15,7 @@ import time
 import grpc
 import pytest
 
+from pdorch.status import store_masters
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView
@@ -130,6 +131,7 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
     masters = cluster.master
     before = [stored_prefix(cluster, k) for k in range(10, 14)]  # conversations stored before the kill
     leader = masters.leader(LEAD_TIMEOUT_S)
+    assert store_masters(cluster.cfg.store) == [{"address": leader.master_address, "leader": True}]
     stop = time.monotonic() + 25
 
     def stream(k: int) -> int:
@@ -153,6 +155,7 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
     print(f"standby led {lead_s:.2f}s after the kill; workers' store back {back_s:.2f}s later; "
           f"{sum(served)} requests served across the switch")
     assert lead_s < LEAD_TIMEOUT_S
+    assert store_masters(cluster.cfg.store) == [{"address": new.master_address, "leader": True}]  # pdorch status
     cluster.flush_l1()
     read = [cluster.generate(turn2, max_tokens=4, temperature=0).cached for turn2, _ in before]
     want = sum(n for _, n in before)
