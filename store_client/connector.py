@@ -16,6 +16,7 @@ import urllib.request
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
+from store_client.master_view import master_view
 from store_client.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class StoreConnector:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        master = parse_master_address(cfg.master_address)
+        self._view = master_view(master.etcd_endpoints, cfg.master_cluster_id) if master.ha else None
+        self._leader: str | None = None  # the last leader seen (HA masters)
         metrics.enabled.set(0)
 
     def client(self):
@@ -158,10 +162,23 @@ class StoreConnector:
             elif self._raw.health_check() != 0:
                 self.report_rpc_failure()
                 continue
+            self._watch_leader()
             interval = self.cfg.reconnect_interval_s if self._client is None else min(1.0,
                                                                                      self.cfg.reconnect_interval_s)
             self._wake.wait(interval)
             self._wake.clear()
+
+    def _watch_leader(self) -> None:
+        """HA masters: which one leads, from etcd (metrics, and a log line when the lead moves)."""
+        if self._view is None:
+            return
+        leader = self._view.leader()
+        self.metrics.master_leading.set(1 if leader else 0)
+        if leader and leader != self._leader:
+            if self._leader is not None:
+                self.metrics.master_leader_changes.inc()
+                log.warning("store: mooncake_master %s leads now (was %s)", leader, self._leader)
+            self._leader = leader
 
     def _setup(self) -> str | None:
         from mooncake.store import MooncakeDistributedStore  # deferred: loads the native library

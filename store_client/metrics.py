@@ -53,6 +53,11 @@ class StoreMetrics:
                                  registry=reg)
         self.enabled = Gauge(p + "enabled", "1 while the store is connected and healthy, else 0", registry=reg)
         self.reconnects = Counter(p + "reconnects", "Times the store came back after being lost", registry=reg)
+        # HA masters only (store.master_address etcd://...): read from etcd's master view each second
+        self.master_leading = Gauge(p + "master_leading", "HA masters: 1 while etcd names a leading "
+                                    "mooncake_master, else 0 (not exported for a single master)", registry=reg)
+        self.master_leader_changes = Counter(p + "master_leader_changes", "HA masters: times another "
+                                             "mooncake_master took the lead", registry=reg)
         self.connect_failures = Counter(p + "connect_failures",
                                         "Failed attempts to reach the master while the store is down",
                                         registry=reg)

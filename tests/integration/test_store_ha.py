@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+import urllib.request
 
 import grpc
 import pytest
 
 from pdorch.status import store_masters
 from proto.pdorch.v1 import worker_pb2 as pb
+from store_client.evictor import parse_metrics
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView
 from tests.fixtures.processes import stop_process
@@ -106,6 +108,11 @@ def wait_store(c: WorkerCluster, on: bool, timeout_s: float) -> float:
     return time.monotonic() - t0
 
 
+def worker_metrics(wp) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{wp.metrics_port}/metrics", timeout=10).read().decode()
+    return parse_metrics(text)
+
+
 def prompt(k: int, n: int = 100) -> list[int]:
     return [(k * 7919 + i * 31) % 900 + 20 for i in range(n)]
 
@@ -156,6 +163,12 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
           f"{sum(served)} requests served across the switch")
     assert lead_s < LEAD_TIMEOUT_S
     assert store_masters(cluster.cfg.store) == [{"address": new.master_address, "leader": True}]  # pdorch status
+    for wp in cluster.workers:  # each worker saw the lead move (its connector reads etcd every second)
+        deadline = time.monotonic() + 10
+        while (values := worker_metrics(wp))["pdorch_store_master_leader_changes_total"] < 1:
+            assert time.monotonic() < deadline, (wp.role, values)
+            time.sleep(0.2)
+        assert values["pdorch_store_master_leading"] == 1
     cluster.flush_l1()
     read = [cluster.generate(turn2, max_tokens=4, temperature=0).cached for turn2, _ in before]
     want = sum(n for _, n in before)

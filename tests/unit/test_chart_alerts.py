@@ -86,6 +86,11 @@ CASES = [
      "8m", [{"severity": "critical"}]),
     ("PdorchStoreDisabled", [{"series": f'pdorch_store_enabled{{{NS}, pod="p1"}}', "values": "1 0 0 1x10"}],
      "8m", []),  # a reconnect within the 5 minutes
+    ("PdorchStoreNoMasterLeads", [{"series": f'pdorch_store_master_leading{{{NS}, pod="p1"}}', "values": "1 0x5"},
+                                  {"series": f'pdorch_store_master_leading{{{NS}, pod="d1"}}', "values": "1 0x5"}],
+     "3m", [{"severity": "critical"}]),
+    ("PdorchStoreNoMasterLeads", [{"series": f'pdorch_store_master_leading{{{NS}, pod="p1"}}', "values": "1 0 1x5"}],
+     "3m", []),  # a switch within the minute
     ("PdorchQueueDepthHigh", [{"series": f'pdorch_decode_queue_depth{{{NS}, pod="d1"}}', "values": "100x20"},
                               {"series": f'pdorch_prefill_queue_depth{{{NS}, pod="p1"}}', "values": "0x20"}],
      "15m", [{"severity": "warning"}]),

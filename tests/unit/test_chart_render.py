@@ -238,7 +238,8 @@ def test_monitoring_objects(rendered):
     assert {r["alert"] for r in rules} == {
         "PdorchTargetDown", "PdorchTargetAbsent", "PdorchNoHealthyWorkers", "PdorchErrorRatioHigh",
         "PdorchFailoversFailing", "PdorchFencePagesHeld", "PdorchMasterEvictionStorm", "PdorchHitRateDropped",
-        "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High", "PdorchPreemptionsHigh"}
+        "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High", "PdorchPreemptionsHigh",
+        "PdorchStoreNoMasterLeads"}
     assert all(r["annotations"]["runbook"] for r in rules)
     assert all(f'namespace="{NAMESPACE}"' in r["expr"] for r in rules)
     assert [o for o in objs if o["kind"] == "NetworkPolicy"]
