@@ -1,0 +1,182 @@
+"""Masters in HA mode: from the leader's SIGKILL to the first store hit on the new leader, through
+pdorch's own store client, in one run.
+
+    python -m bench.master_failover [--runs 3] [--pages 256] [--page-kb 64] [--json]
+
+Starts a real etcd and two mooncake_masters in HA mode (store_client/master.py, oplog on), and a
+KVStore (store_client/store.py) addressing them as etcd://..., its transfer-engine metadata in etcd
+and its own segment holding the pages. It writes --pages pages, then per run: SIGKILL the leader;
+poll etcd's master view and load every page every 50 ms until all are read back; restart the killed
+master (it comes back as a standby, the next run kills the other one).
+
+Reported per run and as medians: seconds to the new leader in etcd, seconds to the first load that
+read every page (the store's first hit on the new leader), the fraction of the pages written before
+the kill readable after it (Mooncake's oplog keeps the index: pdorch restores nothing), and the loads
+that missed meanwhile (the workers serve those as misses: recomputed, never failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # NOTE: before the imports: bench/engine.py would shadow the engine package
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from bench.multiturn import commit
+from store_client.config import StoreConfig
+from store_client.master import MasterProcess
+from store_client.master_view import MasterView
+from store_client.metrics import StoreMetrics
+from store_client.ports import free_port
+from store_client.store import KVStore
+
+POLL_S = 0.05
+WAIT_S = 60.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.master_failover", description=__doc__.split("\n")[0],
+                                allow_abbrev=False)
+    p.add_argument("--runs", type=int, default=3, help="leader kills (default 3)")
+    p.add_argument("--pages", type=int, default=256, help="pages written before the kills (default 256)")
+    p.add_argument("--page-kb", type=int, default=64, help="page size in KiB (default 64)")
+    p.add_argument("--settle", default="0,3", help="seconds between the write and the kill, one set of runs each "
+                   "(default 0,3: Mooncake replicates its oplog in batches)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    return p
+
+
+def start_etcd(tmp: str) -> tuple[subprocess.Popen, str]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise SystemExit("the `etcd` binary is not installed (make setup installs Debian's etcd-server)")
+    client, peer = free_port(), free_port()
+    with open(f"{tmp}/etcd.log", "wb") as log:
+        proc = subprocess.Popen(
+            [binary, "--name", "bench", "--data-dir", f"{tmp}/etcd", "--listen-client-urls",
+             f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+             f"http://127.0.0.1:{peer}", "--initial-cluster", f"bench=http://127.0.0.1:{peer}"],
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    import etcd3
+
+    deadline = time.monotonic() + 20
+    while True:  # until etcd answers a read
+        try:
+            etcd3.client(port=client, timeout=0.5).get("probe")
+            return proc, f"127.0.0.1:{client}"
+        except Exception:  # noqa: BLE001 - not up yet
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise SystemExit(f"etcd did not start (see {tmp}/etcd.log)") from None
+            time.sleep(0.1)
+
+
+def leader_of(masters: list[MasterProcess], view: MasterView, timeout_s: float = WAIT_S) -> MasterProcess:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lead = view.leader()
+        for m in masters:
+            if m.running() and lead == m.master_address and m.role() == "leader":
+                return m
+        time.sleep(POLL_S)
+    raise RuntimeError(f"no master leads after {timeout_s:.0f} s")
+
+
+def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
+    saved = store.save(keys, addrs)
+    if saved.pages_written != len(keys):
+        raise RuntimeError(f"writing the pages failed: {saved}")
+    time.sleep(settle_s)
+    old = leader_of(masters, view)
+    t0 = time.monotonic()
+    old.kill()
+    lead_s = hit_s = None
+    misses = 0
+    while time.monotonic() - t0 < WAIT_S / 4:
+        now = time.monotonic() - t0
+        if lead_s is None and view.leader() not in (None, old.master_address):
+            lead_s = now
+        got = store.load(keys, addrs)
+        if got.pages_loaded == len(keys):
+            hit_s = time.monotonic() - t0
+            break
+        misses += 1
+        time.sleep(POLL_S)
+    readable = store.load(keys, addrs).pages_loaded / len(keys)
+    old.start()  # back as a standby
+    return {"lead_s": lead_s, "first_hit_s": hit_s, "readable_after": readable, "missed_loads": misses}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    tmp = tempfile.mkdtemp(prefix="pdorch-master-failover-")
+    page = args.page_kb << 10
+    etcd, endpoint = start_etcd(tmp)
+    masters = [MasterProcess(ha_etcd=(endpoint,), log_dir=tmp) for _ in range(2)]
+    store = None
+    runs = []
+    try:
+        for m in masters:
+            m.start()
+        view = MasterView((endpoint,))
+        leader_of(masters, view)
+        address = "etcd://" + endpoint
+        cfg = StoreConfig(master_address=address, metadata_server=address, global_segment_size_mb=max(
+            64, (args.pages * page >> 20) * 2), local_buffer_size_mb=16, reconnect_interval_s=0.2)
+        store = KVStore(cfg, page, StoreMetrics(CollectorRegistry()))
+        pages = np.random.default_rng(0).integers(0, 256, size=(args.pages, page), dtype=np.uint8)
+        store.register_buffer(pages.ctypes.data, pages.nbytes)
+        if not store.wait_enabled(WAIT_S):
+            raise RuntimeError("the store client did not connect")
+        addrs = [pages.ctypes.data + i * page for i in range(args.pages)]
+        for settle in [float(x) for x in args.settle.split(",") if x]:
+            for run in range(args.runs):
+                keys = [f"bench-master-failover/{settle}/{run}/{i}" for i in range(args.pages)]
+                got = {"settle_s": settle, **one_kill(masters, view, store, keys, addrs, settle)}
+                runs.append(got)
+                say(f"settle {settle} s, run {run + 1}/{args.runs}: new leader in etcd after {got['lead_s']} s, first full hit after "
+                    f"{got['first_hit_s']} s, {got['readable_after']:.0%} of the pages readable, "
+                    f"{got['missed_loads']} loads missed meanwhile")
+    finally:
+        if store is not None:
+            store.close()
+        for m in masters:
+            m.stop()
+        etcd.terminate()
+        etcd.wait(timeout=10)
+
+    def med(rows, key: str):
+        values = [r[key] for r in rows if r[key] is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    out = {"bench": "master_failover", "pages": args.pages, "page_kb": args.page_kb, "runs": runs,
+           "commit": commit(), "by_settle": {}}
+    print(f"\nmaster failover ({args.pages} pages of {args.page_kb} KiB per kill, {commit()})")
+    print(f"{'settle s':>8} {'kills':>5} {'leader s p50':>12} {'first hit s p50':>15} {'readable min':>12}")
+    for settle in sorted({r["settle_s"] for r in runs}):
+        rows = [r for r in runs if r["settle_s"] == settle]
+        row = {"lead_s_median": med(rows, "lead_s"), "first_hit_s_median": med(rows, "first_hit_s"),
+               "readable_after_min": min(r["readable_after"] for r in rows)}
+        out["by_settle"][str(settle)] = row
+        print(f"{settle:>8} {len(rows):>5} {row['lead_s_median']!s:>12} {row['first_hit_s_median']!s:>15} "
+              f"{row['readable_after_min']:>12.1%}")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
