@@ -134,15 +134,18 @@ def main(argv: list[str] | None = None) -> int:
         view = MasterView((endpoint,))
         leader_of(masters, view)
         address = "etcd://" + endpoint
-        cfg = StoreConfig(master_address=address, metadata_server=address, global_segment_size_mb=max(
-            64, (args.pages * page >> 20) * 2), local_buffer_size_mb=16, reconnect_interval_s=0.2)
+        settles = [float(x) for x in args.settle.split(",") if x]
+        # NOTE: room for every kill's pages: the space of pages a switch lost is not given back
+        segment_mb = max(64, (args.pages * page >> 20) * (args.runs * len(settles) + 1))
+        cfg = StoreConfig(master_address=address, metadata_server=address, global_segment_size_mb=segment_mb,
+                          local_buffer_size_mb=16, reconnect_interval_s=0.2)
         store = KVStore(cfg, page, StoreMetrics(CollectorRegistry()))
         pages = np.random.default_rng(0).integers(0, 256, size=(args.pages, page), dtype=np.uint8)
         store.register_buffer(pages.ctypes.data, pages.nbytes)
         if not store.wait_enabled(WAIT_S):
             raise RuntimeError("the store client did not connect")
         addrs = [pages.ctypes.data + i * page for i in range(args.pages)]
-        for settle in [float(x) for x in args.settle.split(",") if x]:
+        for settle in settles:
             for run in range(args.runs):
                 keys = [f"bench-master-failover/{settle}/{run}/{i}" for i in range(args.pages)]
                 got = {"settle_s": settle, **one_kill(masters, view, store, keys, addrs, settle)}
