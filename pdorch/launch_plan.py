@@ -230,8 +230,8 @@ def master_ports(cfg: Config) -> tuple[str, int, int, int]:
 
 def _master_spec(cfg: Config, master_argv: tuple[str, ...] | None) -> ChildSpec:
     host, rpc, metadata, metrics = master_ports(cfg)
-    ports = (("store.master_address", rpc), ("store.metadata_server", metadata),
-             ("store.master_metrics_port", metrics))
+    ports = tuple((key, port) for key, port in (("store.master_address", rpc), ("store.metadata_server", metadata),
+                                                 ("store.master_metrics_port", metrics)) if port)  # HA: no metadata
     return ChildSpec("master", "master", tuple(master_argv or ()), host, ports)
 
 
