@@ -24,7 +24,7 @@ DERIVED = {"prefill.host", "decode.host", "router.host", "router.api_key", "rout
            "discovery.etcd_endpoints", "store.master_address", "store.metadata_server", "store.master_metrics_port",
            "store.local_hostname", "grpc.tls", "grpc.tls_cert", "grpc.tls_key", "grpc.tls_ca", "grpc.tls_server_name"}
 MASTER_FLAGS = {"store.master_eviction_high_watermark", "store.master_eviction_ratio", "store.master_kv_lease_ttl_ms",
-                "store.master_client_ttl_s", "store.master_enable_offload"}
+                "store.master_client_ttl_s", "store.master_enable_offload", "store.master_rpc_port"}
 
 
 def _who_reads(key: str) -> set[str]:
@@ -34,6 +34,8 @@ def _who_reads(key: str) -> set[str]:
         return {"master"}
     if key == "store.ssd_path":
         return {"master"} | WORKERS  # the workers' offload directory, and it turns the master's offload on
+    if key == "store.master_cluster_id":
+        return {"master"} | WORKERS  # its --cluster_id, and the leader's key in etcd the workers read
     if key == "store.enabled":
         return {"master", "router"} | WORKERS
     if key in ("store.protocol", "store.device_name"):

@@ -55,7 +55,7 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- define "pdorch.configFor" -}}
 {{- $cfg := include "pdorch.config" .root | fromYaml }}
 {{- $store := default (dict) $cfg.store }}
-{{- $masterFlags := list "master_eviction_high_watermark" "master_eviction_ratio" "master_kv_lease_ttl_ms" "master_client_ttl_s" "master_enable_offload" }}
+{{- $masterFlags := list "master_eviction_high_watermark" "master_eviction_ratio" "master_kv_lease_ttl_ms" "master_client_ttl_s" "master_enable_offload" "master_rpc_port" }}
 {{- $out := dict }}
 {{- if eq .component "master" }}
 {{- $s := dict }}
