@@ -168,6 +168,12 @@ class StoreConnector:
             self._wake.wait(interval)
             self._wake.clear()
 
+    @property
+    def leader(self) -> str | None:
+        """HA masters: the leader's RPC address as last read from etcd (None before any, or for a
+        single master)."""
+        return self._leader
+
     def _watch_leader(self) -> None:
         """HA masters: which one leads, from etcd (metrics, and a log line when the lead moves)."""
         if self._view is None:

@@ -73,12 +73,13 @@ class MasterFill:
         return self.allocated_bytes / self.capacity_bytes if self.capacity_bytes > 0 else 0.0
 
 
-def master_metrics_url(cfg: StoreConfig) -> str | None:
-    """The master's Prometheus endpoint: host of store.master_address (in HA mode: of the leader, read
-    from etcd; None while none leads), port store.master_metrics_port."""
+def master_metrics_url(cfg: StoreConfig, leader: str | None = None) -> str | None:
+    """The master's Prometheus endpoint: host of store.master_address (in HA mode: of the leader,
+    `leader` when the caller knows it, else read from etcd; None while none leads), port
+    store.master_metrics_port."""
     master = parse_master_address(cfg.master_address)
     if master.ha:
-        leader = master_view(master.etcd_endpoints, cfg.master_cluster_id).leader()
+        leader = leader or master_view(master.etcd_endpoints, cfg.master_cluster_id).leader()
         if leader is None:
             return None
         host = leader.rpartition(":")[0]

@@ -118,6 +118,11 @@ class KVStore:
         """This worker's SSD tier directory ("" when DRAM only)."""
         return self._connector.ssd_dir
 
+    @property
+    def master_leader(self) -> str | None:
+        """HA masters: the leading master as the connector last read it from etcd (each second)."""
+        return self._connector.leader
+
     def raw_client(self):
         """The Mooncake client while connected, else None (metrics only; ops go through KVStore)."""
         return self._connector.client()

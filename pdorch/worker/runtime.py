@@ -9,7 +9,6 @@ their pools, fingerprints and store keys can never diverge.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import pathlib
@@ -180,7 +179,9 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
             from store_client.evictor import StoreEvictor, master_metrics_url
 
             chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
-            evictor = StoreEvictor(store, chain_index, cfg.store, functools.partial(master_metrics_url, cfg.store)).start()
+            # NOTE: HA masters: the leader the store connector reads from etcd each second, not a read per pass
+            evictor = StoreEvictor(store, chain_index, cfg.store,
+                                   lambda: master_metrics_url(cfg.store, store.master_leader)).start()
             store.before_write = evictor.make_room  # bursts of writes make room first
     log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s), %d pages of %d bytes, segment %s, fingerprint %s, "
              "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,

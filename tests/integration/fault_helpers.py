@@ -24,11 +24,8 @@ def start_fault_cluster(tmp, model_dir, num_prefill: int) -> WorkerCluster:
     """`num_prefill` prefill + 2 decode workers, tiny model, no store; prefill in chunks of 8 tokens
     so a long prompt keeps a prefill worker busy long enough to hit it mid-prefill."""
     c = start_cluster(tmp, model_dir, with_store=False, num_prefill=num_prefill, prefill={"chunk_tokens": 8})
-    try:
+    with c.stopped_on_failure():
         c.wait_ready(c.spawn_worker("decode"))
-    except BaseException:
-        c.stop()
-        raise
     return c
 
 

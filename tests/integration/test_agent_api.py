@@ -41,11 +41,8 @@ def cluster(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("agent_api")
     master = MasterProcess(log_dir=str(tmp)).start()
     c = WorkerCluster(make_config(tmp, tiny_model_dir, master, decode={"offload_generated_kv": True}), tmp, master)
-    try:
+    with c.stopped_on_failure():
         c.wait_ready(c.spawn_worker("prefill"), *[c.spawn_worker("decode", sections=PURE_CLIENT) for _ in range(2)])
-    except BaseException:
-        c.stop()
-        raise
     yield c
     c.stop()
 

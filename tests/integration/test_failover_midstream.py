@@ -39,14 +39,11 @@ def cluster(tmp_path_factory, smollm2_dir):
     tmp = tmp_path_factory.mktemp("failover")
     master = MasterProcess(log_dir=str(tmp)).start()
     c = WorkerCluster(make_config(tmp, smollm2_dir, master, decode={"offload_generated_kv": True}), tmp, master)
-    try:
+    with c.stopped_on_failure():
         # NOTE: the decode workers contribute no memory to the store (pure clients): Mooncake may put
         # a page into the writer's own segment, and a dead worker's segment goes with it.
         wps = [c.spawn_worker("prefill")] + [c.spawn_worker("decode", sections=PURE_CLIENT) for _ in range(3)]
         c.wait_ready(*wps)
-    except BaseException:
-        c.stop()
-        raise
     yield c
     c.stop()
 

@@ -30,11 +30,8 @@ def cluster(tmp_path_factory, tiny_model_dir):
     c = WorkerCluster(make_config(tmp, tiny_model_dir, master,
                                   decode={"offload_generated_kv": True, "prefix_cache": True,
                                           "num_pages": 256}), tmp, master)
-    try:
+    with c.stopped_on_failure():
         c.wait_ready(c.spawn_worker("prefill"), c.spawn_worker("decode"))
-    except BaseException:
-        c.stop()
-        raise
     yield c
     c.stop()
 

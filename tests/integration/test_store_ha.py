@@ -78,12 +78,9 @@ def cluster(tmp_path_factory, tiny_model_dir, etcd):
                       store={"enabled": True, "master_address": address, "metadata_server": address,
                              "eviction": "master", "reconnect_interval_s": 0.5})
     c = WorkerCluster(cfg, tmp, masters)
-    try:
+    with c.stopped_on_failure():
         c.wait_ready(c.spawn_worker("prefill"), c.spawn_worker("decode"))
         wait_store(c, True, 60)
-    except BaseException:
-        c.stop()
-        raise
     yield c
     c.stop()
 
