@@ -63,9 +63,9 @@ def merged(deltas: list[tuple[int, str]]) -> dict[int, str]:
 
 
 class OpenAIChoices:
-    """The n choices of a chat or completions request: `final()` for a JSON answer, `events(run)`
-    for a stream. `shape`: a ChatShape per choice (chat) or None; `logprobs`: a router/logprobs.py
-    Logprobs per choice, or None per choice when not asked for."""
+    """The n choices of a chat or completions request: `final()` for a JSON answer, `events(...)`
+    for a stream. `shapes`: a ChatShape per choice (chat) or None each; `logprobs`: a
+    router/logprobs.py Logprobs per choice, or None each when not asked for."""
 
     def __init__(self, run, chat: bool, shapes, logprobs, oid: str, created: int, model: str, echo: str = ""):
         """`echo`: completions' echoed prompt text, leading each choice's text."""

@@ -126,18 +126,22 @@ class GenerationHandlers:
         model = self.cfg.model.served_name
         progress, first, run = await svc.start(job, route, t0)
         lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
-        lp = None if top is None else Logprobs(svc.tokenizer, progress, (ids, lead) if echo else None)
+
+        def logprobs_of(p):  # one choice's
+            return None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None)
+
+        def shape_of():  # one choice's
+            return ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
+
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
         if sampling.n > 1:  # router/choices.py
-            many = OpenAIChoices(run, chat, [ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
-                                             for _ in run.choices],
-                                 [None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None)
-                                  for p in run.choices], oid, created, model, lead)
+            many = OpenAIChoices(run, chat, [shape_of() for _ in run.choices], [logprobs_of(p) for p in run.choices],
+                                 oid, created, model, lead)
             if not req.stream:
                 return await _collect(run, many.final)
             return SSEResponse(many.events(include_usage, continuous), run.aclose)
-        shape = ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
+        lp, shape = logprobs_of(progress), shape_of()
         plain = shape is None or shape.plain
         if not req.stream:
             def final():
