@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--routers", type=int, default=1, metavar="R",
                        help="router replicas on router.port + i, all routing to the same workers, as a Kubernetes "
                        "Service spreads clients over a router Deployment's pods (default 1)")
+    serve.add_argument("--masters", type=int, default=1, metavar="K",
+                       help="mooncake_masters (default 1); K > 1 runs them in HA mode, one leading, against the etcd "
+                       "of store.master_address=etcd://host:port (its RPC and metrics ports + i each)")
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
     serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
                        help="give up if not ready after S seconds (default 600)")
@@ -134,7 +137,8 @@ def _serve(args, cfg) -> int:
     from pdorch.launcher import LocalCluster, ServeOptions
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
     opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout,
-                        restart=not args.exit_on_failure, num_routers=args.routers)
+                        restart=not args.exit_on_failure, num_routers=args.routers,
+                        num_masters=args.masters)
     try:
         return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
     except KeyboardInterrupt:  # during model preparation, before any child runs

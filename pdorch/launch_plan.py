@@ -51,7 +51,7 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ChildSpec:
-    name: str  # "master", "prefill-0", "decode-1", "router"
+    name: str  # "master" (or "master-0".. with --masters N), "prefill-0", "decode-1", "router"
     role: str  # "master" | "prefill" | "decode" | "router"
     argv: tuple[str, ...]
     host: str  # where its ports listen
@@ -118,9 +118,11 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
                        user_overrides: tuple[str, ...] = (), python: str = sys.executable,
                        master_argv: tuple[str, ...] | None = None,
                        cpu_count: int | None = None, gpu_count: int | None = None,
-                       num_routers: int = 1) -> LaunchPlan:
+                       num_routers: int = 1, master_argvs: tuple[tuple[str, ...], ...] = ()) -> LaunchPlan:
     """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
     ports (None: store disabled or the caller builds it later); raises PlanError.
+    `master_argvs` (two or more): masters in HA mode, master-i on store.master_rpc_port + i and
+    store.master_metrics_port + i (master_ports(cfg, i)), one command each.
     `num_routers` > 1: router replicas on router.port + i (and router.metrics_port + i), named
     router-0.., all routing to the same workers (each keeps its own index from the workers' KV events)."""
     if num_prefill < 1 or num_decode < 1:
@@ -132,7 +134,9 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
     base = ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
     children: list[ChildSpec] = []
-    if cfg.store.enabled:
+    if cfg.store.enabled and len(master_argvs) > 1:
+        children += [_master_spec(cfg, argv, i) for i, argv in enumerate(master_argvs)]
+    elif cfg.store.enabled:
         children.append(_master_spec(cfg, master_argv))
     addresses: dict[str, list[str]] = {}
     for role, section, count in (("prefill", cfg.prefill, num_prefill), ("decode", cfg.decode, num_decode)):
@@ -207,10 +211,11 @@ def redact_argv(argv) -> list[str]:
     return out
 
 
-def master_ports(cfg: Config) -> tuple[str, int, int, int]:
+def master_ports(cfg: Config, index: int = 0) -> tuple[str, int, int, int]:
     """(host, rpc port, metadata port, metrics port) of the local mooncake_master from `store.*`.
     Masters in HA mode (store.master_address etcd://...): this host's RPC port is
-    store.master_rpc_port and the transfer engine's metadata is in etcd (no metadata server: 0)."""
+    store.master_rpc_port and the transfer engine's metadata is in etcd (no metadata server: 0);
+    master `index` of several on one host (pdorch serve --masters N) takes both ports + index."""
     from store_client.addresses import parse_master_address
 
     s = cfg.store
@@ -219,7 +224,10 @@ def master_ports(cfg: Config) -> tuple[str, int, int, int]:
             raise PlanError("store.metadata_server: masters in HA mode (store.master_address etcd://...) run no "
                             "metadata server, so expected etcd://host:port (the transfer engine's metadata in "
                             f"etcd), got {s.metadata_server!r}")
-        return s.local_hostname, s.master_rpc_port, 0, s.master_metrics_port
+        return s.local_hostname, s.master_rpc_port + index, 0, s.master_metrics_port + index
+    if index:
+        raise PlanError(f"--masters: several masters run in HA mode only; set store.master_address to "
+                        f"etcd://host:port (their etcd), got {s.master_address!r}")
     host, rpc = split_host_port(cfg.store.master_address, "store.master_address")
     url = urlsplit(cfg.store.metadata_server)
     if url.scheme != "http" or url.port is None:
@@ -228,11 +236,15 @@ def master_ports(cfg: Config) -> tuple[str, int, int, int]:
     return host, rpc, url.port, cfg.store.master_metrics_port
 
 
-def _master_spec(cfg: Config, master_argv: tuple[str, ...] | None) -> ChildSpec:
-    host, rpc, metadata, metrics = master_ports(cfg)
-    ports = tuple((key, port) for key, port in (("store.master_address", rpc), ("store.metadata_server", metadata),
-                                                 ("store.master_metrics_port", metrics)) if port)  # HA: no metadata
-    return ChildSpec("master", "master", tuple(master_argv or ()), host, ports)
+def _master_spec(cfg: Config, master_argv: tuple[str, ...] | None, index: int | None = None) -> ChildSpec:
+    """The master, or master-`index` of several in HA mode. NOTE: in HA mode the metrics port comes
+    first (what the launcher waits for): a standby opens no RPC port until it leads."""
+    host, rpc, metadata, metrics = master_ports(cfg, index or 0)
+    ha = metadata == 0
+    ports = ((("store.master_metrics_port", metrics), ("store.master_rpc_port", rpc)) if ha else
+             (("store.master_address", rpc), ("store.metadata_server", metadata), ("store.master_metrics_port", metrics)))
+    name = "master" if index is None else f"master-{index}"
+    return ChildSpec(name, "master", tuple(master_argv or ()), host, ports)
 
 
 def _check_distinct_ports(children: list[ChildSpec]) -> None:

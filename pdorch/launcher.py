@@ -65,6 +65,7 @@ class ServeOptions:
     restart_backoff_max_s: float = 30.0
     restart_reset_s: float = 60.0  # a child that ran this long starts again from restart_backoff_s
     num_routers: int = 1  # router replicas (router.port + i), all routing to the same workers
+    num_masters: int = 1  # mooncake_masters; > 1: HA mode (store.master_address etcd://), ports + i
 
 
 def curl_example(url: str, model: str, with_api_key: bool) -> str:
@@ -94,6 +95,17 @@ def _port_open(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex((host if host not in ("0.0.0.0", "") else "127.0.0.1", port)) == 0
+
+
+_PORT_LABELS = {"store.master_address": "rpc", "store.master_rpc_port": "rpc", "store.metadata_server": "metadata",
+                "store.master_metrics_port": "metrics"}
+
+
+def _masters_ready(specs: list[ChildSpec]) -> bool:
+    """Every master answers on its first port, and one on all of its ports: with masters in HA mode
+    that one leads (a standby opens its RPC port only when it takes the lead)."""
+    return (all(_port_open(s.host, s.ports[0][1]) for s in specs)
+            and any(all(_port_open(s.host, p) for _, p in s.ports) for s in specs))
 
 
 def _health_ok(url: str, timeout_s: float) -> bool:
@@ -156,7 +168,15 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ start-up
     def _make_plan(self) -> LaunchPlan:
-        master_argv = None
+        master_argv, master_argvs = None, ()
+        if self.opts.num_masters < 1:
+            raise ServeError(f"--masters must be >= 1, got {self.opts.num_masters}")
+        if self.opts.num_masters > 1:
+            from store_client.addresses import parse_master_address
+            if not parse_master_address(self.cfg.store.master_address).ha:
+                raise ServeError(f"--masters {self.opts.num_masters}: several masters run in HA mode only; set "
+                                 "store.master_address=etcd://host:port (an etcd they elect their leader in) and "
+                                 f"store.metadata_server=etcd://host:port, got {self.cfg.store.master_address!r}")
         if self.cfg.store.enabled:
             from store_client.master import MasterError  # NOTE: lazy, only serve needs it
             try:  # the same flags as `pdorch master` and the chart's master pod
@@ -164,8 +184,14 @@ class LocalCluster:
             except MasterError as e:
                 raise ServeError(str(e)) from None
             master_argv = tuple(master.command())
+            if self.opts.num_masters > 1:  # HA: master-i on the store's master ports + i (launch_plan)
+                master_argvs = tuple(tuple(master_process(self.cfg, log_dir=str(self.log_dir), index=i).command())
+                                     for i in range(self.opts.num_masters))
+        elif self.opts.num_masters > 1:
+            raise ServeError("--masters: store.enabled is false; there is no store to run masters for")
         return plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
-                                  self.user_overrides, master_argv=master_argv, num_routers=self.opts.num_routers)
+                                  self.user_overrides, master_argv=master_argv, num_routers=self.opts.num_routers,
+                                  master_argvs=master_argvs)
 
     def _check_ports_free(self, plan: LaunchPlan) -> None:
         taken = [f"{port} ({key} of {c.name})" for c in plan.children for key, port in c.ports
@@ -183,9 +209,9 @@ class LocalCluster:
                 self._spawn(spec, plan.torch_threads)
             pids = {c.name: c.pid for c in self.children}
             if role == "master":
-                labels = ("rpc", "metadata", "metrics")  # the order of launch_plan._master_spec
-                ports = ", ".join(f"{n} :{p}" for n, (_, p) in zip(labels, specs[0].ports))
-                what = f"mooncake_master {ports}"
+                what = "mooncake_master " + "; ".join(
+                    (f"{s.name} " if len(specs) > 1 else "") + ", ".join(f"{_PORT_LABELS[k]} :{p}" for k, p in s.ports)
+                    for s in specs)
             elif role == "router":
                 what = "router " + ", ".join(plan.router_urls)
             else:
@@ -193,9 +219,10 @@ class LocalCluster:
             if role == "router":
                 self._wait(f"[{step}] {what}: waiting for /health_generate", deadline,
                            lambda: all(_health_ok(u + "/health_generate", 30.0) for u in plan.router_urls))
+            elif role == "master":
+                self._wait(f"[{step}] {what}: starting", deadline, lambda specs=specs: _masters_ready(specs))
             else:
-                waiting = "loading the model" if role == "workers" else "starting"
-                self._wait(f"[{step}] {what}: {waiting}", deadline,
+                self._wait(f"[{step}] {what}: loading the model", deadline,
                            lambda specs=specs: all(_port_open(s.host, p) for s in specs for _, p in s.ports))
             pid_list = ", ".join(f"{s.name} {pids[s.name]}" for s in specs)
             self._say(f"[{step}] {what}: ready in {time.monotonic() - started:.1f} s (pid {pid_list})")
@@ -303,7 +330,7 @@ class LocalCluster:
         # NOTE: in stages, not all at once: a worker's shutdown still talks to the master
         # (unmounting its store segment) and hangs until SIGKILL when the master is gone first.
         router = [c for c in self.children if c.name.partition("-")[0] == "router"]
-        master = [c for c in self.children if c.name == "master"]
+        master = [c for c in self.children if c.name.partition("-")[0] == "master"]
         workers = [c for c in self.children if c not in router and c not in master]
         killed = []
         for stage in (router, workers, master):

@@ -29,13 +29,14 @@ from pdorch.config import Config
 from pdorch.launch_plan import PlanError, master_ports
 
 
-def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | None = None):
-    """A (not yet started) MasterProcess for `cfg.store`; raises PlanError / MasterError."""
+def master_process(cfg: Config, log_dir: str | None = None, bind_host: str | None = None, index: int = 0):
+    """A (not yet started) MasterProcess for `cfg.store` (master `index` of several in HA mode on one
+    host: launch_plan.master_ports); raises PlanError / MasterError."""
     from store_client.addresses import parse_master_address
     from store_client.master import MasterProcess  # NOTE: lazy: finds the binary at construction
 
     s = cfg.store
-    host, rpc, metadata, metrics = master_ports(cfg)
+    host, rpc, metadata, metrics = master_ports(cfg, index)
     master = parse_master_address(s.master_address)
     return MasterProcess(rpc, metadata, metrics, host=host, log_dir=log_dir, bind_host=bind_host,
                          ha_etcd=master.etcd_endpoints, cluster_id=s.master_cluster_id,

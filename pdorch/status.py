@@ -96,16 +96,25 @@ def ssd_usage(master_text: str) -> dict[str, float]:
 
 
 def store_masters(store_cfg) -> list[dict[str, Any]]:
-    """[{address, leader}]: the one master, or in HA mode the leader etcd names (the standbys are not
-    in etcd; none leading: an empty list)."""
+    """[{address, leader, pid}]: the masters of this store, `pid` where they run on this host.
+    One master: its address. HA mode: the leader etcd names, and every local master of the same etcd
+    and cluster id, standbys included (they are not in etcd); none leading and none local: []."""
     from store_client.addresses import parse_master_address
+    from store_client.master import local_masters
     from store_client.master_view import master_view
 
     master = parse_master_address(store_cfg.master_address)
     if not master.ha:
-        return [{"address": store_cfg.master_address, "leader": True}]
+        port = str(master.endpoints[0][1])
+        pids = [pid for pid, f in local_masters() if f.get("rpc_port") == port and f.get("enable_ha") != "true"]
+        return [{"address": store_cfg.master_address, "leader": True, **({"pid": pids[0]} if pids else {})}]
     leader = master_view(master.etcd_endpoints, store_cfg.master_cluster_id).leader()
-    return [] if leader is None else [{"address": leader, "leader": True}]
+    etcd = set(master.etcd_endpoints)
+    local = {f"{f.get('rpc_address')}:{f.get('rpc_port')}": pid for pid, f in local_masters()
+             if f.get("enable_ha") == "true" and set(f.get("etcd_endpoints", "").split(";")) == etcd
+             and f.get("cluster_id") == store_cfg.master_cluster_id}
+    addresses = sorted(set(local) | ({leader} if leader else set()))
+    return [{"address": a, "leader": a == leader, **({"pid": local[a]} if a in local else {})} for a in addresses]
 
 
 def render_store(store: dict[str, Any] | None) -> list[str]:
@@ -114,9 +123,13 @@ def render_store(store: dict[str, Any] | None) -> list[str]:
     if "error" in store:
         return [f"store ({store['url']}): {store['error']}"]
     head = f"store: eviction {store['eviction']}"
-    leaders = [m["address"] for m in store.get("masters", []) if m["leader"]]
+    masters = store.get("masters", [])
+    leaders = [m["address"] for m in masters if m["leader"]]
     if leaders:
         head += f", master {leaders[0]} leads"
+    standbys = [m["address"] for m in masters if not m["leader"]]
+    if standbys:
+        head += f" ({len(standbys)} standby: {', '.join(standbys)})"
     if "fill_ratio" in store:
         head += (f", {store['fill_ratio']:.1%} of {store['capacity_bytes'] / 2**20:.0f} MiB used, "
                  f"{store['keys']:.0f} keys")

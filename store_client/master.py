@@ -43,6 +43,23 @@ def find_master_binary() -> str:
                       "install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)")
 
 
+def local_masters() -> list[tuple[int, dict[str, str]]]:
+    """(pid, {flag: value}) of every mooncake_master running on this host (Linux /proc; `pdorch
+    status` names the local masters and their pids by it)."""
+    out = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if argv and os.path.basename(argv[0]) == MASTER_BINARY:
+            flags = dict(a[2:].partition("=")[::2] for a in argv[1:] if a.startswith("--"))
+            out.append((int(entry.name), flags))
+    return sorted(out)
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)

@@ -135,7 +135,9 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
     masters = cluster.master
     before = [stored_prefix(cluster, k) for k in range(10, 14)]  # conversations stored before the kill
     leader = masters.leader(LEAD_TIMEOUT_S)
-    assert store_masters(cluster.cfg.store) == [{"address": leader.master_address, "leader": True}]
+    assert store_masters(cluster.cfg.store) == sorted(  # pdorch status: the standby too, with pids
+        ({"address": m.master_address, "leader": m is leader, "pid": m.pid} for m in masters.procs),
+        key=lambda m: m["address"])
     stop = time.monotonic() + 25
 
     def stream(k: int) -> int:
@@ -159,7 +161,8 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
     print(f"standby led {lead_s:.2f}s after the kill; workers' store back {back_s:.2f}s later; "
           f"{sum(served)} requests served across the switch")
     assert lead_s < LEAD_TIMEOUT_S
-    assert store_masters(cluster.cfg.store) == [{"address": new.master_address, "leader": True}]  # pdorch status
+    shown = store_masters(cluster.cfg.store)  # pdorch status: the new leader; the killed one is gone
+    assert shown == [{"address": new.master_address, "leader": True, "pid": new.pid}], shown
     for wp in cluster.workers:  # each worker saw the lead move (its connector reads etcd every second)
         deadline = time.monotonic() + 10
         while (values := worker_metrics(wp))["pdorch_store_master_leader_changes_total"] < 1:

@@ -179,3 +179,25 @@ def test_three_routers_get_consecutive_ports_and_the_same_workers():
 def test_zero_routers_is_refused_by_flag_name():
     with pytest.raises(PlanError, match="--routers must be >= 1"):
         plan_local_cluster(local(), 1, 1, "/c.yaml", python="py", master_argv=MASTER, num_routers=0)
+
+
+HA = {"store.master_address": "etcd://127.0.0.1:2379", "store.metadata_server": "etcd://127.0.0.1:2379"}
+
+
+def test_two_ha_masters_take_consecutive_rpc_and_metrics_ports_and_wait_on_metrics_first():
+    cfg = local(**HA)
+    plan = plan_local_cluster(cfg, 1, 1, "/c.yaml", master_argvs=(MASTER, MASTER + ("--x",)), cpu_count=2)
+    masters = plan.by_role("master")
+    assert [m.name for m in masters] == ["master-0", "master-1"]
+    s = cfg.store
+    assert [dict(m.ports) for m in masters] == [
+        {"store.master_metrics_port": s.master_metrics_port + i, "store.master_rpc_port": s.master_rpc_port + i}
+        for i in range(2)]
+    assert masters[0].ports[0][0] == "store.master_metrics_port"  # a standby opens no RPC port
+    assert masters[1].argv == MASTER + ("--x",)
+    assert master_ports(cfg, 1) == (s.local_hostname, s.master_rpc_port + 1, 0, s.master_metrics_port + 1)
+
+
+def test_a_second_master_without_ha_is_refused_naming_the_key():
+    with pytest.raises(PlanError, match="store.master_address to etcd://"):
+        master_ports(local(), 1)
