@@ -111,7 +111,7 @@ def values_schema() -> dict[str, Any]:
                                                                   "maximum": 100}),
                   podDisruptionBudget=_budget("router PDB"),
                   preStopSleepSeconds={"type": "integer", "minimum": 0, "maximum": 300})
-    master = obj("mooncake_master Deployment", enabled=BOOL, rpcPort=PORT, metadataPort=PORT, metricsPort=PORT,
+    master = obj("mooncake_master Deployment", enabled=BOOL, replicas={"type": "integer", "minimum": 1}, rpcPort=PORT, metadataPort=PORT, metricsPort=PORT,
                  extraArgs={"type": "array", "items": STR}, resources=OBJ,
                  podDisruptionBudget=_budget("master PDB"), **_placement())
     etcd = obj("etcd StatefulSet or external endpoints", enabled=BOOL,

@@ -38,6 +38,7 @@ def _values(model_dir: Path, tmp: Path) -> dict:
                        # can only come from the store (across hosts), not from an L1
                        "router": {"policy": "round_robin"}},
             "prefill": {"replicas": 2}, "decode": {"replicas": 1},
+            "master": {"replicas": 2},  # HA masters: a leader elected in the chart's etcd
             "auth": {"apiKey": API_KEY, "adminKey": "multihost-admin-key", "grpcToken": "multihost-grpc-token"},
             "monitoring": {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}}
 
@@ -57,8 +58,10 @@ def test_rendered_chart_runs_across_network_namespaces(tiny_model_dir, tmp_path)
         assert [p.component for p in pods].count("prefill") == 2
         for pod in pods:
             cluster.start(pod)
-            if pod.component in ("etcd", "master"):  # infrastructure first; the rest start together
-                cluster.wait_port(pod, pod.container["ports"][0]["name"], 30)
+            if pod.component == "etcd":  # infrastructure first; the rest start together
+                cluster.wait_port(pod, "client", 30)
+            elif pod.component == "master":  # NOTE: a standby opens its RPC port only when it leads
+                cluster.wait_port(pod, "metrics", 30)
         router = cluster.of("router")[0]
         url = router.url("http")
         wait("router /health", lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200, 180, pods)
@@ -91,6 +94,9 @@ def test_rendered_chart_runs_across_network_namespaces(tiny_model_dir, tmp_path)
         _check_workers_refuse_calls_without_the_token(cluster.of("prefill")[0])
         _check_nothing_on_loopback(cluster)
         _check_registrations(cluster)
+        _check_a_killed_leader_loses_no_stored_prefix(cluster, url, second + [
+            {"role": "assistant", "content": two["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "And veth pairs?"}], two["usage"]["prompt_tokens"], pods)
     finally:
         cluster.close()
 
@@ -148,3 +154,35 @@ def _check_registrations(cluster: ChartCluster) -> None:
     advertised = {v["address"].rsplit(":", 1)[0] for v in values}
     segments = {v["info"]["transfer_segment"].rsplit(":", 1)[0] for v in values}
     assert advertised == segments == set(workers.values())
+
+
+def _role(master: Pod) -> str:
+    return httpx.get(master.url("metrics") + "/role", timeout=3).text.strip()
+
+
+def _check_a_killed_leader_loses_no_stored_prefix(cluster: ChartCluster, url: str, third: list[dict],
+                                                  stored_tokens: int, pods) -> None:
+    """SIGKILL the leading master pod: the standby leads, every worker's store comes back through
+    etcd, and the next turn reads its prefix (turn 2's prompt, `stored_tokens`, written before the
+    kill) from the store."""
+    masters = cluster.of("master")
+    assert sorted(_role(m) for m in masters) == ["leader", "standby"]
+    leader = next(m for m in masters if _role(m) == "leader")
+    standby = next(m for m in masters if m is not leader)
+    leader.proc.kill()
+    leader.proc.wait(10)
+    others = [p for p in pods if p is not leader]
+    wait("the standby to lead", lambda: _role(standby) == "leader", 60, others)
+    workers = cluster.of("prefill") + cluster.of("decode")
+
+    def reconnected() -> bool:
+        m = [scrape(w.url("metrics") + "/metrics") for w in workers]
+        return all(x.get("pdorch_store_master_leader_changes_total", 0) >= 1 and x.get("pdorch_store_enabled") == 1
+                   for x in m)
+    wait("every worker's store through the new leader", reconnected, 60, others)
+    flushed = httpx.post(f"{url}/flush_cache", timeout=30, headers={"Authorization": "Bearer multihost-admin-key"})
+    assert flushed.status_code == 200, flushed.text
+    three = _chat(url, third)
+    details = three["usage"]["prompt_tokens_details"]
+    page = 16  # config.model.page_size's default
+    assert details["cached_tokens"] >= max(32, stored_tokens // page * page - page), (stored_tokens, three["usage"])

@@ -196,7 +196,10 @@ def test_configmap_parses_with_pdorch_loader(rendered, variant, tmp_path):
     else:
         assert cfg.discovery.etcd_endpoints == (f"{FULLNAME}-etcd:2379",)
         find(rendered[variant], "StatefulSet", f"{FULLNAME}-etcd")
-    assert cfg.store.master_address == f"{FULLNAME}-master:50151"
+    if variant == "ha-masters":
+        assert cfg.store.master_address == cfg.store.metadata_server == f"etcd://{FULLNAME}-etcd:2379"
+    else:
+        assert cfg.store.master_address == f"{FULLNAME}-master:50151"
     if variant == "gpu-rdma":
         assert (cfg.store.protocol, cfg.model.device) == ("rdma", "cuda")
 
@@ -283,3 +286,26 @@ def test_every_values_key_is_commented():
         if not (above.startswith("#") or "#" in line):
             missing.append(f"line {i + 1}: {stripped}")
     assert not missing, "values.yaml keys without a comment:\n" + "\n".join(missing)
+
+
+def test_ha_masters_elect_in_etcd_roll_one_at_a_time_and_are_probed_on_metrics(rendered):
+    objs = rendered["ha-masters"]
+    master = find(objs, "Deployment", f"{FULLNAME}-master")
+    assert master["spec"]["replicas"] == 2
+    assert master["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    c = containers(master)[0]
+    assert [p["name"] for p in c["ports"]] == ["rpc", "metrics"]  # the metadata is in etcd
+    assert c["startupProbe"]["tcpSocket"]["port"] == c["livenessProbe"]["tcpSocket"]["port"] == "metrics"
+    assert find(objs, "PodDisruptionBudget", f"{FULLNAME}-master")["spec"]["minAvailable"] == 1
+    assert not [o for o in rendered["default"] if o["kind"] == "PodDisruptionBudget" and "master" in o["metadata"]["name"]]
+    cfg = yaml.safe_load(find(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])["store"]
+    assert cfg["master_rpc_port"] == 50151 and cfg["master_metrics_port"] == 9103
+    external = render_chart({"master": {"replicas": 3}, "etcd": {"enabled": False, "externalEndpoints": ["e1:2379", "e2:2379"]}})
+    store = yaml.safe_load(find(external, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])["store"]
+    assert store["master_address"] == store["metadata_server"] == "etcd://e1:2379;etcd://e2:2379"
+    assert find(external, "Deployment", f"{FULLNAME}-master")["spec"]["replicas"] == 3
+
+
+def test_ha_masters_without_etcd_are_refused_naming_the_keys():
+    with pytest.raises(Exception, match=r"master.replicas >= 2 .*etcd.enabled or etcd.externalEndpoints"):
+        render_chart({"master": {"replicas": 2}, "etcd": {"enabled": False}})

@@ -16,7 +16,12 @@ them from env (the Secret).
   "router" (dict "host" "0.0.0.0" "api_key" "" "admin_key" "" "previous_api_key" "")
   "grpc" (dict "token" "" "previous_token" "")
   "discovery" (dict "mode" "etcd" "etcd_endpoints" (include "pdorch.etcdEndpoints" . | fromJsonArray)) }}
-{{- if .Values.master.enabled }}
+{{- if include "pdorch.masterHA" . }}
+{{- $etcd := printf "etcd://%s" (include "pdorch.etcdEndpoints" . | fromJsonArray | join ";etcd://") }}
+{{- $_ := set $derived "store" (dict
+  "master_address" $etcd "metadata_server" $etcd
+  "master_rpc_port" (int .Values.master.rpcPort) "master_metrics_port" (int .Values.master.metricsPort)) }}
+{{- else if .Values.master.enabled }}
 {{- $master := include "pdorch.masterHost" . }}
 {{- $_ := set $derived "store" (dict
   "master_address" (printf "%s:%d" $master (int .Values.master.rpcPort))

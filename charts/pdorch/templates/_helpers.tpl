@@ -60,6 +60,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-keys" (include "pdorch.fullname" .)) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/*
+"true" when the chart runs mooncake_masters in HA mode (master.replicas 2+), else "". Refuses a
+replica count below 1 and HA without an etcd to elect the leader in, naming the keys.
+*/}}
+{{- define "pdorch.masterHA" -}}
+{{- $n := int .Values.master.replicas }}
+{{- if lt $n 1 }}{{ fail (printf "master.replicas: expected 1 (one master) or 2+ (HA masters), got %d" $n) }}{{ end }}
+{{- if and .Values.master.enabled (ge $n 2) }}
+{{- if not (or .Values.etcd.enabled .Values.etcd.externalEndpoints) }}
+{{- fail "master.replicas >= 2 (HA masters) elect their leader in etcd: set etcd.enabled or etcd.externalEndpoints" }}
+{{- end }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
 {{- define "pdorch.masterHost" -}}
 {{- printf "%s-master" (include "pdorch.fullname" .) }}
 {{- end }}
