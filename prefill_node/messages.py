@@ -30,9 +30,11 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Evicted:
-    """The store evictor removed these keys (see Persister.left_store)."""
+    """The store evictor removed these keys (see Persister.left_store), or (`lost`) a master leader
+    switch lost them (see Persister.rewrite_lost)."""
 
     keys: tuple[str, ...]
+    lost: bool = False
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class PersistMetrics:
         self.cancelled = Counter(p + "persist_wait_expired", "Times prefill.persist_wait_s ran out under pool "
                                  "pressure and queued writes were cancelled", registry=registry)
         self._seen: dict[str, int] = {}
-        for kind in ("writeback", "backfill", "selective", "evict"):
+        for kind in ("writeback", "backfill", "selective", "evict", "restore"):
             self.written.labels(kind)
 
     def sync(self, alloc) -> None:
@@ -165,6 +165,20 @@ class Persister:
         self.metrics.written.labels("evict").inc(len(pages))
         depths = [self._deferred_depths.pop(alloc.page_hash(p), None) for p in pages]
         self._submit(EvictSaved, pages, depths, ["evict"] * len(pages))
+        return len(pages)
+
+    def rewrite_lost(self, keys) -> int:
+        """A master leader switch lost these keys (the new leader does not know them): write again
+        the pages L1 still holds, retained until the store has them, as a write-before-evict.
+        Returns the pages submitted."""
+        alloc = self._rt.allocator
+        pages = [p for p in alloc.pages_of([k.rpartition("/")[2] for k in keys])
+                 if alloc.unpersisted_reason(p) != PENDING]
+        if not (self.usable and pages):
+            return 0
+        alloc.retain(pages)
+        self.metrics.written.labels("restore").inc(len(pages))
+        self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
         return len(pages)
 
     def on_saved(self, done) -> collections.Counter:

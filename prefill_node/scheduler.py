@@ -101,6 +101,10 @@ class PrefillScheduler:
         """Called by the store evictor's thread: these keys left the store (see Persister.left_store)."""
         self._loop.post(Evicted(tuple(keys)))
 
+    def store_lost(self, keys) -> None:
+        """Called by the store connector's thread: a master leader switch lost these keys."""
+        self._loop.post(Evicted(tuple(keys), lost=True))
+
     def push_done(self, task: PrefillTask, err: Exception | None) -> None:
         """Called by the pusher thread when the transfer of `task` finished (or failed)."""
         self._loop.post(Pushed(task, err))
@@ -150,6 +154,8 @@ class PrefillScheduler:
                 task.fail(Aborted(f"request {task.request_id} aborted"))
                 self._rec.request_failed(aborted=True)
                 self._maybe_release(task)
+        elif isinstance(msg, Evicted) and msg.lost:
+            self._persist.rewrite_lost(list(msg.keys))
         elif isinstance(msg, Evicted):
             self._persist.left_store(list(msg.keys))
         elif isinstance(msg, Read):

@@ -10,9 +10,11 @@ import logging
 import os
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
@@ -22,6 +24,7 @@ from store_client.metrics import StoreMetrics
 log = logging.getLogger(__name__)
 
 PROBE_KEY = "pdorch-probe/absent"
+AUDIT_DEADLINE_S = 60.0  # after a leader switch, the store must be back within this to audit recent writes
 _JOIN_S = 15.0  # a probe op against a dead master can take ~5 s (Mooncake's RPC timeout)
 
 
@@ -90,6 +93,10 @@ class StoreConnector:
         master = parse_master_address(cfg.master_address)
         self._view = master_view(master.etcd_endpoints, cfg.master_cluster_id) if master.ha else None
         self._leader: str | None = None  # the last leader seen (HA masters)
+        # HA masters: after a leader switch, `audit(switched_at) -> done` runs each tick while connected
+        # until it is done or AUDIT_DEADLINE_S passed (KVStore checks its recent writes).
+        self.audit: Callable[[float], bool] | None = None
+        self._audit_due: float | None = None
         metrics.enabled.set(0)
 
     def client(self):
@@ -163,6 +170,7 @@ class StoreConnector:
                 self.report_rpc_failure()
                 continue
             self._watch_leader()
+            self._audit_after_switch()
             interval = self.cfg.reconnect_interval_s if self._client is None else min(1.0,
                                                                                      self.cfg.reconnect_interval_s)
             self._wake.wait(interval)
@@ -184,7 +192,18 @@ class StoreConnector:
             if self._leader is not None:
                 self.metrics.master_leader_changes.inc()
                 log.warning("store: mooncake_master %s leads now (was %s)", leader, self._leader)
+                self._audit_due = time.monotonic()
             self._leader = leader
+
+    def _audit_after_switch(self) -> None:
+        if self._audit_due is None or self.audit is None or self._client is None:
+            if self._audit_due is not None and time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:
+                log.warning("store: recent writes not audited after the leader switch (store not back in %.0fs)",
+                            AUDIT_DEADLINE_S)
+                self._audit_due = None
+            return
+        if self.audit(self._audit_due) or time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:
+            self._audit_due = None
 
     def _setup(self) -> str | None:
         from mooncake.store import MooncakeDistributedStore  # deferred: loads the native library

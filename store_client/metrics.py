@@ -58,6 +58,9 @@ class StoreMetrics:
                                     "mooncake_master, else 0 (not exported for a single master)", registry=reg)
         self.master_leader_changes = Counter(p + "master_leader_changes", "HA masters: times another "
                                              "mooncake_master took the lead", registry=reg)
+        self.lost_on_leader_change = Counter(p + "lost_on_leader_change_pages", "HA masters: pages this worker "
+                                             "wrote shortly before a leader switch that the new leader did not "
+                                             "know (the worker writes again those its L1 holds)", registry=reg)
         self.connect_failures = Counter(p + "connect_failures",
                                         "Failed attempts to reach the master while the store is down",
                                         registry=reg)

@@ -31,13 +31,14 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
 from store_client.metrics import StoreMetrics
+from store_client.recent_writes import RecentWrites
 from store_client.replica_tier import disk_only_keys
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,11 @@ class KVStore:
         self._connector = StoreConnector(cfg, self.metrics, component)
         # Called with the number of pages a save is about to put (the chain evictor makes room).
         self.before_write = None
+        # HA masters: the keys written lately, audited after a leader switch; the keys the new leader
+        # lacks go to on_lost (the worker writes again those it holds; recent_writes.py).
+        self.recent = RecentWrites()
+        self.on_lost: Callable[[list[str]], None] | None = None
+        self._connector.audit = self._audit_recent_writes
         # The SSD tier's replica lookup runs on its own thread, beside the read it attributes: under a
         # CPU-bound scheduler loop each return from Mooncake waits up to one GIL switch interval (5 ms),
         # so a lookup before the read put that wait, ~8 ms measured, on every batch's critical path.
@@ -287,6 +293,7 @@ class KVStore:
         page_ok = [True] * len(keys)
         for i, c in zip(todo, codes):
             page_ok[i] = c == 0 or c == _EXISTS
+        self.recent.add([keys[i] for i, c in zip(todo, codes) if c == 0])
         self.metrics.pages_written.inc(written)
         self.metrics.bytes_written.inc(written * self.page_nbytes)
         self.metrics.pages_skipped.inc(skipped)
@@ -295,6 +302,31 @@ class KVStore:
             reason = classify(failed[0], elapsed, self._deadline)
             self.metrics.save_failures.labels(reason).inc(len(failed))
         return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
+
+    def _audit_recent_writes(self, switched_at: float) -> bool:
+        """After a leader switch (connector thread): which keys written within the window before it
+        (or since) the new leader lacks; they are counted and handed to on_lost. False: retry."""
+        keys = self.recent.since(switched_at)
+        client = self._connector.client()
+        if not keys:
+            return True
+        if client is None:
+            return False
+        try:
+            exist = client.batch_is_exist(keys)
+        except Exception as e:  # noqa: BLE001 - the new leader not reachable yet: the next tick retries
+            log.info("store: auditing recent writes after the leader switch failed (%s); retrying", e)
+            return False
+        if len(exist) != len(keys) or any(c < 0 for c in exist):
+            return False
+        lost = [k for k, c in zip(keys, exist) if c != 1]
+        log.warning("store: after the leader switch the new leader lacks %d of the %d pages written lately%s",
+                    len(lost), len(keys), "; writing again those L1 holds" if lost else "")
+        if lost:
+            self.metrics.lost_on_leader_change.inc(len(lost))
+            if self.on_lost is not None:
+                self.on_lost(lost)
+        return True
 
     def _retry_no_space(self, client, keys, addrs, todo: list[int], codes: list[int]) -> list[int]:
         """With the SSD tier, DRAM refuses a write (-200) only until the master has evicted pages

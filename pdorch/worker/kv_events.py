@@ -433,9 +433,11 @@ def hashes_of(keys: Iterable[str]) -> list[str]:
 
 
 def worker_journal(rt, worker_id: str, load_fn: Callable[[], object], registry,
-                   store_evicted: Callable[[list[str]], None]) -> KVEventJournal:
+                   store_evicted: Callable[[list[str]], None],
+                   store_lost: Callable[[list[str]], None] | None = None) -> KVEventJournal:
     """A worker's journal, fed from its runtime and started: its allocator (L1), the store writes of
-    its I/O threads, its chain evictor's removals (which also go to `store_evicted`, the scheduler's).
+    its I/O threads, its chain evictor's removals (which also go to `store_evicted`, the scheduler's)
+    and the pages a master leader switch lost (to `store_lost`, else `store_evicted`).
     The store mirror is as bounded as the chain index (store.evict_index_pages)."""
     journal = KVEventJournal(worker_id, rt.cfg.model.page_size, load_fn, registry,
                              store_max_pages=rt.cfg.store.evict_index_pages)
@@ -447,4 +449,9 @@ def worker_journal(rt, worker_id: str, load_fn: Callable[[], object], registry,
             store_evicted(keys)
             journal.store_removed(hashes_of(keys))
         rt.evictor.on_removed = removed
+    if rt.store is not None:
+        def lost(keys) -> None:
+            (store_lost or store_evicted)(keys)
+            journal.store_removed(hashes_of(keys))
+        rt.store.on_lost = lost
     return journal.start()

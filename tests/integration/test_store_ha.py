@@ -5,11 +5,14 @@ real prefill and decode worker over the transfer engine).
 1. The etcd:// forms end to end: a turn's prefix is read from the store after every L1 is flushed.
 2. The leader SIGKILLed under streaming load: no request fails, the standby leads (time measured),
    and the next turns of conversations stored before the kill read their prefixes from the store.
+3. Pages written lately that the new leader lacks are written again from the prefill worker's L1.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -23,7 +26,7 @@ from store_client.master import MasterProcess
 from store_client.master_view import MasterView
 from tests.fixtures.processes import stop_process
 from tests.fixtures.router import Etcd, start_etcd
-from tests.fixtures.workers import WorkerCluster, make_config
+from tests.fixtures.workers import WorkerCluster, make_config, worker_metric
 
 PAGE = 16
 LEAD_TIMEOUT_S = 30.0
@@ -174,3 +177,53 @@ def test_a_leader_killed_under_streaming_load_loses_no_request_and_no_stored_pre
     want = sum(n for _, n in before)
     got = sum(c.store for c in read)
     assert got >= 0.9 * want, (got, want, read)
+
+
+# Removes every object as a pure store client and exits without Mooncake's close (with etcd:// it
+# holds the process ~30 s).
+_REMOVE_ALL = """
+import os, sys
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", sys.argv[1], 0, 16 << 20, "tcp", "", sys.argv[1]) == 0
+print(s.remove_all(True), flush=True)
+os._exit(0)
+"""
+
+
+def wait_metric(wp, name: str, at_least: float, timeout_s: float, **labels) -> float:
+    deadline = time.monotonic() + timeout_s
+    while (value := worker_metric(wp, name, **labels)) < at_least:
+        assert time.monotonic() < deadline, (wp.role, name, labels, value)
+        time.sleep(0.2)
+    return value
+
+
+def test_pages_a_leader_switch_lost_are_written_again_from_l1(cluster):
+    """Pages written lately that the new leader lacks (here: removed just before the kill, as a write
+    the oplog had not replicated would be) are found by the worker's audit after the switch and
+    written again from its L1: the next turn reads them from the store."""
+    masters = cluster.master
+    for m in masters.procs:
+        if not m.running():
+            m.restart()  # back as a standby
+    leader = masters.leader(LEAD_TIMEOUT_S)
+    prefill = next(wp for wp in cluster.workers if wp.role == "prefill")
+    lost_before = worker_metric(prefill, "pdorch_store_lost_on_leader_change_pages_total")
+    turn1 = prompt(40)
+    out = cluster.generate(turn1, max_tokens=8, temperature=0, ignore_eos=True).token_ids
+    prompt_pages = len(turn1) // PAGE
+    time.sleep(2)  # P's write-through of turn 1's pages completes
+    removed = subprocess.run([sys.executable, "-c", _REMOVE_ALL, "etcd://" + masters.etcd.endpoint],
+                             capture_output=True, text=True, timeout=60, check=True)
+    assert int(removed.stdout.strip().splitlines()[-1]) >= prompt_pages, removed
+    time.sleep(3)  # the removal reaches the standby (as a write 3 s old always did)
+    leader.kill()
+    masters.leader(LEAD_TIMEOUT_S)
+    lost = wait_metric(prefill, "pdorch_store_lost_on_leader_change_pages_total", lost_before + prompt_pages, 60)
+    restored = wait_metric(prefill, "pdorch_prefill_store_policy_written_pages_total", prompt_pages, 30,
+                           reason="restore")
+    print(f"audit after the switch: {lost - lost_before:.0f} pages lost, {restored:.0f} written again from L1")
+    cluster.flush_l1()
+    got = cluster.generate(turn1 + out, max_tokens=4, temperature=0).cached
+    assert got.store >= prompt_pages * PAGE, got

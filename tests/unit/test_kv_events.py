@@ -295,7 +295,7 @@ def test_hashes_of_strips_the_fingerprint():
     assert hashes_of(["fp-1/abc", "def"]) == ["abc", "def"]
 
 
-def test_worker_journal_is_fed_by_the_allocator_the_store_writes_and_the_evictor():
+def test_worker_journal_is_fed_by_the_allocator_the_store_writes_the_evictor_and_leader_switch_losses():
     from types import SimpleNamespace
 
     from pdorch.worker.kv_events import worker_journal
@@ -304,8 +304,9 @@ def test_worker_journal_is_fed_by_the_allocator_the_store_writes_and_the_evictor
     rt = SimpleNamespace(cfg=SimpleNamespace(model=SimpleNamespace(page_size=PAGE),
                                              store=SimpleNamespace(evict_index_pages=100)),
                          allocator=PageAllocator(2), store_io=SimpleNamespace(on_saved=None),
-                         evictor=SimpleNamespace(on_removed=None))
-    j = worker_journal(rt, "w", lambda: WorkerLoad(0, 0, 0, 0), CollectorRegistry(), evicted.append)
+                         evictor=SimpleNamespace(on_removed=None), store=SimpleNamespace(on_lost=None))
+    lost = []
+    j = worker_journal(rt, "w", lambda: WorkerLoad(0, 0, 0, 0), CollectorRegistry(), evicted.append, lost.append)
     j.stop()  # the publisher stopped: cuts by hand
     rt.allocator.cache("h1", rt.allocator.allocate(1)[0])
     rt.store_io.on_saved(["fp/h1", "fp/h2"])
@@ -314,3 +315,6 @@ def test_worker_journal_is_fed_by_the_allocator_the_store_writes_and_the_evictor
     rt.evictor.on_removed(["fp/h2"])
     assert evicted == [["fp/h2"]]  # the scheduler still hears of it
     assert j.cut().store_removed == ("h2",)
+    rt.store.on_lost(["fp/h1"])  # a master leader switch lost it: the scheduler writes it again
+    assert lost == [["fp/h1"]] and evicted == [["fp/h2"]]
+    assert j.cut().store_removed == ("h1",)
