@@ -11,14 +11,19 @@ master (it comes back as a standby, the next run kills the other one).
 
 Reported per run and as medians: seconds to the new leader in etcd, seconds to the first load that
 read every page (the store's first hit on the new leader), the fraction of the pages written before
-the kill readable after it (Mooncake's oplog keeps the index: pdorch restores nothing), and the loads
-that missed meanwhile (the workers serve those as misses: recomputed, never failed).
+the kill readable after it, and the loads that missed meanwhile (the workers serve those as misses:
+recomputed, never failed). Mooncake's oplog keeps the index but for the last moments before a
+kill; pdorch's store client audits its recent writes after the switch (store_client/recent_writes.py)
+and hands the keys the new leader lacks to the worker, which writes again those it holds. Here the
+bench holds every page, so it writes every lost one again: the pages lost, the seconds from the kill
+to the audit's answer, and the pages written again per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import shutil
 import statistics
 import subprocess
@@ -95,6 +100,9 @@ def leader_of(masters: list[MasterProcess], view: MasterView, timeout_s: float =
 
 
 def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
+    lost_q: queue.Queue = queue.Queue()
+    store.on_lost = lambda lost: lost_q.put((time.monotonic(), lost))  # the connector thread's audit
+    addr_of = dict(zip(keys, addrs))
     saved = store.save(keys, addrs)
     if saved.pages_written != len(keys):
         raise RuntimeError(f"writing the pages failed: {saved}")
@@ -102,12 +110,20 @@ def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
     old = leader_of(masters, view)
     t0 = time.monotonic()
     old.kill()
-    lead_s = hit_s = None
-    misses = 0
+    lead_s = hit_s = audit_s = None
+    misses = lost_n = restored = 0
+    restore_s = 0.0
     while time.monotonic() - t0 < WAIT_S / 4:
         now = time.monotonic() - t0
         if lead_s is None and view.leader() not in (None, old.master_address):
             lead_s = now
+        while not lost_q.empty():  # the audit found pages the new leader lacks: write them again
+            at, lost = lost_q.get()
+            audit_s, lost_n = at - t0, lost_n + len(lost)
+            mine = [k for k in lost if k in addr_of]
+            t1 = time.perf_counter()
+            restored += store.save(mine, [addr_of[k] for k in mine]).pages_written
+            restore_s += time.perf_counter() - t1
         got = store.load(keys, addrs)
         if got.pages_loaded == len(keys):
             hit_s = time.monotonic() - t0
@@ -116,7 +132,9 @@ def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
         time.sleep(POLL_S)
     readable = store.load(keys, addrs).pages_loaded / len(keys)
     old.start()  # back as a standby
-    return {"lead_s": lead_s, "first_hit_s": hit_s, "readable_after": readable, "missed_loads": misses}
+    return {"lead_s": lead_s, "first_hit_s": hit_s, "readable_after": readable, "missed_loads": misses,
+            "lost_pages": lost_n, "audit_s": audit_s, "restored_pages": restored,
+            "restored_pages_per_s": round(restored / restore_s) if restored and restore_s > 0 else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(got)
                 say(f"settle {settle} s, run {run + 1}/{args.runs}: new leader in etcd after {got['lead_s']} s, first full hit after "
                     f"{got['first_hit_s']} s, {got['readable_after']:.0%} of the pages readable, "
-                    f"{got['missed_loads']} loads missed meanwhile")
+                    f"{got['missed_loads']} loads missed meanwhile; the audit found {got['lost_pages']} pages lost "
+                    f"after {got['audit_s']} s, {got['restored_pages']} written again "
+                    f"({got['restored_pages_per_s']} pages/s)")
     finally:
         if store is not None:
             store.close()
@@ -168,14 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     out = {"bench": "master_failover", "pages": args.pages, "page_kb": args.page_kb, "runs": runs,
            "commit": commit(), "by_settle": {}}
     print(f"\nmaster failover ({args.pages} pages of {args.page_kb} KiB per kill, {commit()})")
-    print(f"{'settle s':>8} {'kills':>5} {'leader s p50':>12} {'first hit s p50':>15} {'readable min':>12}")
+    print(f"{'settle s':>8} {'kills':>5} {'leader s p50':>12} {'first hit s p50':>15} {'readable min':>12} "
+          f"{'kills w/ loss':>13} {'restored/s p50':>14}")
     for settle in sorted({r["settle_s"] for r in runs}):
         rows = [r for r in runs if r["settle_s"] == settle]
         row = {"lead_s_median": med(rows, "lead_s"), "first_hit_s_median": med(rows, "first_hit_s"),
-               "readable_after_min": min(r["readable_after"] for r in rows)}
+               "readable_after_min": min(r["readable_after"] for r in rows),
+               "kills_with_lost_pages": sum(1 for r in rows if r["lost_pages"]),
+               "restored_pages_per_s_median": med(rows, "restored_pages_per_s")}
         out["by_settle"][str(settle)] = row
         print(f"{settle:>8} {len(rows):>5} {row['lead_s_median']!s:>12} {row['first_hit_s_median']!s:>15} "
-              f"{row['readable_after_min']:>12.1%}")
+              f"{row['readable_after_min']:>12.1%} {row['kills_with_lost_pages']:>13} "
+              f"{row['restored_pages_per_s_median']!s:>14}")
     if args.json:
         print(json.dumps(out))
     return 0

@@ -31,7 +31,7 @@ from typing import TextIO
 from pdorch.child_process import Child, stop_children
 from pdorch.config import Config
 from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_env, plan_local_cluster
-from pdorch.master_cmd import master_process
+from pdorch.master_cmd import etcd_unreachable, master_process
 from pdorch.progress import Progress
 
 _TICK_S = 0.2
@@ -178,6 +178,9 @@ class LocalCluster:
                                  "store.master_address=etcd://host:port (an etcd they elect their leader in) and "
                                  f"store.metadata_server=etcd://host:port, got {self.cfg.store.master_address!r}")
         if self.cfg.store.enabled:
+            err = etcd_unreachable(self.cfg)  # HA masters would wait as candidates until the start-up timeout
+            if err:
+                raise ServeError(err)
             from store_client.master import MasterError  # NOTE: lazy, only serve needs it
             try:  # the same flags as `pdorch master` and the chart's master pod
                 master = master_process(self.cfg, log_dir=str(self.log_dir))

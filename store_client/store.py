@@ -91,6 +91,9 @@ def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
     return TRANSFER_FAILED
 
 
+AUDIT_RECHECK_S = 2.0  # after a leader switch, keys missing at two looks this far apart are lost
+
+
 class KVStore:
     """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
 
@@ -108,6 +111,7 @@ class KVStore:
         # lacks go to on_lost (the worker writes again those it holds; recent_writes.py).
         self.recent = RecentWrites()
         self.on_lost: Callable[[list[str]], None] | None = None
+        self._audit: tuple[float | None, list[str] | None, float] = (None, None, 0.0)  # (switch, suspects, when)
         self._connector.audit = self._audit_recent_writes
         # The SSD tier's replica lookup runs on its own thread, beside the read it attributes: under a
         # CPU-bound scheduler loop each return from Mooncake waits up to one GIL switch interval (5 ms),
@@ -304,9 +308,18 @@ class KVStore:
         return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
 
     def _audit_recent_writes(self, switched_at: float) -> bool:
-        """After a leader switch (connector thread): which keys written within the window before it
-        (or since) the new leader lacks; they are counted and handed to on_lost. False: retry."""
-        keys = self.recent.since(switched_at)
+        """After a leader switch (connector thread, each tick until True): which keys written within
+        the window before it (or since) the new leader lacks; they are counted and handed to on_lost.
+
+        NOTE: two looks at least AUDIT_RECHECK_S apart, and only keys missing in both are lost: right
+        after a switch the new leader answered "absent" for pages that read back a moment later
+        (bench/master_failover.py)."""
+        first, suspects, looked_at = self._audit
+        if first != switched_at:  # a new switch: start over
+            suspects, looked_at = None, 0.0
+        if suspects is not None and time.monotonic() - looked_at < AUDIT_RECHECK_S:
+            return False
+        keys = suspects if suspects is not None else self.recent.since(switched_at)
         client = self._connector.client()
         if not keys:
             return True
@@ -319,13 +332,18 @@ class KVStore:
             return False
         if len(exist) != len(keys) or any(c < 0 for c in exist):
             return False
-        lost = [k for k, c in zip(keys, exist) if c != 1]
+        missing = [k for k, c in zip(keys, exist) if c != 1]
+        if suspects is None and missing:  # the first look: look again before calling them lost
+            self._audit = (switched_at, missing, time.monotonic())
+            return False
+        self._audit = (None, None, 0.0)
+        written = len(self.recent.since(switched_at))
         log.warning("store: after the leader switch the new leader lacks %d of the %d pages written lately%s",
-                    len(lost), len(keys), "; writing again those L1 holds" if lost else "")
-        if lost:
-            self.metrics.lost_on_leader_change.inc(len(lost))
+                    len(missing), written, "; writing again those L1 holds" if missing else "")
+        if missing:
+            self.metrics.lost_on_leader_change.inc(len(missing))
             if self.on_lost is not None:
-                self.on_lost(lost)
+                self.on_lost(missing)
         return True
 
     def _retry_no_space(self, client, keys, addrs, todo: list[int], codes: list[int]) -> list[int]:

@@ -211,3 +211,21 @@ def test_a_missing_executable_stops_what_started(tmp_path):
     assert lc.run() == 1
     assert "cannot start decode-0" in lc.out.getvalue() and "No such file" in lc.out.getvalue()
     assert [c.name for c in lc.children] == ["prefill-0"] and gone(lc.children[0].pid)
+
+
+def test_ha_masters_without_etcd_or_without_ha_are_refused_before_anything_starts(tmp_path):
+    from pdorch.config_loader import default_config_path, load_config
+
+    dead = f"etcd://127.0.0.1:{free_port()}"  # nothing listens there
+    for overrides, masters, said in (
+            ({"store.master_address": dead, "store.metadata_server": dead}, 2,
+             "store.master_address: no etcd endpoint of etcd://127.0.0.1:"),
+            ({}, 2, "--masters 2: several masters run in HA mode only; set store.master_address=etcd://"),
+            ({}, 0, "--masters must be >= 1, got 0")):
+        cfg = load_config(default_config_path(), overrides, environ={})
+        opts = ServeOptions(log_dir=str(tmp_path / "logs"), prepare=False, num_masters=masters)
+        lc = LocalCluster(cfg, "/unused.yaml", (), opts, io.StringIO())
+        t0 = time.monotonic()
+        assert lc.run() == 2, lc.out.getvalue()
+        assert said in lc.out.getvalue() and lc.children == []
+        assert time.monotonic() - t0 < 10  # one line, no wait for a leader that cannot be elected

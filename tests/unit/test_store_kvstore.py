@@ -95,3 +95,35 @@ def test_ssd_tier_lookup_runs_beside_the_read_and_attributes_pages(tmp_path):
         assert fake.lookup_thread.startswith("store-tier")
     finally:
         store.close()
+
+
+class FakeAuditClient:
+    """batch_is_exist of a new leader: `absent` keys answered 0, the others 1."""
+
+    def __init__(self, absent: set[str]):
+        self.absent, self.asked = absent, []
+
+    def batch_is_exist(self, keys):
+        self.asked.append(list(keys))
+        return [0 if k in self.absent else 1 for k in keys]
+
+
+def test_after_a_leader_switch_keys_missing_at_two_looks_are_lost_and_handed_back(monkeypatch, disabled):
+    import store_client.store as store_mod
+
+    store, reg = disabled
+    monkeypatch.setattr(store_mod, "AUDIT_RECHECK_S", 0.0)
+    fake = FakeAuditClient({"a", "b"})
+    store._connector.client = lambda: fake
+    lost = []
+    store.on_lost = lost.append
+    store.recent.add(["a", "b", "c"])
+    switched = store_mod.time.monotonic()
+    assert store._audit_recent_writes(switched) is False  # first look: a and b suspected, not yet lost
+    fake.absent = {"a"}  # b read back a moment later (a new leader's first answers are not final)
+    assert store._audit_recent_writes(switched) is True
+    assert fake.asked == [["a", "b", "c"], ["a", "b"]] and lost == [["a"]]
+    assert reg.get_sample_value("pdorch_store_lost_on_leader_change_pages_total") == 1
+    # nothing missing at the first look: done at once, nothing handed back
+    fake.absent = set()
+    assert store._audit_recent_writes(switched + 1) is True and lost == [["a"]]
