@@ -15,6 +15,8 @@ x fp32 = 737,280 bytes), with the objects in another process's segment (TCP loop
   (7) SSD      with --ssd (--ssd-only: alone): ~1 GB of pages only on Mooncake's SSD tier, loaded by
                store_client with the loop idle, under the in-process loop, with the loop in another
                process, and the control: a plain sequential read of the same files (bench/store_io_ssd.py)
+  (8) heads    with --head-groups 1,2,4,8 (--head-groups-only: alone): a page stored as G objects, one
+               per group of KV heads, against one object per page (bench/store_io_head_groups.py)
 
 (1) and (4) are one caller issuing one 32-page call at a time. (2) and (3) keep --in-flight loads
 (default 4: a busy prefill scheduler has several requests loading) queued on StoreIO, which merges
@@ -24,7 +26,8 @@ Headline ratios: (2)/(1), gil_ratio = (3)/(4), loop_slowdown_ratio = 1 - loop_wi
 Each measurement is repeated --runs times (interleaved, so machine noise hits all alike); the
 table shows medians. `--json` prints one JSON object as the last line. No torch.
 
-    python bench/store_io.py [--runs 3] [--seconds 2] [--ssd | --ssd-only] [--json]
+    python bench/store_io.py [--runs 3] [--seconds 2] [--ssd | --ssd-only] [--head-groups 1,2,4,8
+                             [--head-groups-only]] [--json]
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.store_io_children import PAGE_NBYTES, drive_loads, loop_iteration, spawn_child, stop_child
+from bench.store_io_head_groups import PAGE_NBYTES as HEAD_GROUP_PAGE_NBYTES
+from bench.store_io_head_groups import head_group_rows, run_head_groups
 from bench.store_io_ssd import run_ssd, ssd_rows
 
 
@@ -252,11 +257,27 @@ def run(args) -> dict:
     }
 
 
+def run_with_holder(measure, nbytes: int) -> dict:
+    """`measure(master)` with a master and a segment-holder process of room for `nbytes` twice."""
+    from store_client.master import MasterProcess
+
+    with tempfile.TemporaryDirectory(prefix="store_io_master_") as logs:
+        master = MasterProcess(log_dir=logs).start()
+        holder = spawn_child(["--hold-segment", master.master_address, master.metadata_url,
+                              str(max(64, (nbytes >> 20) * 2))])
+        try:
+            return measure(master)
+        finally:
+            stop_child(holder)
+            master.stop()
+
+
 def table(res: dict) -> str:
     rows = dram_rows(res) if "raw_gbps" in res else []
     rows += ssd_rows(res) if "ssd_idle_bytes_s" in res else []
+    rows += head_group_rows(res) if "head_groups" in res else []
     w = max(len(r[0]) for r in rows)
-    head = (f"pages of {res['page_nbytes']} B, {res['pages_per_batch']} pages per load, "
+    head = (f"pages of {res['page_nbytes']} B ((8): {HEAD_GROUP_PAGE_NBYTES} B), {res['pages_per_batch']} pages per load, "
             f"{res['loads_in_flight']} loads in flight, {res['io_threads']} I/O threads, medians of {res['runs']} runs"
             + (f" x {res['seconds_per_measurement']} s" if "raw_gbps" in res else ""))
     return "\n".join([head] + [f"{a:<{w}}  {b:>14}  {c}" for a, b, c in rows])
@@ -287,9 +308,14 @@ def dram_rows(res: dict) -> list[tuple[str, str, str]]:
 
 
 def run_all(args) -> dict:
-    res = {} if args.ssd_only else run(args)
+    res = {} if (args.ssd_only or args.head_groups_only) else run(args)
     if args.ssd or args.ssd_only:
         res.update(run_ssd(args), ssd_segment_mb=args.ssd_segment_mb)
+    if args.head_groups:
+        res.update(run_with_holder(lambda master: run_head_groups(
+            master, args.head_groups, args.pages, args.batch, args.seconds, args.runs),
+            # NOTE: room for every G at once: a removed object stays until its read lease runs out
+            args.pages * HEAD_GROUP_PAGE_NBYTES * (2 * len(args.head_groups) + 1)))
     res.update(page_nbytes=PAGE_NBYTES, pages_per_batch=args.batch, loads_in_flight=args.in_flight,
                io_threads=args.io_threads, runs=args.runs)
     return res
@@ -308,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ssd-only", action="store_true", help="only (7), the SSD case")
     p.add_argument("--ssd-pages", type=int, default=1456, help="(7): pages written (1,456 = 1.07 GB)")
     p.add_argument("--ssd-segment-mb", type=int, default=64, help="(7): the DRAM segment in front of the disk")
+    p.add_argument("--head-groups", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                   metavar="G,G,...", help="(8): a page as G objects per group of KV heads, e.g. 1,2,4,8 (the first is "
+                   "the baseline; each must divide 8)")
+    p.add_argument("--head-groups-only", action="store_true", help="only (8)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = p.parse_args(argv)
+    if args.head_groups_only and not args.head_groups:
+        args.head_groups = [1, 2, 4, 8]
+    if any(g < 1 or 8 % g for g in args.head_groups):
+        p.error(f"--head-groups: each must divide 8, got {args.head_groups}")
     if args.io_threads is None:
         from store_client.config import StoreConfig
         args.io_threads = StoreConfig().io_threads
