@@ -4,13 +4,9 @@ and the tags its store I/O completions carry."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from decode_node.admission import AdmitTicket
 from decode_node.request import DecodeRequest
-
-if TYPE_CHECKING:  # prefix_load.py builds PrefixRead tags itself
-    from decode_node.prefix_load import PrefixLoad
 
 
 @dataclass(frozen=True)
@@ -44,15 +40,7 @@ class Evicted:
 
 
 # What the store I/O thread hands back with a completion (IOCompletion.tag). eq=False: a tag is
-# one submission, compared by identity.
-
-
-@dataclass(frozen=True, eq=False)
-class PrefixRead:
-    """A handler's own store read of prompt pages (decode_node/prefix_load.py): the scheduler passes
-    the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
-
-    load: PrefixLoad
+# one submission, compared by identity. (PrefixRead, a handler's own prompt read, is in prefix_load.py.)
 
 
 @dataclass(frozen=True, eq=False)

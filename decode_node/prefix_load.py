@@ -12,7 +12,6 @@ import concurrent.futures
 import time
 from dataclasses import dataclass, field
 
-from decode_node.messages import PrefixRead
 from decode_node.request import DecodeRequest
 from store_client.page_hash import store_key
 
@@ -48,6 +47,14 @@ class PrefixLoad:
             gone = set(self.page_ids)
             req.page_ids = [p for p in req.page_ids if p not in gone]
             return None
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixRead:
+    """The completion tag of a handler's own store read of prompt pages: the scheduler passes
+    the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
+
+    load: PrefixLoad
 
 
 def start_load(rt, req: DecodeRequest, pages: tuple[int, ...]) -> PrefixLoad | None:

@@ -31,10 +31,11 @@ from prometheus_client import Counter
 from decode_node.admission import Admission, AdmitTicket
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
-from decode_node.messages import Admit, Evicted, Join, PrefixRead, Release, ResumeRead
+from decode_node.messages import Admit, Evicted, Join, Release, ResumeRead
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
+from decode_node.prefix_load import PrefixRead
 from decode_node.request import DecodeEvent, DecodeRequest
 from decode_node.step_writes import StepWrites
 from decode_node.stopping import check_stop

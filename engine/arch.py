@@ -129,3 +129,17 @@ def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
         scaling.setdefault("original_max_position_embeddings",
                            cfg.get("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048)))
     return {"rope_type": rope_type, **scaling}
+
+
+def llama_config(*, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
+                 rope_theta, rms_norm_eps, max_position_embeddings, tie, bos, eos, pad) -> dict:
+    """An HF `config.json` dict for a plain Llama (loadable by transformers as well as by us)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
+        "hidden_act": "silu", "max_position_embeddings": max_position_embeddings, "rms_norm_eps": rms_norm_eps,
+        "rope_theta": rope_theta, "rope_scaling": None, "tie_word_embeddings": tie, "attention_bias": False,
+        "mlp_bias": False, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
+        "torch_dtype": "float32",
+    }

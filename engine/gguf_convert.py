@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.arch import ModelDirError
+from engine.arch import ModelDirError, llama_config
 
 # GGUF token types (llama.cpp `llama_token_type`): 3 = control, 4 = user defined. Both become
 # added tokens that the BPE model never splits.
@@ -139,7 +139,6 @@ def read_gguf_header(path: pathlib.Path):
     """(reader, HF config.json dict, tokenizer, heads, kv_heads) from a GGUF's metadata; no tensor is read."""
     from gguf import GGUFReader
 
-    from engine.prepare import llama_config
 
     reader = GGUFReader(str(path))
     arch = _field(reader, "general.architecture")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.arch import ModelArch, ModelDirError
+from engine.arch import ModelArch, ModelDirError, llama_config
 
 MARKER = ".pdorch_prepared.json"
 FORMAT_VERSION = 1
@@ -232,20 +232,6 @@ def _smollm2_tokenizer():
     from engine.gguf_convert import read_gguf_tokenizer
 
     return read_gguf_tokenizer(smollm2_gguf_path())  # NOTE: parsing the GGUF takes ~2 s; once per process
-
-
-def llama_config(*, vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim,
-                 rope_theta, rms_norm_eps, max_position_embeddings, tie, bos, eos, pad) -> dict:
-    """An HF `config.json` dict for a plain Llama (loadable by transformers as well as by us)."""
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
-        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
-        "hidden_act": "silu", "max_position_embeddings": max_position_embeddings, "rms_norm_eps": rms_norm_eps,
-        "rope_theta": rope_theta, "rope_scaling": None, "tie_word_embeddings": tie, "attention_bias": False,
-        "mlp_bias": False, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
-        "torch_dtype": "float32",
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

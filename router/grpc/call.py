@@ -11,15 +11,25 @@ grpc.aio's.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import unquote
 
 import grpc
 
 from router.grpc.http2 import CANCEL
 
-if TYPE_CHECKING:
-    from router.grpc.conn import Connection
+
+class Connection(Protocol):
+    """What a call needs of its connection (router/grpc/conn.py's Connection; a Protocol, so this
+    file does not import the connection that imports it)."""
+
+    loop: asyncio.AbstractEventLoop
+    max_message_bytes: int
+    peer_initial_window: int
+    goaway: tuple[int, int, bytes] | None
+
+    def reset_stream(self, call: StreamCall, code: int) -> None: ...
+
 
 _STATUS_BY_NUMBER = {s.value[0]: s for s in grpc.StatusCode}
 
