@@ -32,13 +32,6 @@ class Release:
     request_id: str = ""
 
 
-@dataclass(frozen=True)
-class Evicted:
-    """The store evictor removed these keys: the prefix cache keeps their pages longer."""
-
-    keys: tuple[str, ...]
-
-
 # What the store I/O thread hands back with a completion (IOCompletion.tag). eq=False: a tag is
 # one submission, compared by identity. (PrefixRead, a handler's own prompt read, is in prefix_load.py.)
 

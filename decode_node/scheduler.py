@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from decode_node.admission import Admission, AdmitTicket
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
-from decode_node.messages import Admit, Evicted, Join, Release, ResumeRead
+from decode_node.messages import Admit, Join, Release, ResumeRead
 from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
@@ -43,7 +43,7 @@ from engine.model_runner import Chunk
 from engine.page_allocator import OutOfPages, pages_for
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.history import token_history
-from pdorch.worker.loop import SchedulerLoop
+from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.prompt_pages import consume, take_ranges
 
 log = logging.getLogger(__name__)

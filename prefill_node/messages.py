@@ -29,15 +29,6 @@ class Cancel:
 
 
 @dataclass(frozen=True)
-class Evicted:
-    """The store evictor removed these keys (see Persister.left_store), or (`lost`) a master leader
-    switch lost them (see Persister.rewrite_lost)."""
-
-    keys: tuple[str, ...]
-    lost: bool = False
-
-
-@dataclass(frozen=True)
 class Pushed:
     """The pusher thread's transfer of `task` into D's pages returned (`error` None: it succeeded)."""
 

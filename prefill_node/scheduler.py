@@ -33,12 +33,12 @@ from engine.page_allocator import pages_for
 from engine.sampler import Sampler
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.history import token_history
-from pdorch.worker.loop import SchedulerLoop
+from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.prefill_rpc import FirstToken, PrefillResult
 from pdorch.worker.prompt_pages import consume, take_ranges
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
-from prefill_node.messages import Abort, Cancel, Evicted, EvictSaved, PrefixLoaded, Pushed, Read, Submit
+from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.prefetch import Prefetch, PrefetchMetrics, PrefetchPolicy
 from prefill_node.task import Phase, PrefillTask

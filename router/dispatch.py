@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from pdorch.worker.prefill_rpc import CACHE_TIERS
 from proto.pdorch.v1 import worker_pb2
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.failover import MAX_FAILOVERS, Resumption
 from router.grpc.stream import RpcError, StreamCall
-from router.metrics import CACHE_TIERS, RouterMetrics
+from router.metrics import RouterMetrics
 from router.policies import Policy, RouteContext, SessionAffinity
 from router.workers import Worker, WorkerPool
 

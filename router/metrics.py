@@ -20,13 +20,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from proto.pdorch.v1 import worker_pb2
+from pdorch.worker.prefill_rpc import (
+    CACHE_TIERS,  # device, host, store, ssd: one definition for P, D and router
+)
 
 # Labelled series exported at 0 from the start: `rate()` sees a counter's first increase only when
 # the series existed before it (the first 5xx or failed failover of a pod would count for nothing).
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
 PRECREATED_STATUSES = ("200", "500", "502", "503", "504")
-CACHE_TIERS = tuple(f.name for f in worker_pb2.CachedTokens.DESCRIPTOR.fields)  # device, host, store, ssd
 FAILOVER_OUTCOMES = ("resumed", "failed")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -42,6 +42,16 @@ class Call:
     future: concurrent.futures.Future
 
 
+@dataclass(frozen=True)
+class Evicted:
+    """Store keys of this worker's pages that left the store: its chain evictor removed them, or
+    (`lost`) a master leader switch lost them. Both schedulers take it (prefill_node/persistence.py,
+    decode_node/prefix_cache.py)."""
+
+    keys: tuple[str, ...]
+    lost: bool = False
+
+
 class SchedulerLoop:
     def __init__(self, role: str, iterate: Callable[[float], bool], on_message: Callable[[object], None],
                  fail_all: Callable[[WorkerError], None], store_io=None,

@@ -1,6 +1,6 @@
 """The prefill protocol's engine-side objects: what D asks of P, and what P answers.
 
-Plain frozen dataclasses (no protobuf): `prefill_node/convert.py` maps them to and from
+Plain frozen dataclasses (no protobuf): `pdorch/worker/convert.py` maps them to and from
 `worker_pb2`, so the scheduler, the tests and the decode worker's client code never touch
 generated classes.
 """

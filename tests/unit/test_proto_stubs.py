@@ -27,3 +27,10 @@ def test_every_proto_field_is_documented():
         is_field = stripped.endswith(";") and "=" in stripped and not stripped.startswith(("syntax", "package", "option"))
         if is_field:
             assert lines[i - 1].strip().startswith("///"), f"worker.proto:{i + 1} field has no /// comment"
+
+
+def test_the_cache_tiers_of_the_workers_and_the_router_are_the_protocol_s():
+    from pdorch.worker.prefill_rpc import CACHE_TIERS
+    from proto.pdorch.v1 import worker_pb2
+
+    assert CACHE_TIERS == tuple(f.name for f in worker_pb2.CachedTokens.DESCRIPTOR.fields)
