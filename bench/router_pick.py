@@ -2,7 +2,7 @@
 workers' smallest context, whether each role has a routable worker) and what `Dispatcher._pick`
 runs (the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
 index, with N prefill and N decode workers, no network. bench/routing_sim.py times the decision core
-(router/kv_choice.py) inside a simulated fleet; this times the router's own wrapper around it.
+(router/kv/choice.py) inside a simulated fleet; this times the router's own wrapper around it.
 
 Every worker has published a snapshot (a few conversations' pages in its L1, a load) and stays
 live; prompts are 4-64 pages of 40 conversations; loads move as requests are routed and finish,
@@ -27,8 +27,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.circuit import CircuitBreaker
-from router.kv_choice import ChoiceWeights
-from router.kv_index import KVIndex
+from router.kv.choice import ChoiceWeights
+from router.kv.index import KVIndex
 from router.policies import CacheAware, RouteContext
 from router.workers import Worker, WorkerPool
 

@@ -1,5 +1,5 @@
-"""Routing at fleet scale, simulated: the router's real KVIndex and kv_choice decision (router/kv_index.py,
-router/kv_choice.py) driven by a simulated fleet, no model, no HTTP (bench/routing_sim_fleet.py).
+"""Routing at fleet scale, simulated: the router's real KVIndex and kv_choice decision (router/kv/index.py,
+router/kv/choice.py) driven by a simulated fleet, no model, no HTTP (bench/routing_sim_fleet.py).
 
 - 1,000 prefill workers (default), each an L1 of --l1-pages (LRU, leaves first), one shared store of
   --store-pages (LRU; the writer whose write overflows it removes the oldest pages and says so);
@@ -64,7 +64,7 @@ from bench.routing_sim_fleet import (
     make_requests,
 )
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
-from router.kv_index import KVIndex
+from router.kv.index import KVIndex
 
 ROUTERS = {"precise": PreciseRouter, "guess": GuessRouter}
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
-from router.kv_choice import ChoiceWeights, choose_prefill
-from router.kv_index import KVIndex
-from router.kv_loads import LoadBoard
+from router.kv.choice import ChoiceWeights, choose_prefill
+from router.kv.index import KVIndex
+from router.kv.loads import LoadBoard
 from router.policies import CacheAware, RouteContext
 
 _K = 0x9E3779B97F4A7C15F39CC0605CEDC8341082276BF3A27251F86C6A11D0C18E95  # odd: a bijection mod 2^256
@@ -238,11 +238,11 @@ class Cand:
 
 
 class PreciseRouter:
-    """A router replica: its own KVIndex fed by the event streams, router/kv_choice.py's decision,
+    """A router replica: its own KVIndex fed by the event streams, router/kv/choice.py's decision,
     a speculative entry per routed prompt. A worker's load: queued + running of its last batch plus
     the requests this router sent it since that batch was cut (a 50 ms old load alone herds every
     replica onto the same idle worker: 4% of the oracle's hits lost at 50 workers). The loads are
-    also kept on a LoadBoard (router/kv_loads.py), as a fleet-sized router keeps them."""
+    also kept on a LoadBoard (router/kv/loads.py), as a fleet-sized router keeps them."""
 
     def __init__(self, cfg: SimConfig, addresses: list[str], clock):
         self.clock = clock

@@ -95,7 +95,7 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         out = []
         for w in pool.workers():
             d = w.describe()
-            if watcher is not None:  # its KV event stream (router/kv_watch.py)
+            if watcher is not None:  # its KV event stream (router/kv/watch.py)
                 d["kv_events"] = watcher.describe(w.address)
             out.append(d)
         return json_response({"workers": out})

@@ -28,10 +28,10 @@ from router.errors import APIError
 from router.formats import json_response
 from router.generation import GenerationHandlers
 from router.hot_path import HotRoutes
-from router.kv_choice import ChoiceWeights
-from router.kv_index import KVIndex
-from router.kv_layout import KVLayout
-from router.kv_watch import KVWatcher, kv_index_metrics
+from router.kv.choice import ChoiceWeights
+from router.kv.index import KVIndex
+from router.kv.layout import KVLayout
+from router.kv.watch import KVWatcher, kv_index_metrics
 from router.metrics import RouterMetrics
 from router.openapi import document_bodies
 from router.policies import make_policy

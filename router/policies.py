@@ -17,8 +17,8 @@ the whole prefix up to page i was routed there; the leading run is the matched p
 Every choice is counted by reason (`decisions`, exported as pdorch_router_prefill_choices_total).
 
 With KV events (`router.kv_events`, the default): the index is not a guess but what the workers
-say their caches and the store hold (router/kv_index.py, fed by router/kv_watch.py), and the choice
-is router/kv_choice.py's: a deterministic function of that index and the loads, so router replicas
+say their caches and the store hold (router/kv/index.py, fed by router/kv/watch.py), and the choice
+is router/kv/choice.py's: a deterministic function of that index and the loads, so router replicas
 agree. The guess above is still kept: a worker whose stream is not live (connecting, stale,
 refused, or a worker without WatchKV) is routed on it, counted in `guess_fallbacks`. The decode worker is then chosen the same way, on
 what its own prefix cache holds (short tails go where they are served locally); without events,
@@ -32,9 +32,9 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill
-from router.kv_index import KVIndex
-from router.kv_loads import LoadBoard
+from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
+from router.kv.index import KVIndex
+from router.kv.loads import LoadBoard
 from router.workers import Worker
 from store_client.page_hash import page_hashes
 

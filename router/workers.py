@@ -22,7 +22,7 @@ from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.circuit import CircuitBreaker
 from router.grpc.stream import Channel
-from router.kv_layout import KVLayout
+from router.kv.layout import KVLayout
 
 log = logging.getLogger("pdorch.router")
 
@@ -66,7 +66,7 @@ class Worker:
     info: worker_pb2.WorkerInfo | None = None
     in_flight: int = 0
     routed: int = 0
-    kv_routed_mark: int = 0  # `routed` when its last KV event batch arrived (router/kv_watch.py)
+    kv_routed_mark: int = 0  # `routed` when its last KV event batch arrived (router/kv/watch.py)
     errors: int = 0
     last_error: str = ""
     meta: dict = field(default_factory=dict)  # discovery-provided info (etcd value)

@@ -1,5 +1,7 @@
 """bench/store_io_head_groups.py: the slices of each KV-head group tile the page exactly once."""
 
+import itertools
+
 import pytest
 
 from bench.store_io_head_groups import HEAD_NBYTES, KV_HEADS, LAYERS, PAGE_NBYTES, group_slices
@@ -14,4 +16,4 @@ def test_group_slices_tile_the_page(groups):
         covered += [(a - 1000, a - 1000 + s) for a, s in zip(addrs, sizes)]
     covered.sort()
     assert covered[0][0] == 0 and covered[-1][1] == PAGE_NBYTES
-    assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))  # no gap, no overlap
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))  # no gap, no overlap

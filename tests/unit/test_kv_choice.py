@@ -1,4 +1,4 @@
-"""router/kv_choice.py: the routing decision on the precise index."""
+"""router/kv/choice.py: the routing decision on the precise index."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 from dataclasses import dataclass
 
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
-from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill
-from router.kv_index import KVIndex
+from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
+from router.kv.index import KVIndex
 
 
 @dataclass(eq=False)

@@ -1,9 +1,9 @@
-"""router/kv_index.py: the precise index built from KV event batches (real KVEventBatch protobufs)."""
+"""router/kv/index.py: the precise index built from KV event batches (real KVEventBatch protobufs)."""
 
 from __future__ import annotations
 
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
-from router.kv_index import KVIndex
+from router.kv.index import KVIndex
 
 
 class Clock:

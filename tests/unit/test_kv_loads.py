@@ -1,4 +1,4 @@
-"""router/kv_loads.py: the LoadBoard, and kv_choice's decisions on it equal to reading every load."""
+"""router/kv/loads.py: the LoadBoard, and kv_choice's decisions on it equal to reading every load."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from proto.pdorch.v1.worker_pb2 import KVEventBatch
-from router.kv_candidates import stable_key
-from router.kv_choice import ChoiceWeights, choose_decode, choose_prefill, least_loaded
-from router.kv_index import KVIndex
-from router.kv_loads import LoadBoard
+from router.kv.candidates import stable_key
+from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill, least_loaded
+from router.kv.index import KVIndex
+from router.kv.loads import LoadBoard
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""CacheAware on the KV-event index (router/policies.py + router/kv_index.py + router/kv_choice.py):
+"""CacheAware on the KV-event index (router/policies.py + router/kv/index.py + router/kv/choice.py):
 what the workers say they hold decides, replicas agree, a stale stream falls back to the guess."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 from types import SimpleNamespace
 
 from router.circuit import CircuitBreaker
-from router.kv_choice import ChoiceWeights
-from router.kv_index import KVIndex
+from router.kv.choice import ChoiceWeights
+from router.kv.index import KVIndex
 from router.policies import RouteContext, make_policy
 from router.workers import RoutableList, Worker
 

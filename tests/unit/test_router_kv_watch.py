@@ -1,4 +1,4 @@
-"""router/kv_watch.py against stand-in workers (real gRPC on loopback, scripted KV event batches):
+"""router/kv/watch.py against stand-in workers (real gRPC on loopback, scripted KV event batches):
 a gap makes the router resubscribe from its resume point, a worker without WatchKV is left to the
 guess, a live stream feeds the index."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 from bench.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2 as pb
-from router.kv_index import KVIndex
-from router.kv_watch import KVWatcher
+from router.kv.index import KVIndex
+from router.kv.watch import KVWatcher
 from router.workers import WorkerPool
 from tests.fixtures.processes import free_port
 

@@ -21,7 +21,7 @@ Speculative entries: the routing-time guess (the pages of a prompt just routed t
 as that worker's L1 for `speculative_ttl_s`, the seconds before the worker's own event arrives; an
 l1_stored event for it confirms it, otherwise it expires (lazily, on the next call: no thread).
 
-The store: the workers' claims (router/kv_store_claims.py): a page is held while some worker claims
+The store: the workers' claims (router/kv/store_claims.py): a page is held while some worker claims
 it, and any worker's store_removed removes it for all.
 
 The L1 holders of a page are one address (most pages: no extra object) or, when several workers
@@ -38,8 +38,8 @@ import time
 from collections import deque
 from itertools import islice
 
-from router.kv_candidates import CandidateView
-from router.kv_store_claims import StoreClaims
+from router.kv.candidates import CandidateView
+from router.kv.store_claims import StoreClaims
 
 
 class _Guess:

@@ -1,6 +1,6 @@
 """The loads of a set of workers, kept by level: the least loaded one without reading every load.
 
-router/kv_choice.py needs, per decision, the lowest load and the least loaded worker (ties: the
+router/kv/choice.py needs, per decision, the lowest load and the least loaded worker (ties: the
 first in stable-key order at or after the prompt's seed, a ring). Reading 1,000 candidates' loads
 costs 40-100 µs in Python (an attribute read per worker, cache misses), more than the rest of the
 decision together (bench/routing_sim.py). Loads change far less often than they are read (a
@@ -13,7 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from itertools import chain
 
-from router.kv_candidates import stable_key
+from router.kv.candidates import stable_key
 
 
 class LoadBoard:

@@ -32,11 +32,11 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from proto.pdorch.v1 import worker_pb2
-from router.kv_index import KVIndex
+from router.kv.index import KVIndex
 from router.workers import Worker, WorkerPool
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 
-log = logging.getLogger("pdorch.router.kv_watch")
+log = logging.getLogger("pdorch.router.kv.watch")
 
 _BACKOFF_S, _BACKOFF_MAX_S, _REFUSED_RETRY_S = 0.2, 5.0, 30.0
 

@@ -1,5 +1,5 @@
-"""Candidates as the KV index sees them (router/kv_index.py), and the stable key of an address that
-settles ties the same way in every router replica (router/kv_choice.py)."""
+"""Candidates as the KV index sees them (router/kv/index.py), and the stable key of an address that
+settles ties the same way in every router replica (router/kv/choice.py)."""
 
 from __future__ import annotations
 

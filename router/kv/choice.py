@@ -1,4 +1,4 @@
-"""The routing decision on the precise KV index (router/kv_index.py), shared by the router's policy
+"""The routing decision on the precise KV index (router/kv/index.py), shared by the router's policy
 and bench/routing_sim.py.
 
 Score of a candidate for a prompt: `l1 * l1_run + store * max(0, store_run - l1_run)`: pages in
@@ -12,10 +12,10 @@ may be wrong about it, the caller falls back to its guess.
 
 Determinism: router replicas with the same index state and the same loads must choose the same
 worker, so ties are broken by the prompt's first page hash against a stable hash of each address
-(router/kv_index.py stable_key), never by a counter or by the candidates' order (each replica lists
+(router/kv/index.py stable_key), never by a counter or by the candidates' order (each replica lists
 its workers in its own discovery order).
 
-Loads: each candidate's `.load`, or a LoadBoard (router/kv_loads.py) the caller keeps up to date
+Loads: each candidate's `.load`, or a LoadBoard (router/kv/loads.py) the caller keeps up to date
 (`board`): then the lowest load and the least loaded are found without reading every candidate's
 load (at 1,000 workers that read was most of a decision). The board is used only when it holds
 exactly the candidates; the choice is the same either way.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from hashlib import blake2b
 from operator import add, attrgetter
 
-from router.kv_candidates import stable_key
+from router.kv.candidates import stable_key
 
 REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered", "stale", "no_room")
 

@@ -1,4 +1,4 @@
-"""What the store holds, as the router's KV index knows it (router/kv_index.py): the pages the
+"""What the store holds, as the router's KV index knows it (router/kv/index.py): the pages the
 workers claim (they wrote them, or found them there when writing), by hash and by worker.
 
 A page is held while some worker claims it; any worker's store_removed removes it for all (the
