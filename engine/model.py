@@ -9,6 +9,12 @@ this file knows nothing about pages.
 Shapes: T = tokens in the flattened batch, Hq / Hkv = query / KV heads, D = head_dim.
 q/k/v and gate/up are fused into one matmul each (fewer, larger GEMMs: less Python per token);
 the loader assembles the fused weights (and biases) from the checkpoint's separate tensors.
+
+Tensor parallel (engine/tensor_parallel.py): a rank holds its heads' rows of qkv, its ffn columns'
+rows of gate_up (column-parallel), the matching columns of o and down (row-parallel: the partial
+sums are all-reduced, then the bias added once) and its vocabulary rows of embed and lm_head; so
+the shapes above are the rank's (`local_arch`) and the attention callback sees its heads only.
+At tp_size 1 every collective is skipped: the ops are those of the plain model.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch import nn
 
 from engine.arch import ModelArch
 from engine.rope import RotaryTable, apply_rotary
+from engine.tensor_parallel import NO_TP, TPGroup, TPShard
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,6 +46,7 @@ def _param(*shape, **kw) -> nn.Parameter:
 
 class DecoderLayer(nn.Module):
     def __init__(self, arch: ModelArch, dtype: torch.dtype, device):
+        """`arch` is the rank's (TPShard.local_arch): its heads and ffn columns; h is never split."""
         super().__init__()
         q, kv, h, f = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim, arch.hidden_size, \
             arch.intermediate_size
@@ -60,27 +68,39 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, arch: ModelArch, dtype: torch.dtype = torch.float32, device="cpu"):
+    def __init__(self, arch: ModelArch, dtype: torch.dtype = torch.float32, device="cpu",
+                 shard: TPShard = NO_TP, group: TPGroup | None = None):
         super().__init__()
-        self.arch = arch
+        self.arch = arch                          # the whole model's (config.json)
+        self.local_arch = shard.local_arch(arch)  # this rank's heads and ffn columns: for its KVPool and runner
+        group = group if group is not None else TPGroup()
+        if (group.rank, group.size) != (shard.rank, shard.size):
+            raise ValueError(f"the shard is tp rank {shard.rank} of tp_size={shard.size}, its TP group rank "
+                             f"{group.rank} of {group.size} (tp_size > 1 needs the group of init_tp_group)")
+        self.shard, self.group = shard, group
         self.dtype = dtype
         self.device = torch.device(device)
         kw = {"dtype": dtype, "device": self.device}
-        self.embed = _param(arch.vocab_size, arch.hidden_size, **kw)
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, self.device) for _ in range(arch.num_layers))
+        self.vocab = shard.vocab_rows(arch)
+        rows = shard.vocab_per_rank(arch)
+        self.embed = _param(rows, arch.hidden_size, **kw)
+        self.layers = nn.ModuleList(DecoderLayer(self.local_arch, dtype, self.device) for _ in range(arch.num_layers))
         self.norm = _param(arch.hidden_size, **kw)
         # NOTE: tied embeddings share one tensor (no copy); loader sets lm_head otherwise.
-        self.lm_head = self.embed if arch.tie_word_embeddings else _param(arch.vocab_size, arch.hidden_size, **kw)
+        self.lm_head = self.embed if arch.tie_word_embeddings else _param(rows, arch.hidden_size, **kw)
+        with torch.no_grad():  # vocabulary padding (last rank): never looked up, its logits dropped; still zeros
+            self.embed[len(self.vocab):].zero_()
+            self.lm_head[len(self.vocab):].zero_()
         self.rope = RotaryTable(arch, self.device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
                 attend: Attend, max_pos: int) -> torch.Tensor:
         """input_ids/positions [T]; returns logits [len(logit_rows), vocab] (fp32) at those rows."""
-        a = self.arch
+        a = self.local_arch
         eps, hq, hkv, d = a.rms_norm_eps, a.num_heads, a.num_kv_heads, a.head_dim
         cos, sin = self.rope.cos_sin(positions, max_pos, self.dtype)
-        x = F.embedding(input_ids, self.embed)
+        x = self._embed(input_ids)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, eps)
             q, k, v = torch.split(F.linear(h, layer.qkv, layer.qkv_bias), layer.sizes, dim=-1)
@@ -88,9 +108,33 @@ class DecoderModel(nn.Module):
             if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's D, before RoPE
                 q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
             attn = attend(i, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.view(-1, hkv, d))
-            x = x + F.linear(attn, layer.o, layer.o_bias)                       # attn: [T, Hq * D]
+            x = x + self._row_parallel(attn, layer.o, layer.o_bias)            # attn: [T, Hq * D]
             h = rms_norm(x, layer.post_norm, eps)
             gate, up = torch.split(F.linear(h, layer.gate_up, layer.gate_up_bias), layer.ffn, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            x = x + self._row_parallel(F.silu(gate) * up, layer.down, layer.down_bias)
         x = rms_norm(x[logit_rows], self.norm, eps)
-        return F.linear(x, self.lm_head).float()
+        return self._logits(x)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.group.size == 1:
+            return F.embedding(input_ids, self.embed)
+        # Vocab-parallel: each id is in exactly one rank's rows; the others give zeros, the sum is exact.
+        local = input_ids - self.vocab.start
+        outside = (local < 0) | (local >= len(self.vocab))
+        x = F.embedding(local.masked_fill(outside, 0), self.embed).masked_fill(outside[:, None], 0)
+        return self.group.all_reduce(x)
+
+    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T + bias with weight holding this rank's input columns: partial sums, reduced;
+        the (replicated) bias added once, after the reduce."""
+        if self.group.size == 1:
+            return F.linear(x, weight, bias)
+        out = self.group.all_reduce(F.linear(x, weight))
+        return out if bias is None else out + bias
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] (fp32): each rank's vocabulary rows, gathered; the padding dropped."""
+        logits = F.linear(x, self.lm_head)
+        if self.group.size > 1:
+            logits = self.group.all_gather_last_dim(logits)[:, :self.arch.vocab_size]
+        return logits.float()

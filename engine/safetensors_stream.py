@@ -89,25 +89,30 @@ class SafetensorsFile:
             entries[name] = e
         return entries
 
-    def copy_into(self, name: str, dst: torch.Tensor) -> None:
-        """Copy tensor `name` into `dst` (same shape; any dtype and device), slice by slice."""
+    def copy_into(self, name: str, dst: torch.Tensor, rows: slice = slice(None), cols: slice = slice(None)) -> None:
+        """Copy tensor `name` into `dst` (its shape; any dtype and device), slice by slice.
+
+        `rows` / `cols` (contiguous slices) copy a block instead: a tensor-parallel shard. Only the
+        block's rows are read; a column block reads those rows whole and keeps its columns."""
         e = self.entries[name]
-        if tuple(dst.shape) != e.shape:
-            raise CheckpointError(f"{self.path}: tensor {name!r} has shape {e.shape}, expected {tuple(dst.shape)}")
-        if e.numel == 0:
-            return
-        src = torch.frombuffer(self._mm, dtype=e.dtype, count=e.numel, offset=e.begin).view(e.shape)
-        rows = src.shape[0] if src.dim() else 1
-        row_bytes = (e.end - e.begin) // rows
-        step = max(1, CHUNK_BYTES // max(row_bytes, 1))
+        if e.numel:
+            src = torch.frombuffer(self._mm, dtype=e.dtype, count=e.numel, offset=e.begin).view(e.shape)
+        else:
+            src = torch.empty(e.shape, dtype=e.dtype)
+        first, block = _block(src, rows, cols)
+        if tuple(dst.shape) != tuple(block.shape):
+            what = f"{e.shape}" if block is src else f"{e.shape} (its block {tuple(block.shape)})"
+            raise CheckpointError(f"{self.path}: tensor {name!r} has shape {what}, expected {tuple(dst.shape)}")
         with torch.no_grad():
-            for r in range(0, rows, step):
-                if src.dim():
-                    dst[r:r + step].copy_(src[r:r + step])
-                else:
-                    dst.copy_(src)
-                self._drop(e.begin + r * row_bytes, e.begin + min(rows, r + step) * row_bytes)
-        del src  # NOTE: the mapping cannot close while a tensor still points into it
+            if src.dim() == 0:
+                dst.copy_(src)
+            elif block.numel():
+                n, row_bytes = block.shape[0], (e.end - e.begin) // src.shape[0]
+                step = max(1, CHUNK_BYTES // max(row_bytes, 1))
+                for r in range(0, n, step):
+                    dst[r:r + step].copy_(block[r:r + step])
+                    self._drop(e.begin + (first + r) * row_bytes, e.begin + (first + min(n, r + step)) * row_bytes)
+        del src, block  # NOTE: the mapping cannot close while a tensor still points into it
 
     def _drop(self, begin: int, end: int) -> None:
         """Give the pages of [begin, end) back: the copy is done, the page cache keeps them anyway."""
@@ -125,3 +130,13 @@ class SafetensorsFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _block(src: torch.Tensor, rows: slice, cols: slice) -> tuple[int, torch.Tensor]:
+    """(first row, the view src[rows, cols]); a 1-D tensor has rows only, a 0-D one neither."""
+    if src.dim() == 0 or (rows == slice(None) and cols == slice(None)):
+        return 0, src
+    first, stop, step = rows.indices(src.shape[0])
+    if step != 1 or (cols != slice(None) and (src.dim() != 2 or cols.step not in (None, 1))):
+        raise ValueError(f"copy_into takes contiguous rows (and columns of a 2-D tensor), got [{rows}, {cols}]")
+    return first, src[first:stop] if cols == slice(None) else src[first:stop, cols]

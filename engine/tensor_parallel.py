@@ -1,0 +1,146 @@
+"""Tensor parallelism: which slice of the model a rank holds (TPShard) and the collectives that join
+the slices (TPGroup), sharded as SGLang and vLLM shard Llama / Qwen2.
+
+    qkv, gate_up   column-parallel: rank r holds its heads' / its ffn columns' rows; no communication
+    o, down        row-parallel: rank r holds the matching input columns; the partial sums are
+                   all-reduced, then the (replicated) bias is added once
+    embed          vocab-parallel: ids outside the rank's rows give zero rows, then all-reduce
+    lm_head        vocab-parallel: logits of the rank's rows, all-gathered to the full vocabulary
+    norms          replicated
+
+The vocabulary is padded to a multiple of tp_size and split into equal contiguous ranges; the
+padded rows (last rank only) are zero and their logits are dropped after the gather.
+
+The head-to-rank map (Hq query heads, Hkv KV heads, tp_size = s; query head j reads KV head j // G,
+G = Hq / Hkv):
+
+    query heads of rank r    [r * Hq/s, (r+1) * Hq/s)                      s must divide Hq
+    KV heads, s <= Hkv       [r * Hkv/s, (r+1) * Hkv/s)                    s must divide Hkv
+    KV heads, s > Hkv        the one head r // (s/Hkv), REPLICATED on the  Hkv must divide s
+                             s/Hkv ranks that share it (as vLLM does)
+
+e.g. Hq=4, Hkv=2, s=4: ranks 0,1 hold KV head 0 and ranks 2,3 KV head 1; rank r holds query head r.
+Each rank's KV pool holds its KV heads only (`local_arch`), so `kv_heads()` is also the map from a
+pool's heads to the model's, the one a KV transfer between workers of other TP sizes needs.
+
+Size 1 is the plain model: `local_arch` returns the arch itself and TPGroup needs no torch.distributed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import dataclass
+
+import torch
+
+from engine.arch import ModelArch
+
+
+@dataclass(frozen=True)
+class TPShard:
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"tp rank {self.rank} outside 0..{self.size - 1} (tp_size={self.size})")
+
+    def check(self, arch: ModelArch) -> None:
+        """ValueError naming tp_size and the model's sizes when this split is not supported."""
+        s, hq, hkv, f = self.size, arch.num_heads, arch.num_kv_heads, arch.intermediate_size
+        what = f"num_attention_heads={hq}, num_key_value_heads={hkv}, intermediate_size={f}"
+        if hq % s:
+            raise ValueError(f"tp_size={s} must divide num_attention_heads ({what})")
+        if (s <= hkv and hkv % s) or (s > hkv and s % hkv):
+            raise ValueError(f"tp_size={s} must divide num_key_value_heads or be a multiple of it ({what})")
+        if f % s:
+            raise ValueError(f"tp_size={s} must divide intermediate_size ({what})")
+
+    def replicated_kv(self, arch: ModelArch) -> bool:
+        """More ranks than KV heads: each KV head lives on size / Hkv ranks."""
+        return self.size > arch.num_kv_heads
+
+    def q_heads(self, arch: ModelArch) -> range:
+        n = arch.num_heads // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+    def kv_heads(self, arch: ModelArch) -> range:
+        """The model's KV heads this rank holds, in the order of its pool's heads."""
+        self.check(arch)
+        if self.replicated_kv(arch):
+            head = self.rank // (self.size // arch.num_kv_heads)
+            heads = range(head, head + 1)
+        else:
+            n = arch.num_kv_heads // self.size
+            heads = range(self.rank * n, (self.rank + 1) * n)
+        group = arch.num_heads // arch.num_kv_heads
+        q = self.q_heads(arch)
+        # NOTE: GQA: the rank's query heads must read only its KV heads (true whenever check() passes).
+        assert heads.start == q.start // group and heads.stop == (q.stop - 1) // group + 1, (q, heads)
+        return heads
+
+    def ffn_cols(self, arch: ModelArch) -> range:
+        """This rank's columns of the MLP's intermediate dimension."""
+        n = arch.intermediate_size // self.size
+        return range(self.rank * n, (self.rank + 1) * n)
+
+    def vocab_per_rank(self, arch: ModelArch) -> int:
+        """Rows of embed / lm_head on each rank: the vocabulary padded to a multiple of size, split."""
+        return -(-arch.vocab_size // self.size)
+
+    def vocab_rows(self, arch: ModelArch) -> range:
+        """The real vocabulary rows this rank holds (the last rank's range may be short: padding)."""
+        n = self.vocab_per_rank(arch)
+        return range(min(self.rank * n, arch.vocab_size), min((self.rank + 1) * n, arch.vocab_size))
+
+    def local_arch(self, arch: ModelArch) -> ModelArch:
+        """The arch as this rank sees it (its heads and ffn columns): what its KVPool and attention use."""
+        self.check(arch)
+        if self.size == 1:
+            return arch
+        return dataclasses.replace(arch, num_heads=len(self.q_heads(arch)), num_kv_heads=len(self.kv_heads(arch)),
+                                   intermediate_size=len(self.ffn_cols(arch)))
+
+
+NO_TP = TPShard(0, 1)  # the whole model in one process (the default everywhere)
+
+
+class TPGroup:
+    """The collectives of one TP group; size 1 is a no-op group (no torch.distributed needed)."""
+
+    def __init__(self, rank: int = 0, size: int = 1, pg=None):
+        if size > 1 and pg is None:
+            raise ValueError(f"tp_size={size} needs a torch.distributed process group (init_tp_group)")
+        self.rank, self.size, self.pg = rank, size, pg
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over the ranks, in place; returns t."""
+        if self.size > 1:
+            torch.distributed.all_reduce(t, group=self.pg)
+        return t
+
+    def all_gather_last_dim(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n], rank order (the vocab-parallel logits)."""
+        if self.size == 1:
+            return t
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(self.size)]
+        torch.distributed.all_gather(parts, t, group=self.pg)
+        return torch.cat(parts, dim=-1)
+
+    def close(self) -> None:
+        if self.pg is not None:
+            torch.distributed.destroy_process_group(self.pg)
+            self.pg = None
+
+
+def init_tp_group(rank: int, size: int, init_method: str, backend: str = "gloo",
+                  timeout_s: float = 60.0) -> TPGroup:
+    """Join the group of `size` ranks at `init_method` (tcp://host:port or file://path); gloo on CPU,
+    nccl on CUDA. Every collective, and the rendezvous itself, fails after timeout_s instead of hanging."""
+    if size == 1:
+        return TPGroup()
+    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                         timeout=datetime.timedelta(seconds=timeout_s))
+    return TPGroup(rank, size, torch.distributed.group.WORLD)
