@@ -41,7 +41,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from store_client.store import DISABLED, OK, RPC_FAILED, TIMEOUT, KVStore, check_pairs
+from store_client.results import DISABLED, OK, RPC_FAILED, TIMEOUT, check_pairs
+from store_client.store import KVStore
 
 log = logging.getLogger(__name__)
 

@@ -33,66 +33,31 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
 from store_client.metrics import StoreMetrics
 from store_client.recent_writes import RecentWrites
 from store_client.replica_tier import disk_only_keys
+from store_client.results import (
+    _EXISTS,
+    _NO_SPACE,
+    _RPC_FAILED,
+    ABSENT,
+    DISABLED,
+    OK,
+    TRANSFER_FAILED,
+    LoadResult,
+    SaveResult,
+    check_pairs,
+    classify,
+)
 
 log = logging.getLogger(__name__)
 
 # The SSD tier: a write DRAM refused is retried this often, this far apart (about one offload heartbeat).
 SSD_NO_SPACE_RETRIES = 4
 SSD_NO_SPACE_RETRY_S = 0.25
-
-OK = "ok"
-ABSENT = "absent"
-TRANSFER_FAILED = "transfer_failed"
-RPC_FAILED = "rpc_failed"
-TIMEOUT = "timeout"
-DISABLED = "disabled"
-NO_SPACE = "no_space"
-
-_NOT_FOUND = -704
-_EXISTS = -705
-_NO_SPACE = -200
-_RPC_FAILED = -900
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    pages_loaded: int  # pages whose bytes are now in the pool (anywhere in the request)
-    reason: str  # OK when all were loaded, else why the first missing page was not
-    page_ok: tuple[bool, ...] = ()  # per page: loaded
-    page_ssd: tuple[bool, ...] = ()  # per page: loaded from the SSD tier (replica_tier.py); () = none
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    pages_written: int
-    pages_skipped: int  # already in the store (not rewritten)
-    pages_failed: int
-    reason: str  # OK, or the reason of the first failure
-    page_ok: tuple[bool, ...] = ()  # per page: the store holds it now (written or skipped)
-
-
-def classify(code: int, elapsed_s: float, deadline_s: float) -> str:
-    """Reason for one negative Mooncake result."""
-    if code == _NOT_FOUND:
-        return ABSENT
-    if elapsed_s >= deadline_s:
-        return TIMEOUT
-    if code == _RPC_FAILED:
-        return RPC_FAILED
-    if code == _NO_SPACE:
-        return NO_SPACE
-    return TRANSFER_FAILED
-
-
-AUDIT_RECHECK_S = 2.0  # after a leader switch, keys missing at two looks this far apart are lost
-
 
 class KVStore:
     """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
@@ -111,7 +76,6 @@ class KVStore:
         # lacks go to on_lost (the worker writes again those it holds; recent_writes.py).
         self.recent = RecentWrites()
         self.on_lost: Callable[[list[str]], None] | None = None
-        self._audit: tuple[float | None, list[str] | None, float] = (None, None, 0.0)  # (switch, suspects, when)
         self._connector.audit = self._audit_recent_writes
         # The SSD tier's replica lookup runs on its own thread, beside the read it attributes: under a
         # CPU-bound scheduler loop each return from Mooncake waits up to one GIL switch interval (5 ms),
@@ -308,42 +272,24 @@ class KVStore:
         return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
 
     def _audit_recent_writes(self, switched_at: float) -> bool:
-        """After a leader switch (connector thread, each tick until True): which keys written within
-        the window before it (or since) the new leader lacks; they are counted and handed to on_lost.
-
-        NOTE: two looks at least AUDIT_RECHECK_S apart, and only keys missing in both are lost: right
-        after a switch the new leader answered "absent" for pages that read back a moment later
-        (bench/master_failover.py)."""
-        first, suspects, looked_at = self._audit
-        if first != switched_at:  # a new switch: start over
-            suspects, looked_at = None, 0.0
-        if suspects is not None and time.monotonic() - looked_at < AUDIT_RECHECK_S:
-            return False
-        keys = suspects if suspects is not None else self.recent.since(switched_at)
+        """After a leader switch (connector thread, each tick until True): the keys written lately
+        that the new leader lacks (recent_writes.py) are counted and handed to on_lost."""
         client = self._connector.client()
-        if not keys:
-            return True
         if client is None:
             return False
         try:
-            exist = client.batch_is_exist(keys)
+            lost = self.recent.audit(client, switched_at)
         except Exception as e:  # noqa: BLE001 - the new leader not reachable yet: the next tick retries
             log.info("store: auditing recent writes after the leader switch failed (%s); retrying", e)
             return False
-        if len(exist) != len(keys) or any(c < 0 for c in exist):
+        if lost is None:
             return False
-        missing = [k for k, c in zip(keys, exist) if c != 1]
-        if suspects is None and missing:  # the first look: look again before calling them lost
-            self._audit = (switched_at, missing, time.monotonic())
-            return False
-        self._audit = (None, None, 0.0)
-        written = len(self.recent.since(switched_at))
-        log.warning("store: after the leader switch the new leader lacks %d of the %d pages written lately%s",
-                    len(missing), written, "; writing again those L1 holds" if missing else "")
-        if missing:
-            self.metrics.lost_on_leader_change.inc(len(missing))
+        log.warning("store: after the leader switch the new leader lacks %d of the pages written lately%s",
+                    len(lost), "; writing again those L1 holds" if lost else "")
+        if lost:
+            self.metrics.lost_on_leader_change.inc(len(lost))
             if self.on_lost is not None:
-                self.on_lost(missing)
+                self.on_lost(lost)
         return True
 
     def _retry_no_space(self, client, keys, addrs, todo: list[int], codes: list[int]) -> list[int]:
@@ -431,10 +377,3 @@ def _distinct_key_batches(keys: Sequence[str]) -> list[list[int]]:
             batches.append([])
         batches[n].append(i)
     return batches
-
-
-def check_pairs(keys: Sequence[str], addrs: Sequence[int]) -> None:
-    """One address per key, or a ValueError naming both counts."""
-    if len(keys) != len(addrs):
-        raise ValueError(f"got {len(keys)} keys but {len(addrs)} page addresses")
-

@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics
+from store_client.results import OK
 from store_client.ssd_metrics import register_ssd_metrics
-from store_client.store import OK, KVStore
+from store_client.store import KVStore
 from tests.fixtures.store import page_pattern, store_config
 
 PAGES, PAGE_NBYTES, SEGMENT_MB = 96, 256 << 10, 16

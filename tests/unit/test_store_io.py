@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from pdorch.config import StoreConfig
 from store_client.io_thread import StoreIO
 from store_client.metrics import StoreMetrics
-from store_client.store import LoadResult, SaveResult
+from store_client.results import LoadResult, SaveResult
 
 
 class FakeStore:

@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from pdorch.config import StoreConfig
 from store_client.metrics import StoreMetrics
-from store_client.store import KVStore, LoadResult, SaveResult, classify
+from store_client.results import LoadResult, SaveResult, classify
+from store_client.store import KVStore
 
 
 @pytest.fixture
@@ -109,10 +110,11 @@ class FakeAuditClient:
 
 
 def test_after_a_leader_switch_keys_missing_at_two_looks_are_lost_and_handed_back(monkeypatch, disabled):
+    import store_client.recent_writes as recent_mod
     import store_client.store as store_mod
 
     store, reg = disabled
-    monkeypatch.setattr(store_mod, "AUDIT_RECHECK_S", 0.0)
+    monkeypatch.setattr(recent_mod, "RECHECK_S", 0.0)
     fake = FakeAuditClient({"a", "b"})
     store._connector.client = lambda: fake
     lost = []
