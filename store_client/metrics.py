@@ -22,9 +22,16 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 class StoreMetrics:
+    """All of the store tier's series, in three groups: reads and writes, the connection (and HA
+    masters), chain eviction."""
+
     def __init__(self, registry: CollectorRegistry | None = None):
         reg = registry if registry is not None else REGISTRY
-        p = "pdorch_store_"
+        self._io(reg, "pdorch_store_")
+        self._connection(reg, "pdorch_store_")
+        self._eviction(reg, "pdorch_store_")
+
+    def _io(self, reg: CollectorRegistry, p: str) -> None:
         self.pages_read = Counter(p + "pages_read", "Pages loaded from the store into the pool", registry=reg)
         self.bytes_read = Counter(p + "bytes_read", "Bytes loaded from the store into the pool", registry=reg)
         self.tier_pages_read = Counter(p + "tier_pages_read", "Pages loaded from the store, by the store tier "
@@ -51,6 +58,16 @@ class StoreMetrics:
                                      ["reason"], registry=reg)
         self.queue_depth = Gauge(p + "queue_depth", "Store I/O operations queued or running", ["op"],
                                  registry=reg)
+        for op in OPS:  # export zeros from the start, so dashboards show "no traffic" rather than "no data"
+            self.op_seconds.labels(op)
+        for op in ("match", "load"):
+            self.hits.labels(op)
+        for op in ("load", "save"):
+            self.queue_depth.labels(op)
+        for tier in ("dram", "ssd"):
+            self.tier_pages_read.labels(tier)
+
+    def _connection(self, reg: CollectorRegistry, p: str) -> None:
         self.enabled = Gauge(p + "enabled", "1 while the store is connected and healthy, else 0", registry=reg)
         self.reconnects = Counter(p + "reconnects", "Times the store came back after being lost", registry=reg)
         # HA masters only (store.master_address etcd://...): read from etcd's master view each second
@@ -64,16 +81,9 @@ class StoreMetrics:
         self.connect_failures = Counter(p + "connect_failures",
                                         "Failed attempts to reach the master while the store is down",
                                         registry=reg)
-        for op in OPS:  # export zeros from the start, so dashboards show "no traffic" rather than "no data"
-            self.op_seconds.labels(op)
-        for op in ("match", "load"):
-            self.hits.labels(op)
-        for op in ("load", "save"):
-            self.queue_depth.labels(op)
-        for tier in ("dram", "ssd"):
-            self.tier_pages_read.labels(tier)
 
-        # Chain eviction (store_client/evictor.py): what pdorch removed from the store, and why not.
+    def _eviction(self, reg: CollectorRegistry, p: str) -> None:
+        """Chain eviction (store_client/evictor.py): what pdorch removed from the store, and why not."""
         self.evicted_pages = Counter(p + "evicted_pages", "Pages pdorch's chain eviction removed from the store",
                                      registry=reg)
         self.evict_skipped = Counter(p + "evict_skipped_pages", "Eviction victims not removed, by reason "
