@@ -154,35 +154,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     transfer.register(pool.base_ptr, pool.nbytes)
     store = store_io = chain_index = evictor = None
     if use_store and cfg.store.enabled:
-        from prometheus_client import CollectorRegistry
-
-        from store_client.io_thread import StoreIO
-        from store_client.metrics import StoreMetrics
-        from store_client.store import KVStore
-
-        # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
-        # component (the worker id: role, host, port) names this worker's SSD directory: distinct per
-        # worker and the same after a restart, which then reads its files again (docs/workers.md).
-        store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()),
-                        component or segment)
-        store.register_buffer(pool.base_ptr, pool.nbytes)
-        if registry is not None:
-            from store_client.ssd_metrics import register_ssd_metrics
-
-            register_ssd_metrics(store, registry)  # only with store.ssd_path set
-        store_io = StoreIO(store)
-        if evict and cfg.store.eviction == "chain" and cfg.store.eviction_in_effect != "chain":
-            log.info("store.ssd_path is set: mooncake_master's eviction moves pages from DRAM to disk; "
-                     "no chain eviction (its removals would delete the disk copies)")
-        if evict and cfg.store.eviction_in_effect == "chain":
-            from store_client.chain_index import ChainIndex
-            from store_client.evictor import StoreEvictor, master_metrics_url
-
-            chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
-            # NOTE: HA masters: the leader the store connector reads from etcd each second, not a read per pass
-            evictor = StoreEvictor(store, chain_index, cfg.store,
-                                   lambda: master_metrics_url(cfg.store, store.master_leader)).start()
-            store.before_write = evictor.make_room  # bursts of writes make room first
+        store, store_io, chain_index, evictor = _store_tier(cfg, pool, registry, evict, component or segment)
     log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s), %d pages of %d bytes, segment %s, fingerprint %s, "
              "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,
              fingerprint, "on" if store else "off")
@@ -192,3 +164,37 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
                          transfer=transfer, segment=segment, store=store, store_io=store_io,
                          chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
                          tokenizer=Tokenizer.from_dir(model_dir))
+
+
+def _store_tier(cfg: Config, pool, registry, evict: bool, component: str):
+    """(KVStore, StoreIO, ChainIndex | None, StoreEvictor | None) over this worker's pool."""
+    from prometheus_client import CollectorRegistry
+
+    from store_client.io_thread import StoreIO
+    from store_client.metrics import StoreMetrics
+    from store_client.store import KVStore
+
+    # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
+    # component (the worker id: role, host, port) names this worker's SSD directory: distinct per
+    # worker and the same after a restart, which then reads its files again (docs/workers.md).
+    store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), component)
+    store.register_buffer(pool.base_ptr, pool.nbytes)
+    if registry is not None:
+        from store_client.ssd_metrics import register_ssd_metrics
+
+        register_ssd_metrics(store, registry)  # only with store.ssd_path set
+    store_io = StoreIO(store)
+    if evict and cfg.store.eviction == "chain" and cfg.store.eviction_in_effect != "chain":
+        log.info("store.ssd_path is set: mooncake_master's eviction moves pages from DRAM to disk; "
+                 "no chain eviction (its removals would delete the disk copies)")
+    if not (evict and cfg.store.eviction_in_effect == "chain"):
+        return store, store_io, None, None
+    from store_client.chain_index import ChainIndex
+    from store_client.evictor import StoreEvictor, master_metrics_url
+
+    chain_index = ChainIndex(cfg.store.evict_index_pages, cfg.store.evict_depth_weight_s)
+    # NOTE: HA masters: the leader the store connector reads from etcd each second, not a read per pass
+    evictor = StoreEvictor(store, chain_index, cfg.store,
+                           lambda: master_metrics_url(cfg.store, store.master_leader)).start()
+    store.before_write = evictor.make_room  # bursts of writes make room first
+    return store, store_io, chain_index, evictor
