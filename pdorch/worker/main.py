@@ -98,33 +98,11 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         worker, add_to_server = build(cfg, worker_id)
     except (StartupError, PoolSizeError) as e:  # what the operator must change, without a traceback
         raise SystemExit("\n".join(f"{prog}: {line}" for line in str(e).splitlines())) from None
-    # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
-    # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
-    # WatchKV streams (one per router replica) hold theirs for good: room for the most it admits.
-    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16 + MAX_SUBSCRIBERS
-    refused = refusal_counter(role, worker.recorder.registry)
-    server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
-    add_to_server(worker, server)
-    try:
-        port = add_port(server, address, cfg.grpc)
-    except ValueError as e:
-        raise SystemExit(f"{prog}: {e}") from None
-    if port == 0:
-        raise SystemExit(f"{prog}: cannot listen on {address} ({role}.host / {role}.port)")
-    server.start()
+    server = _serve_grpc(cfg, role, section, worker, add_to_server, address, prog)
     metrics_server = None
     if section.metrics_port:
         metrics_server, _ = worker.recorder.serve(section.metrics_port, host=section.host)
-    registration = None
-    if cfg.discovery.mode == "etcd":
-        from pdorch.worker.registration import WorkerRegistration  # lazy: etcd3 only when it is used
-
-        info = worker.info()
-        registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {
-            "address": advertised, "model": cfg.model.served_name, "model_fingerprint": info.model_fingerprint,
-            "page_size": info.page_size, "transfer_segment": info.transfer_segment,
-            "metrics_port": section.metrics_port})
-        registration.start()
+    registration = _register(cfg, role, worker, worker_id, advertised, section.metrics_port)
     log.info("%s worker %s serving on %s (metrics on %s)", role, worker_id, address, section.metrics_port or "off")
     stop.wait()
     log.info("shutting down: leaving discovery, then draining")
@@ -139,3 +117,36 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     if metrics_server is not None:
         metrics_server.shutdown()
     worker.close()
+
+
+def _serve_grpc(cfg, role: str, section, worker, add_to_server, address: str, prog: str):
+    """The worker's gRPC server, started on `address`; SystemExit naming the keys when it cannot listen."""
+    # Every in-flight RPC holds a thread (Generate streams for their whole life), so size the pool
+    # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
+    # WatchKV streams (one per router replica) hold theirs for good: room for the most it admits.
+    max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16 + MAX_SUBSCRIBERS
+    refused = refusal_counter(role, worker.recorder.registry)
+    server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
+    add_to_server(worker, server)
+    try:
+        port = add_port(server, address, cfg.grpc)
+    except ValueError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+    if port == 0:
+        raise SystemExit(f"{prog}: cannot listen on {address} ({role}.host / {role}.port)")
+    server.start()
+    return server
+
+
+def _register(cfg, role: str, worker, worker_id: str, advertised: str, metrics_port: int):
+    """The worker's registration in etcd, started (None with static discovery)."""
+    if cfg.discovery.mode != "etcd":
+        return None
+    from pdorch.worker.registration import WorkerRegistration  # lazy: etcd3 only when it is used
+
+    info = worker.info()
+    registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {
+        "address": advertised, "model": cfg.model.served_name, "model_fingerprint": info.model_fingerprint,
+        "page_size": info.page_size, "transfer_segment": info.transfer_segment, "metrics_port": metrics_port})
+    registration.start()
+    return registration
