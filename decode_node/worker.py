@@ -151,6 +151,13 @@ class DecodeWorker:
         def cancelled() -> bool:
             return req.cancelled or not is_active()
 
+        self._admit(req, cancelled)
+        first, forks = self._prompt_kv(req, cancelled)
+        yield from self._stream(req, first, forks, cancelled)
+
+    def _admit(self, req: DecodeRequest, cancelled) -> None:
+        """The prompt's pages: hashed once, D's prefix-cache hits taken, the rest allocated (waiting
+        under the watermark with the deadline); failures raised, counted."""
         page_size, n, sequences = self.cfg.model.page_size, req.prompt_len, req.job.params.n
         # The prompt is hashed once, here: the prefix cache looks it up, P reuses the hashes, and D
         # continues the chain when it offloads generated pages (decode_node/offload.py).
@@ -170,6 +177,12 @@ class DecodeWorker:
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             raise
+
+    def _prompt_kv(self, req: DecodeRequest, cancelled):
+        """The prompt's KV in place (D's cache, the store, P or D's own forward) and the request in the
+        batch: (the first token's event or None, the forks' first events); on failure every page is
+        given back and the error raised."""
+        sequences = req.job.params.n
         plan = None
         try:
             plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts
@@ -193,6 +206,10 @@ class DecodeWorker:
             if isinstance(e, WorkerError):
                 log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
+        return first, forks
+
+    def _stream(self, req: DecodeRequest, first, forks, cancelled):
+        """The events of every sequence until each has ended (or the client has gone)."""
         open_ = {s.index for s in req.sequences}  # sequences still to end (forks ended at once are not)
         if first is not None:
             if first.final:
