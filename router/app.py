@@ -86,26 +86,9 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     pool = WorkerPool(rc.circuit_breaker_failures, rc.circuit_breaker_cooldown_s, rc.health_check_interval_s,
                       cfg.grpc,  # the workers' shared gRPC token and TLS
                       KVLayout.from_config(cfg.model, model_dir))
-    store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
-    kv_index = watcher = None
-    if rc.policy == "cache_aware" and rc.kv_events:  # route on what the workers say they hold
-        kv_index = KVIndex(speculative_ttl_s=rc.kv_speculative_ttl_s)
-        watcher = KVWatcher(pool, kv_index, cfg.model.page_size, name=f"router:{rc.port}",
-                            stale_after_s=rc.kv_stale_after_s)
-        metrics.extra.append(watcher.collect)
-        metrics.extra.append(kv_index_metrics(kv_index))
-    weights = ChoiceWeights(rc.kv_l1_weight, rc.kv_store_weight if cfg.store.enabled else 0.0,
-                            rc.load_imbalance_threshold)
-    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index,
-                         kv_index, weights)
-    if watcher is not None:
-        watcher.on_load_changed = policy.load_changed
+    policy, watcher = _routing(cfg, pool, metrics)
     svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
-    metrics.in_flight = lambda: svc.in_flight  # gauges are read at scrape time
-    metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
-    metrics.prefill_choices = lambda: getattr(policy, "decisions", {})
-    metrics.decode_choices = lambda: getattr(policy, "decode_decisions", {})
-    metrics.guess_fallbacks = lambda: getattr(policy, "guess_fallbacks", 0)
+    _export_gauges(metrics, svc, pool, policy)
     auth = Auth(rc.api_key, rc.admin_key, rc.previous_api_key)
     discovery = make_discovery(cfg.discovery, pool)
 
@@ -130,7 +113,44 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.state.pool = pool
     app.state.metrics = metrics
     app.state.kv_watcher = watcher  # pdorch status: each worker's stream state (router/admin.py)
+    _add_error_handlers(app)
+    _add_generation_routes(app, cfg, svc, auth, metrics)
+    admin.add_routes(app, cfg, svc, auth, pool, metrics)
+    tokenize.add_routes(app, svc, auth)
+    return app
 
+
+def _routing(cfg: Config, pool: WorkerPool, metrics: RouterMetrics):
+    """(the routing policy, the KV event watcher or None): what P and D are chosen by."""
+    rc = cfg.router
+    store_index = rc.cache_index_pages if cfg.store.enabled and rc.store_aware_routing else 0
+    kv_index = watcher = None
+    if rc.policy == "cache_aware" and rc.kv_events:  # route on what the workers say they hold
+        kv_index = KVIndex(speculative_ttl_s=rc.kv_speculative_ttl_s)
+        watcher = KVWatcher(pool, kv_index, cfg.model.page_size, name=f"router:{rc.port}",
+                            stale_after_s=rc.kv_stale_after_s)
+        metrics.extra.append(watcher.collect)
+        metrics.extra.append(kv_index_metrics(kv_index))
+    weights = ChoiceWeights(rc.kv_l1_weight, rc.kv_store_weight if cfg.store.enabled else 0.0,
+                            rc.load_imbalance_threshold)
+    policy = make_policy(rc.policy, rc.cache_index_pages, rc.load_imbalance_threshold, store_index,
+                         kv_index, weights)
+    if watcher is not None:
+        watcher.on_load_changed = policy.load_changed
+    return policy, watcher
+
+
+def _export_gauges(metrics: RouterMetrics, svc: RouterService, pool: WorkerPool, policy) -> None:
+    """Gauges read at scrape time."""
+    metrics.in_flight = lambda: svc.in_flight
+    metrics.workers_healthy = lambda: {role: len(pool.routable(role)) for role in ("prefill", "decode")}
+    metrics.prefill_choices = lambda: getattr(policy, "decisions", {})
+    metrics.decode_choices = lambda: getattr(policy, "decode_decisions", {})
+    metrics.guess_fallbacks = lambda: getattr(policy, "guess_fallbacks", 0)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI-style JSON, never a stack trace."""
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return exc.response()
@@ -145,12 +165,14 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
         log.exception("unexpected error on %s", request.url.path)
         return APIError(500, "internal error in the router (see its log)", "internal_error").response()
 
-    # ------------------------------------------------------------------ generation
-    gen = GenerationHandlers(cfg, svc, auth)
 
+def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, metrics: RouterMetrics) -> None:
+    """The generation routes (served by RouterHttpProtocol itself, router/hot_path.py; through FastAPI
+    only under another server) and /v1/models."""
+    gen = GenerationHandlers(cfg, svc, auth)
     hot = HotRoutes({b"/v1/chat/completions": gen.chat, b"/v1/completions": gen.completions,
-                     b"/generate": gen.generate}, metrics, max_body_bytes=rc.max_body_mb << 20)
-    app.hot_routes = hot  # RouterHttpProtocol answers these itself (router/hot_path.py)
+                     b"/generate": gen.generate}, metrics, max_body_bytes=cfg.router.max_body_mb << 20)
+    app.hot_routes = hot
 
     def _route(handler):
         # NOTE: reached only where the app is served by another server than RouterHttpProtocol (or
@@ -184,8 +206,4 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
         return json_response({"object": "list", "data": [{
             "id": cfg.model.served_name, "object": "model", "created": 0, "owned_by": "pdorch",
             "root": cfg.model.source, "max_model_len": svc.context_limit()}]})
-
-    admin.add_routes(app, cfg, svc, auth, pool, metrics)
-    tokenize.add_routes(app, svc, auth)
-    return app
 
