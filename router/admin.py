@@ -27,15 +27,23 @@ STORE_FLUSH_TIMEOUT_S = 60.0
 
 def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool,
                metrics: RouterMetrics) -> None:
-    def counts() -> dict:
-        return {role: {"known": len(pool.workers(role)), "routable": len(pool.routable(role))}
-                for role in ("prefill", "decode")}
+    """Health and metrics, the server's info, and the admin routes (workers, flush)."""
+    _add_health_routes(app, svc, pool, metrics)
+    _add_info_routes(app, cfg, svc, auth, pool)
+    _add_admin_routes(app, cfg, svc, auth, pool)
 
+
+def _counts(pool: WorkerPool) -> dict:
+    return {role: {"known": len(pool.workers(role)), "routable": len(pool.routable(role))}
+            for role in ("prefill", "decode")}
+
+
+def _add_health_routes(app: FastAPI, svc: RouterService, pool: WorkerPool, metrics: RouterMetrics) -> None:
     # NOTE: GET routes that probes and scrapers may also ask with HEAD answer it (FastAPI's @app.get does not).
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         """200 when at least one prefill and one decode worker are routable, else 503."""
-        c = counts()
+        c = _counts(pool)
         ok = c["prefill"]["routable"] > 0 and c["decode"]["routable"] > 0
         if not ok:
             err = unavailable("no healthy prefill/decode pair: " + formats.dumps(c).decode())
@@ -68,11 +76,13 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
     async def prom_metrics():
         return Response(metrics.render(), media_type=metrics.content_type)
 
+
+def _add_info_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool) -> None:
     def server_info() -> dict:
         return {"model": cfg.model.served_name, "model_path": str(svc.model_dir or cfg.model.source),
                 "served_model_name": cfg.model.served_name, "page_size": cfg.model.page_size,
                 "max_context_tokens": svc.context_limit(), "policy": cfg.router.policy,
-                "disaggregation_mode": "prefill_decode", "workers": counts(), "version": "pdorch-1"}
+                "disaggregation_mode": "prefill_decode", "workers": _counts(pool), "version": "pdorch-1"}
 
     @app.get("/server_info")
     async def get_server_info(request: Request):
@@ -87,6 +97,8 @@ def add_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: 
         return json_response({"model_path": str(svc.model_dir or cfg.model.source), "served_model_name": cfg.model.served_name,
                       "is_generation": True})
 
+
+def _add_admin_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool) -> None:
     @app.get("/workers")
     async def workers(request: Request):
         """Admin: every known worker with health, circuit state, load and last Info."""
