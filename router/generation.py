@@ -82,6 +82,29 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+async def _sse_events(run, progress, first: str, chunk, tail):
+    """One streamed OpenAI response: `chunk(delta, is_first)` per worker chunk, the body ended with
+    the last one and `tail()` (usage, [DONE]); a failed stream ends with an error event."""
+    try:
+        out = chunk(first, True)
+        if progress.finish_reason:
+            yield out + tail()
+            return
+        if out:
+            yield out
+        async for delta in run:
+            out = chunk(delta, False)
+            if progress.finish_reason:  # the worker's last chunk: end the HTTP body with it
+                yield out + tail()
+                return
+            if out:
+                yield out
+    except StreamFailed as e:
+        yield formats.sse(stream_error_event(str(e))) + formats.DONE
+        return
+    yield tail()
+
+
 class GenerationHandlers:
     def __init__(self, cfg: Config, svc: RouterService, auth: Auth):
         self.cfg = cfg
@@ -100,26 +123,7 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
-        sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
-        check_n(sampling.n, self.cfg.router.max_n)
-        plan = tool_plan(req) if chat else None
-        grammar = constraint(req, plan)
-        if grammar is not None:
-            sampling.grammar.CopyFrom(grammar[0])
-        top = openai_logprobs(req, chat)
-        if top is not None:
-            sampling.logprobs = top
-        echo = not chat and bool(req.echo)
-        if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
-            sampling.prompt_logprobs = top
-        if chat:
-            ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
-                                  **template_kwargs(req, plan))
-        else:
-            ids = completion_prompt(req.prompt, svc)
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived,
-                           grammar_param=grammar[1] if grammar else "", session=req.prompt_cache_key)
+        sampling, plan, top, echo, ids, job = self._openai_job(req, chat, request, arrived)
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
@@ -168,54 +172,43 @@ class GenerationHandlers:
                 return {}
             return {"logprobs": lp.take_chat() if chat else lp.take_completion(len(progress.text) - len(delta))}
 
-        async def events():
-            try:
-                out = chunk(progress, oid, created, model, lead + first, True, include_usage, **chunk_lp(first))
-                if progress.finish_reason:
-                    yield out + tail()
-                    return
-                if out:
-                    yield out
-                async for delta in run:
-                    out = chunk(progress, oid, created, model, delta, False, include_usage, **chunk_lp(delta))
-                    if progress.finish_reason:  # the worker's last chunk: end the HTTP body with it
-                        yield out + tail()
-                        return
-                    if out:
-                        yield out
-            except StreamFailed as e:
-                yield formats.sse(stream_error_event(str(e))) + formats.DONE
-                return
-            yield tail()
+        def one(delta: str, is_first: bool) -> bytes:
+            text = lead + delta if is_first else delta
+            return chunk(progress, oid, created, model, text, is_first, include_usage, **chunk_lp(delta))
 
-        return SSEResponse(events(), run.aclose)
+        return SSEResponse(_sse_events(run, progress, first, one, tail), run.aclose)
+
+    def _openai_job(self, req, chat: bool, request: Request, arrived: float):
+        """(sampling, tool plan, top logprobs, echo, prompt ids, the dispatch job) of an OpenAI body."""
+        svc = self.svc
+        sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
+        check_n(sampling.n, self.cfg.router.max_n)
+        plan = tool_plan(req) if chat else None
+        grammar = constraint(req, plan)
+        if grammar is not None:
+            sampling.grammar.CopyFrom(grammar[0])
+        top = openai_logprobs(req, chat)
+        if top is not None:
+            sampling.logprobs = top
+        echo = not chat and bool(req.echo)
+        if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
+            sampling.prompt_logprobs = top
+        if chat:
+            ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
+                                  **template_kwargs(req, plan))
+        else:
+            ids = completion_prompt(req.prompt, svc)
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived,
+                           grammar_param=grammar[1] if grammar else "", session=req.prompt_cache_key)
+        return sampling, plan, top, echo, ids, job
 
     async def generate(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(GenerateRequest, body)
-        if (req.text is None) == (req.input_ids is None):
-            raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
-        sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
-        check_n(sampling.n, self.cfg.router.max_n, "sampling_params.n")
-        start = -1 if req.logprob_start_len is None else req.logprob_start_len  # >= 0: prompt logprobs from there
-        if req.return_logprob:
-            check_top(req.top_logprobs_num, "top_logprobs_num")
-            sampling.logprobs = req.top_logprobs_num
-            if start >= 0:  # P computes the whole prompt for them (prefill_node/prefix.py)
-                sampling.prompt_logprobs = req.top_logprobs_num
-        grammar = grammar_of(req.sampling_params, "sampling_params.")
-        if grammar is not None:
-            sampling.grammar.CopyFrom(grammar[0])
-        ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
-        if req.return_logprob and start >= max(len(ids), 1):
-            raise APIError(400, f"logprob_start_len {start} is past the prompt's {len(ids)} tokens",
-                           param="logprob_start_len")
-        prompt = ids if req.return_logprob and start >= 0 else None
-        job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
-                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
-                           grammar_param=grammar[1] if grammar else "")
+        sampling, start, prompt, job = self._generate_job(req, request, arrived)
         progress, _, run = await svc.start(job, "/generate", t0)
         if sampling.n > 1:  # router/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
@@ -252,6 +245,34 @@ class GenerationHandlers:
             yield formats.DONE
 
         return SSEResponse(events(), run.aclose)
+
+
+    def _generate_job(self, req: GenerateRequest, request: Request, arrived: float):
+        """(sampling, logprob start, the prompt ids when its logprobs are asked, the dispatch job) of
+        an SGLang /generate body."""
+        svc = self.svc
+        if (req.text is None) == (req.input_ids is None):
+            raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
+        sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
+        check_n(sampling.n, self.cfg.router.max_n, "sampling_params.n")
+        start = -1 if req.logprob_start_len is None else req.logprob_start_len  # >= 0: prompt logprobs from there
+        if req.return_logprob:
+            check_top(req.top_logprobs_num, "top_logprobs_num")
+            sampling.logprobs = req.top_logprobs_num
+            if start >= 0:  # P computes the whole prompt for them (prefill_node/prefix.py)
+                sampling.prompt_logprobs = req.top_logprobs_num
+        grammar = grammar_of(req.sampling_params, "sampling_params.")
+        if grammar is not None:
+            sampling.grammar.CopyFrom(grammar[0])
+        ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
+        if req.return_logprob and start >= max(len(ids), 1):
+            raise APIError(400, f"logprob_start_len {start} is past the prompt's {len(ids)} tokens",
+                           param="logprob_start_len")
+        prompt = ids if req.return_logprob and start >= 0 else None
+        job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
+                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
+                           grammar_param=grammar[1] if grammar else "")
+        return sampling, start, prompt, job
 
 
 async def _collect(run, final) -> Response:
