@@ -140,19 +140,9 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
         children.append(_master_spec(cfg, master_argv))
     addresses: dict[str, list[str]] = {}
     for role, section, count in (("prefill", cfg.prefill, num_prefill), ("decode", cfg.decode, num_decode)):
-        addresses[role] = []
-        for i in range(count):
-            port = section.port + i
-            metrics = section.metrics_port + i if section.metrics_port else 0
-            for p, key in ((port, f"{role}.port"), (metrics, f"{role}.metrics_port")):
-                if p > 65535:
-                    raise PlanError(f"{key}: {role}-{i} would need port {p}; choose a lower base port")
-            sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}",
-                    f"model.device={next(devices)}"]
-            argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
-            ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
-            children.append(ChildSpec(f"{role}-{i}", role, argv, section.host, ports, secret_env(cfg, role)))
-            addresses[role].append(f"{_advertised(section.host)}:{port}")
+        workers = [_worker_spec(cfg, role, section, i, base, python, threads, next(devices)) for i in range(count)]
+        children += workers
+        addresses[role] = [f"{_advertised(section.host)}:{w.ports[0][1]}" for w in workers]
     discovery = cfg.discovery
     router_sets: list[str] = []
     if discovery.mode == "static":  # etcd: the workers register themselves
@@ -175,6 +165,21 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     effective = dataclasses.replace(cfg, discovery=discovery)
     placed = tuple(s.partition("=")[2] for c in children for s in c.argv if s.startswith("model.device="))
     return LaunchPlan(effective, tuple(children), threads, urls[0], placed, tuple(urls))
+
+
+def _worker_spec(cfg: Config, role: str, section, i: int, base: tuple[str, ...], python: str, threads: int,
+                 device: str) -> ChildSpec:
+    """Worker i of `role`: its ports (section.port + i, metrics + i), threads and device."""
+    port = section.port + i
+    metrics = section.metrics_port + i if section.metrics_port else 0
+    for p, key in ((port, f"{role}.port"), (metrics, f"{role}.metrics_port")):
+        if p > 65535:
+            raise PlanError(f"{key}: {role}-{i} would need port {p}; choose a lower base port")
+    sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}",
+            f"model.device={device}"]
+    argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
+    ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
+    return ChildSpec(f"{role}-{i}", role, argv, section.host, ports, secret_env(cfg, role))
 
 
 def _override_key(override: str) -> str:
