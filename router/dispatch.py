@@ -234,24 +234,12 @@ class Dispatcher:
                                                  timeout_s=remaining)
             else:
                 req = resumption.request(p.address, remaining)
-            for w in (p, d):
-                w.in_flight += 1
-                w.routed += 1
-                w.breaker.on_sent()
-                self.metrics.routed_to(w.role, w.address)
-                self.policy.load_changed(w)
+            self._count_sent(p, d)
             call: StreamCall | None = None
             try:
                 call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
                                           worker_pb2.GenerateResponse.FromString, remaining)
-                first: list[worker_pb2.GenerateResponse] = []
-                while True:
-                    batch = await call.next_batch()
-                    if not batch:
-                        raise _EarlyEOF()
-                    first.extend(batch)
-                    if any(m.token_ids or m.finish_reason for m in batch):
-                        break
+                first = await _until_first_token(call)
             except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
                 p.in_flight -= 1
                 d.in_flight -= 1
@@ -271,6 +259,15 @@ class Dispatcher:
             return _Attempt(d, call, first, self.policy.load_changed)
         assert last_error is not None
         raise last_error
+
+    def _count_sent(self, p: Worker, d: Worker) -> None:
+        """Both workers' load and the routing metrics, as the request goes out."""
+        for w in (p, d):
+            w.in_flight += 1
+            w.routed += 1
+            w.breaker.on_sent()
+            self.metrics.routed_to(w.role, w.address)
+            self.policy.load_changed(w)
 
     def _done(self, d: Worker) -> bool:
         self.pool.record_success(d)
@@ -319,3 +316,15 @@ class _Attempt:
         self._load_changed(self.d)
         if not self.finished:
             self.call.cancel()
+
+
+async def _until_first_token(call: StreamCall) -> list[worker_pb2.GenerateResponse]:
+    """The stream's messages up to the first that carries a token or a finish (_EarlyEOF: it ended)."""
+    first: list[worker_pb2.GenerateResponse] = []
+    while True:
+        batch = await call.next_batch()
+        if not batch:
+            raise _EarlyEOF()
+        first.extend(batch)
+        if any(m.token_ids or m.finish_reason for m in batch):
+            return first
