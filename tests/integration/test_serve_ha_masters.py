@@ -22,9 +22,8 @@ from pdorch.ports import free_port_run
 from tests.fixtures.processes import free_port, stop_process
 from tests.fixtures.router import start_etcd
 from tests.integration.test_serve import children_of, pdorch_command
-from tests.integration.test_serve_supervision import wait_for
+from tests.integration.test_serve_supervision import serve_env, serve_process, wait_for, wait_serve_ready
 
-READY_TIMEOUT_S = 240
 LEAD_TIMEOUT_S = 40
 
 
@@ -41,22 +40,12 @@ def serve(tmp_path, tiny_model_dir):
             "router.health_check_interval_s=0.5"]
     flags = [a for s in sets for a in ("--set", s)]
     out_path = tmp_path / "serve.out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PDORCH_")}
     argv = pdorch_command() + ["serve", "--masters", "2", "--log-dir", str(tmp_path / "logs")] + flags
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    seen: set[int] = set()
     try:
-        yield proc, flags, out_path, seen, env
+        with serve_process(argv, out_path, serve_env(), stop_timeout_s=60) as (proc, seen):
+            yield proc, flags, out_path, seen, serve_env()
     finally:
-        seen |= set(children_of(proc.pid)) if proc.poll() is None else set()
-        stop_process(proc, timeout_s=60)
-        for pid in seen:  # NOTE: only if the test failed midway: never leave a cluster running
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
         stop_process(etcd.proc)
-
 
 def test_serve_runs_two_ha_masters_and_restarts_a_killed_leader_as_standby(serve):
     proc, flags, out_path, seen, env = serve
@@ -64,11 +53,6 @@ def test_serve_runs_two_ha_masters_and_restarts_a_killed_leader_as_standby(serve
 
     def output() -> str:
         return out_path.read_text(errors="replace")
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"pdorch serve exited with {proc.returncode} before ready:\n{output()}")
-        return "pdorch is ready at" in output()
 
     def masters() -> list[dict]:
         r = subprocess.run(pdorch_command() + ["status", "--json", "--url", url] + flags, capture_output=True,
@@ -80,7 +64,7 @@ def test_serve_runs_two_ha_masters_and_restarts_a_killed_leader_as_standby(serve
         return httpx.post(url + "/generate", timeout=60,
                           json={"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 4}}).status_code
 
-    wait_for(ready, READY_TIMEOUT_S, "pdorch serve to be ready")
+    wait_serve_ready(proc, out_path)
     kids = children_of(proc.pid)
     seen |= set(kids)
     assert len(kids) == 5, kids  # master-0, master-1, prefill-0, decode-0, router

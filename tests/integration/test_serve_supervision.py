@@ -7,6 +7,7 @@ command on free ports; stopped by PID.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,17 @@ def wait_for(cond, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def wait_serve_ready(proc: subprocess.Popen, out_path: Path, timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Until `pdorch serve` (writing to out_path) says it is ready; fails at once if it exited."""
+    def ready() -> bool:
+        out = out_path.read_text(errors="replace")
+        if proc.poll() is not None:
+            pytest.fail(f"pdorch serve exited with {proc.returncode} before ready:\n{out}")
+        return "pdorch is ready at" in out
+
+    wait_for(ready, timeout_s, "pdorch serve to be ready")
+
+
 @pytest.fixture
 def cluster(tmp_path, tiny_model_dir):
     """`pdorch serve --prefill 2 --set router.api_key=... --set router.admin_key=... --set grpc.token=...`
@@ -69,16 +81,28 @@ def cluster(tmp_path, tiny_model_dir):
     out_path = tmp_path / "serve.out"
     argv = pdorch_command() + ["serve", "--prefill", "2", "--log-dir", str(log_dir)]
     argv += [a for s in sets for a in ("--set", s)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PDORCH_")}
+    with serve_process(argv, out_path, serve_env(), stop_timeout_s=30) as (proc, seen):
+        yield proc, f"http://127.0.0.1:{router_port}", log_dir, out_path, seen
+
+
+def serve_env() -> dict[str, str]:
+    """This environment without PDORCH_* variables (they would override the test's --set flags)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PDORCH_")}
+
+
+@contextlib.contextmanager
+def serve_process(argv: list[str], out_path: Path, env: dict[str, str], stop_timeout_s: float):
+    """`pdorch serve` started with its output in out_path: (the process, the set of child pids the test
+    saw). Stopped by PID at the end; any child the test saw still alive is then SIGKILLed."""
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     seen: set[int] = set()
     try:
-        yield proc, f"http://127.0.0.1:{router_port}", log_dir, out_path, seen
+        yield proc, seen
     finally:
         seen |= set(children_of(proc.pid)) if proc.poll() is None else set()
-        stop_process(proc, timeout_s=30)
+        stop_process(proc, timeout_s=stop_timeout_s)
         for pid in seen:  # NOTE: only if the test failed midway: never leave a cluster running
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -90,12 +114,7 @@ def test_a_killed_worker_is_restarted_while_serving_and_keys_stay_out_of_argv_an
     def output() -> str:
         return out_path.read_text(errors="replace")
 
-    def ready() -> bool:
-        if proc.poll() is not None:
-            pytest.fail(f"pdorch serve exited with {proc.returncode} before ready:\n{output()}")
-        return "pdorch is ready at" in output()
-
-    wait_for(ready, READY_TIMEOUT_S, "pdorch serve to be ready")
+    wait_serve_ready(proc, out_path)
     kids = children_of(proc.pid)
     seen |= set(kids)
     assert len(kids) == 5, kids  # master, prefill-0, prefill-1, decode-0, router
