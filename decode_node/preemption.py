@@ -58,7 +58,7 @@ def kv_layout(num_tokens: int, page_size: int) -> tuple[int, int]:
 class Preemption:
     def __init__(self, rt, cache, registry):
         self._rt, self._cache = rt, cache
-        self._alloc, self._page_size = rt.allocator, rt.cfg.model.page_size
+        self._alloc, self._page_size = rt.allocator, rt.page_size
         self.waiting: list[DecodeRequest] = []  # preempted, by arrival (they resume in this order)
         self.reading: list[DecodeRequest] = []  # resuming, their store read in flight
         self.total = 0  # preemptions since start (Info)

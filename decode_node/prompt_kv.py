@@ -70,10 +70,10 @@ class PromptKV:
             self._loaded_pages.labels("loaded").inc(sum(ok))
             self._loaded_pages.labels("failed").inc(len(ok) - sum(ok))
             self._count_loaded(sum(ok))
-        plan.apply(req, ok, self.cfg.model.page_size, () if plan.read is None else plan.read.from_ssd)
+        plan.apply(req, ok, self.rt.page_size, () if plan.read is None else plan.read.from_ssd)
 
     def _decide(self, req: DecodeRequest) -> PromptPlan:
-        dc, store, page_size = self.cfg.decode, self.rt.store, self.cfg.model.page_size
+        dc, store, page_size = self.cfg.decode, self.rt.store, self.rt.page_size
         if req.job.params.prompt_logprobs is not None:  # P computes it all (prefill_node/prefix.py)
             self._plans.labels(PREFILL, "prompt_logprobs").inc()
             return PromptPlan(PREFILL, "prompt_logprobs")

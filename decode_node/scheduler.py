@@ -59,11 +59,11 @@ class DecodeScheduler:
         `reserve`: the growth admission keeps pages back for (None: none)."""
         self._rt = rt
         # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
-        self._local_budget = max(local_prefill_tokens, rt.cfg.model.page_size)
+        self._local_budget = max(local_prefill_tokens, rt.page_size)
         self._max_running = max_running
         self._offload = offload and rt.store_io is not None
         self._rec = recorder
-        self._page_size = rt.cfg.model.page_size
+        self._page_size = rt.page_size
         self._max_context = rt.max_context
         self._reserve = reserve
         self.admission = Admission(rt.allocator, max_queued, watermark, reserve)

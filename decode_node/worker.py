@@ -123,7 +123,7 @@ class DecodeWorker:
         """A request the whole pool could never hold (prompt + max_tokens, up to the context limit)
         is refused now, not admitted to fail later. NOTE: the router refuses it first (it knows the
         decode workers' pools from their Info)."""
-        page_size, total, n = self.cfg.model.page_size, self.rt.allocator.num_total, job.params.n
+        page_size, total, n = self.rt.page_size, self.rt.allocator.num_total, job.params.n
         end = min(len(job.token_ids) + job.params.max_tokens, self.max_context)
         shared = shared_pages(len(job.token_ids), page_size) if n > 1 else 0  # n > 1: decode_node/forks.py
         need = shared + n * (pages_for(end, page_size) - shared)
@@ -158,7 +158,7 @@ class DecodeWorker:
     def _admit(self, req: DecodeRequest, cancelled) -> None:
         """The prompt's pages: hashed once, D's prefix-cache hits taken, the rest allocated (waiting
         under the watermark with the deadline); failures raised, counted."""
-        page_size, n, sequences = self.cfg.model.page_size, req.prompt_len, req.job.params.n
+        page_size, n, sequences = self.rt.page_size, req.prompt_len, req.job.params.n
         # The prompt is hashed once, here: the prefix cache looks it up, P reuses the hashes, and D
         # continues the chain when it offloads generated pages (decode_node/offload.py).
         try:
@@ -245,7 +245,7 @@ class DecodeWorker:
             raise PeerFailed(f"request {req.request_id}: prefill answered {len(res.more_first) + 1} first "
                              f"tokens for n={req.job.params.n}")
         forks = fork_sequences(req, res.more_first, self.tokenizer, self.max_context, self._generator)
-        shared = tuple(req.page_ids[:shared_pages(req.prompt_len, self.cfg.model.page_size)])
+        shared = tuple(req.page_ids[:shared_pages(req.prompt_len, self.rt.page_size)])
         tail = req.page_ids[len(shared)]
         for fork, event in forks:
             self.recorder.generated(1)
@@ -299,7 +299,7 @@ class DecodeWorker:
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
         P did not say its writes (and reads) are over, the pages go to the fence (taken out of
         req.page_ids) instead of back to the pool."""
-        page_size, n = self.cfg.model.page_size, req.prompt_len
+        page_size, n = self.rt.page_size, req.prompt_len
         timeout_s = req.deadline - time.monotonic()
         if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
             timeout_s = min(timeout_s, self.cfg.decode.prefill_timeout_s)

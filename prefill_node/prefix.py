@@ -34,7 +34,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
 
     allow_loss=False: only free pages and pages the store also holds may be reclaimed from L1.
     """
-    alloc, page_size = rt.allocator, task.job.page_size
+    alloc, page_size = rt.allocator, rt.page_size
     num_pages = pages_for(task.prompt_len, page_size)
     n_reuse = reusable_pages(task.prompt_len, page_size)
     # D hashed the prompt once and sent the hashes (validated count); older callers did not.

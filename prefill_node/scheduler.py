@@ -261,7 +261,7 @@ class PrefillScheduler:
         bound while that task computes (compute is serial anyway: it would wait for the forward),
         and at most prefill.persist_wait_s for the others' I/O (store loads and writes, the push: a
         stalled store must not stall admission)."""
-        alloc, page_size = self._rt.allocator, task.job.page_size
+        alloc, page_size = self._rt.allocator, self._rt.page_size
         if alloc.num_free() >= pages_for(task.prompt_len, page_size) or not self._prefix_cache:
             return True
         others = [t for t in self._tasks if t is not task and t.page_ids]
@@ -320,7 +320,7 @@ class PrefillScheduler:
             for start, end in take_ranges(task.todo, budget):
                 batch.append((task, start, end))
                 budget -= end - start
-        page_size = batch[0][0].job.page_size
+        page_size = self._rt.page_size
         chunks = [Chunk(page_ids=task.page_ids[:pages_for(end, page_size)], start_pos=start,
                         token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
         t0 = time.perf_counter()

@@ -64,7 +64,7 @@ class PrefillWorker:
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, job: PrefillJob) -> None:
-        rt, page_size = self.rt, self.cfg.model.page_size
+        rt, page_size = self.rt, self.rt.page_size
         max_ctx = self.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
         check_prompt(job.request_id, job.token_ids, rt.arch.vocab_size, max_ctx, "max context")
         require(job.request_id, job.decode_segment, "decode_segment")

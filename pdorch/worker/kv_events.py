@@ -439,7 +439,7 @@ def worker_journal(rt, worker_id: str, load_fn: Callable[[], object], registry,
     its I/O threads, its chain evictor's removals (which also go to `store_evicted`, the scheduler's)
     and the pages a master leader switch lost (to `store_lost`, else `store_evicted`).
     The store mirror is as bounded as the chain index (store.evict_index_pages)."""
-    journal = KVEventJournal(worker_id, rt.cfg.model.page_size, load_fn, registry,
+    journal = KVEventJournal(worker_id, rt.page_size, load_fn, registry,
                              store_max_pages=rt.cfg.store.evict_index_pages)
     rt.allocator.listener = journal
     if rt.store_io is not None:

@@ -61,6 +61,12 @@ class WorkerRuntime:
     tokenizer: Tokenizer | None = None  # loaded once per worker (D detokenizes; both read the EOS ids)
 
     @property
+    def page_size(self) -> int:
+        """Tokens per KV page: the pool's, the one place both workers read it from (a prefill job's
+        own page_size is checked against it when the job arrives)."""
+        return self.pool.page_size
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """The model's end-of-sequence ids (min_tokens keeps them out); () without a tokenizer."""
         return () if self.tokenizer is None else self.tokenizer.eos_token_ids

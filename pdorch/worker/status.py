@@ -21,7 +21,7 @@ def worker_info(rt, role: str, worker_id: str, load: WorkerLoad) -> pb.WorkerInf
     max_ctx = rt.cfg.model.max_context_tokens or arch.max_position_embeddings
     return pb.WorkerInfo(
         role=role, worker_id=worker_id, model=rt.cfg.model.served_name, model_fingerprint=rt.fingerprint,
-        page_size=rt.cfg.model.page_size, total_pages=rt.allocator.num_total, free_pages=load.free_pages,
+        page_size=rt.page_size, total_pages=rt.allocator.num_total, free_pages=load.free_pages,
         queued_requests=load.queued, running_requests=load.running, transfer_segment=rt.segment,
         store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=max_ctx,
         kv_dtype=rt.dtypes.kv, dtype=rt.dtypes.compute, model_family=arch.family,

@@ -301,7 +301,7 @@ def test_worker_journal_is_fed_by_the_allocator_the_store_writes_the_evictor_and
     from pdorch.worker.kv_events import worker_journal
 
     evicted = []
-    rt = SimpleNamespace(cfg=SimpleNamespace(model=SimpleNamespace(page_size=PAGE),
+    rt = SimpleNamespace(page_size=PAGE, cfg=SimpleNamespace(model=SimpleNamespace(page_size=PAGE),
                                              store=SimpleNamespace(evict_index_pages=100)),
                          allocator=PageAllocator(2), store_io=SimpleNamespace(on_saved=None),
                          evictor=SimpleNamespace(on_removed=None), store=SimpleNamespace(on_lost=None))
