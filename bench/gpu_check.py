@@ -93,7 +93,10 @@ def main(argv=None) -> int:
     elif not args.smoke and not args.device.startswith("cuda"):
         ap.error("the full check needs a CUDA device; use --smoke elsewhere")
     t0 = time.perf_counter()
-    res = {"env": environment(args.device), "smoke": args.smoke}
+    # Tensor parallelism needs two GPUs or more: its check is the gloo test on CPU
+    # (tests/unit/test_engine_tensor_parallel.py), never this one-GPU run.
+    res = {"env": environment(args.device), "smoke": args.smoke,
+           "tensor_parallel": "not measured: this check runs on one GPU (TP needs two or more)"}
     # NOTE: a part that raises is reported (traceback in the JSON) and the next part still runs: the
     # check gets one run on a GPU machine.
     try:

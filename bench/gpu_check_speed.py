@@ -87,8 +87,8 @@ def build_models(shape: dict, device: torch.device):
     ours = DecoderModel(arch, torch.bfloat16, device)
     state = hf.state_dict()
     with torch.no_grad():
-        for name, dst in destinations(ours, arch).items():
-            dst.copy_(state[name])
+        for name, dst in destinations(ours, arch).items():  # one process (tp_size 1): every block is whole
+            dst.tensor.copy_(state[name])
     return hf, ours, arch
 
 

@@ -27,3 +27,4 @@ def test_gpu_check_smoke_runs_end_to_end():
     assert set(res["targets"]) == {"decode_b32_4k_within_1_5x_roofline", "decode_b1_within_1_3x_roofline",
                                    "prefill_8k_at_least_hf"}
     assert "top-10 by device time" in proc.stdout
+    assert res["tensor_parallel"].startswith("not measured")  # one GPU: TP is checked on CPU with gloo
