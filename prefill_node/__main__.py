@@ -12,7 +12,7 @@ def build(cfg, worker_id: str):
     recorder = WorkerRecorder("prefill")
     rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry, evict=True,
                        component=worker_id)
-    return PrefillWorker(rt, worker_id, recorder), add_to_server
+    return PrefillWorker(rt, cfg.prefill, cfg.store, worker_id, recorder), add_to_server
 
 
 if __name__ == "__main__":

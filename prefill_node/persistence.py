@@ -15,7 +15,8 @@ The allocator hands out persisted pages before unpersisted ones, so an unpersist
 dropped when nothing else is left: then its reason ("cancelled", "dropped", "timeout", "no_space",
 "store_disabled", ...) is counted in `pdorch_prefill_l1_dropped_unpersisted_pages_total`.
 
-Runs on the scheduler thread only (it touches the allocator).
+Owns `task.persist` (PersistState, prefill_node/task.py). Runs on the scheduler thread only (it
+touches the allocator).
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from prometheus_client import Counter, Gauge
 
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
 from engine.page_allocator import UNWRITTEN
+from pdorch.config import PrefillConfig
 from prefill_node.messages import EvictSaved, TaskSaved
 from prefill_node.write_policy import DEFERRED, WritePolicy
+from store_client.config import StoreConfig
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
@@ -80,12 +83,12 @@ class PersistMetrics:
 class Persister:
     """Submits the store writes of L1 pages and applies their completions to the allocator."""
 
-    def __init__(self, rt, write_back: bool, prefix_cache: bool, metrics: PersistMetrics):
+    def __init__(self, rt, prefill: PrefillConfig, store: StoreConfig, metrics: PersistMetrics):
         self._rt = rt
-        self.enabled = write_back and rt.store_io is not None  # store.write_back and a store client
-        self._prefix_cache = prefix_cache
+        self.enabled = store.write_back and rt.store_io is not None  # store.write_back and a store client
+        self._prefix_cache = prefill.prefix_cache
         self.metrics = metrics
-        self.policy = WritePolicy.of(rt.cfg.store)
+        self.policy = WritePolicy.of(store)
         # write_back: page hash -> its depth in its chain, for the write at eviction (the store
         # evictor ranks written pages by it). Entries of pages L1 no longer holds are pruned.
         self._deferred_depths: dict[str, int] = {}
@@ -98,24 +101,24 @@ class Persister:
         """Cache the task's computed full pages in L1 and write them (plus its backfill, and the L1
         hits now used often enough) to the store in one save, as far as the write policy wants them
         now. True if a save was queued (the task keeps its pages until it completes)."""
-        alloc = self._rt.allocator
-        computed = task.computed_full_pages()
+        alloc, hashes = self._rt.allocator, task.prefix.hashes
+        computed = task.computed_full_pages(self._rt.page_size)
         pages = [task.page_ids[i] for i in computed]
         if not self._prefix_cache:  # no L1: write the pages, nothing to track
             if not (self.usable and pages):
                 return False
             self.metrics.written.labels("writeback").inc(len(pages))
-            keys = [store_key(self._rt.fingerprint, task.page_hashes[i]) for i in computed]
+            keys = [store_key(self._rt.fingerprint, hashes[i]) for i in computed]
             self._rt.store_io.submit_save(TaskSaved(task, [], [], [], []), keys, self._rt.pool.page_addrs(pages))
             return True
         for i in computed:
-            alloc.cache(task.page_hashes[i], task.page_ids[i])
+            alloc.cache(hashes[i], task.page_ids[i])
         evictor = self._rt.evictor
         if evictor is not None and self.usable:
             below = {i for i in computed if not evictor.should_write(i, len(computed))}
             if below:  # deeper than what the store keeps now: L1 keeps them (as pages the store dropped)
                 alloc.mark_left_store([task.page_ids[i] for i in below], STORE_EVICTED)
-                task.unstored = sorted(below)  # D's prefix cache is told too
+                task.persist.unstored = sorted(below)  # D's prefix cache is told too
                 self.metrics.skipped.inc(len(below))
                 computed = [i for i in computed if i not in below]
                 pages = [task.page_ids[i] for i in computed]
@@ -123,14 +126,14 @@ class Persister:
             alloc.mark_unpersisted(pages, "store_disabled" if self.enabled else "write_back_off")
             return False
         why = {i: "computed" for i in computed}
-        why.update((i, "backfill") for i in task.backfill)
-        why.update((i, "selective") for i in self.policy.due(alloc, task.page_ids[:len(task.page_hashes)]))
+        why.update((i, "backfill") for i in task.prefix.backfill)
+        why.update((i, "selective") for i in self.policy.due(alloc, task.page_ids[:len(hashes)]))
         now = [i for i in why if not self._hold(task, i, why[i])]
         # NOTE: D's prefix cache takes pushed pages as stored unless told (then it keeps them longer):
         # tell it every page whose write the policy puts off, L1 hits included.
-        held = [i for i, page in enumerate(task.page_ids[:len(task.page_hashes)])
+        held = [i for i, page in enumerate(task.page_ids[:len(hashes)])
                 if alloc.unpersisted_reason(page) in (DEFERRED, UNWRITTEN)]
-        task.unstored = sorted(set(task.unstored) | set(held))
+        task.persist.unstored = sorted(set(task.persist.unstored) | set(held))
         for i in now:
             self.metrics.written.labels("writeback" if why[i] == "computed" else why[i]).inc()
         return self._submit(partial(TaskSaved, task), [task.page_ids[i] for i in now], now,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from engine.page_allocator import pages_for
 from pdorch.worker.prompt_pages import reusable_pages
+from prefill_node.leases import STORE_LOAD
 from prefill_node.messages import PrefixLoaded
 from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask
@@ -30,49 +31,49 @@ from store_client.page_hash import page_hashes, store_key
 
 def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     """Give the task its pages (L1 hits first) and start its store load. False when the pool cannot
-    give the pages right now (nothing is held then; `task.pages_short` says how many are missing).
+    give the pages right now (nothing is held then; `task.prefix.pages_short` says how many are missing).
 
     allow_loss=False: only free pages and pages the store also holds may be reclaimed from L1.
     """
-    alloc, page_size = rt.allocator, rt.page_size
+    alloc, page_size, state = rt.allocator, rt.page_size, task.prefix
     num_pages = pages_for(task.prompt_len, page_size)
     n_reuse = reusable_pages(task.prompt_len, page_size)
     # D hashed the prompt once and sent the hashes (validated count); older callers did not.
-    task.page_hashes = list(task.job.page_hashes) or page_hashes(list(task.job.token_ids), page_size)
+    state.hashes = list(task.job.page_hashes) or page_hashes(list(task.job.token_ids), page_size)
     # NOTE: prompt logprobs need every prompt position's logits: no page is reused (as vLLM)
     fresh = task.job.params.prompt_logprobs is not None
-    found = alloc.lookup(task.page_hashes[:n_reuse]) if prefix_cache and not fresh else [None] * n_reuse
+    found = alloc.lookup(state.hashes[:n_reuse]) if prefix_cache and not fresh else [None] * n_reuse
     found += [None] * (num_pages - n_reuse)
     need = found.count(None)
     available = alloc.num_available() if allow_loss else alloc.num_available_without_loss()
     if need > available:
         alloc.release([p for p in found if p is not None])
-        task.pages_short = need - available
+        state.pages_short = need - available
         return False
     new_pages = iter(alloc.allocate(need))
     task.page_ids = [p if p is not None else next(new_pages) for p in found]
-    task.device_pages = n_reuse - found[:n_reuse].count(None)
-    task.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
+    state.device_pages = n_reuse - found[:n_reuse].count(None)
+    state.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]
     on_decode = set() if fresh else set(task.job.decode_cached_pages)  # D's pool holds them: read from there
-    task.reading = [i for i in missing if i in on_decode]
+    state.reading = [i for i in missing if i in on_decode]
     missing = [i for i in missing if i not in on_decode]
     if rt.chain_index is not None:  # the store evictor keeps recently used chains, heads longest
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
-        rt.chain_index.touch([store_key(rt.fingerprint, h) for h in task.page_hashes[:n_reuse]], lookup=True)
-    task.loads_left = int(bool(task.reading))
+        rt.chain_index.touch([store_key(rt.fingerprint, h) for h in state.hashes[:n_reuse]], lookup=True)
+    state.loads_left = int(bool(state.reading))
     if missing and rt.store_io is not None and rt.store.enabled and not fresh:
-        keys = [store_key(rt.fingerprint, task.page_hashes[i]) for i in missing]
+        keys = [store_key(rt.fingerprint, state.hashes[i]) for i in missing]
         rt.store_io.submit_load(PrefixLoaded(task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
-        task.loading = missing
-        task.io_pending += 1
-        task.loads_left += 1
+        task.io.take(STORE_LOAD)
+        state.loading = missing
+        state.loads_left += 1
     else:
-        task.missed = missing
-    if task.loads_left:
+        state.missed = missing
+    if state.loads_left:
         task.phase = Phase.LOADING
     else:
-        task.plan_compute(missing)
+        _plan_compute(task, missing)
     return True
 
 
@@ -82,26 +83,32 @@ def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bo
     persisted when read from the store; read from D they are backfilled: the store may lack them),
     the others become holes once both have finished. `page_ssd`: per page, read from the store's
     SSD tier (counted apart from its DRAM)."""
-    alloc = rt.allocator
+    alloc, state = rt.allocator, task.prefix
     ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
     ssd = list(page_ssd) + [False] * (len(pages) - len(page_ssd))
     for i, good, disk in zip(pages, ok, ssd):
         if not good:
-            task.missed.append(i)
+            state.missed.append(i)
             continue
         if from_decode:
-            task.decode_pages += 1
+            state.decode_pages += 1
         elif disk:
-            task.ssd_pages += 1
+            state.ssd_pages += 1
         else:
-            task.store_pages += 1
-        if prefix_cache and alloc.cache(task.page_hashes[i], task.page_ids[i]) == task.page_ids[i]:
+            state.store_pages += 1
+        if prefix_cache and alloc.cache(state.hashes[i], task.page_ids[i]) == task.page_ids[i]:
             if from_decode:  # the store may lack it: written with the write-back (skipped if present)
-                task.backfill.append(i)
+                state.backfill.append(i)
             else:
                 alloc.mark_persisted([task.page_ids[i]])
-    task.loads_left -= 1
-    if task.loads_left <= 0:
-        task.loading, task.reading = [], []
-        task.plan_compute(sorted(task.missed))
+    state.loads_left -= 1
+    if state.loads_left <= 0:
+        state.loading, state.reading = [], []
+        _plan_compute(task, sorted(state.missed))
 
+
+def _plan_compute(task: PrefillTask, holes: list[int]) -> None:
+    """Every reusable page is in place or known missing: compute the holes (sorted), then the tail
+    (the ranges themselves are planned by the task's first step: prefill_node/step.py)."""
+    task.prefix.holes = list(holes)
+    task.phase = Phase.COMPUTING

@@ -34,12 +34,12 @@ class KVPusher:
         try:
             # NOTE: the gate, not a look at the future: an abort between such a look and the write
             # would answer D while the write still goes on (D would reuse the pages under it).
-            if not task.begin_push():  # aborted or timed out while waiting for a pusher thread
+            if not task.push.begin():  # aborted or timed out while waiting for a pusher thread
                 raise RuntimeError("request already answered; transfer skipped")
             try:
                 self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
             finally:
-                task.end_push()  # before on_done: a success answer implies the write is over
+                task.push.end()  # before on_done: a success answer implies the write is over
         except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task
             log.warning("KV push of %s to %s failed: %s", task.request_id, task.job.decode_segment, e)
             err = e
@@ -58,12 +58,12 @@ class KVPusher:
         t0 = time.perf_counter()
         err: Exception | None = None
         try:
-            if not task.begin_push():
+            if not task.push.begin():
                 raise RuntimeError("request already answered; read skipped")
             try:
                 self._transfer.read(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
             finally:
-                task.end_push(last=False)
+                task.push.end(last=False)
         except Exception as e:  # noqa: BLE001 - the pages become holes: computed here instead
             log.warning("read of %d prefix pages of %s from %s failed: %s", len(local_addrs), task.request_id,
                         task.job.decode_segment, e)

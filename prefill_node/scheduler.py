@@ -11,9 +11,12 @@ woken by new messages and by store I/O completions):
      pages the store lacks (persistence.py); stop waiting for the store loads the prefetch policy
      gives up on (prefetch.py: they are computed in fresh pages instead),
   5. run ONE forward over up to `chunk_tokens` prompt tokens taken FIFO across computing tasks
-     (chunked prefill batched across requests; a task's holes and tail are separate chunks of the
-     same forward), sample first tokens of tasks that completed, and hand them to the pusher
-     (transfer runs on the pusher's threads, not here).
+     (step.py: chunked prefill batched across requests; a task's holes and tail are separate
+     chunks of the same forward), sample first tokens of tasks that completed, queue their
+     write-back and hand them to the pusher (transfer runs on the pusher's threads, not here).
+
+A task's pages go back once it is answered and holds no I/O lease (leases.py): each store load,
+store save, read from D and push takes one when submitted and gives it back when it completes.
 
 NOTE: only this thread touches the allocator; other threads talk to it through the inbox.
 """
@@ -23,39 +26,38 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import replace
 
-import torch
 from prometheus_client import Counter
 
-from engine.model_runner import Chunk
 from engine.page_allocator import pages_for
-from engine.sampler import Sampler
+from pdorch.config import PrefillConfig
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
-from pdorch.worker.history import token_history
 from pdorch.worker.loop import Evicted, SchedulerLoop
-from pdorch.worker.prefill_rpc import FirstToken, PrefillResult
-from pdorch.worker.prompt_pages import consume, take_ranges
+from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
+from prefill_node.leases import DECODE_READ, PUSH, STORE_LOAD, STORE_SAVE
 from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
-from prefill_node.prefetch import Prefetch, PrefetchMetrics, PrefetchPolicy
+from prefill_node.prefetch import Prefetch, PrefetchMetrics
+from prefill_node.step import PrefillStep
 from prefill_node.task import Phase, PrefillTask
+from store_client.config import StoreConfig
 
 log = logging.getLogger(__name__)
 
 
 class PrefillScheduler:
-    def __init__(self, rt, chunk_tokens: int, prefix_cache: bool, write_back: bool, pusher, recorder,
-                 persist_wait_s: float = 0.5, prefetch: PrefetchPolicy | None = None):
+    def __init__(self, rt, cfg: PrefillConfig, store: StoreConfig, pusher, recorder):
         self._rt = rt
-        self._chunk_tokens = chunk_tokens
-        self._prefix_cache = prefix_cache
-        self._persist = Persister(rt, write_back, prefix_cache, PersistMetrics(recorder.registry))
-        self._persist_wait_s = persist_wait_s
-        self._prefetch = Prefetch(rt, prefetch or PrefetchPolicy(), prefix_cache, PrefetchMetrics(recorder.registry))
+        self._step = PrefillStep(rt, cfg.chunk_tokens)
+        self._prefix_cache = cfg.prefix_cache
+        self._persist = Persister(rt, cfg, store, PersistMetrics(recorder.registry))
+        self._persist_wait_s = cfg.persist_wait_s
+        self._prefetch = Prefetch(rt, cfg, PrefetchMetrics(recorder.registry))
         self._pressure_since: float | None = None  # when the head of the queue first lacked pages
+        # (task, since): the head of the queue waiting since then for another task's I/O (_may_admit)
+        self._paced: tuple[PrefillTask, float] | None = None
         self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
         self._rec = recorder
@@ -160,16 +162,16 @@ class PrefillScheduler:
             self._persist.left_store(list(msg.keys))
         elif isinstance(msg, Read):
             task = msg.task
-            task.io_pending -= 1
-            n = len(task.reading)
+            task.io.give_back(DECODE_READ)
+            n = len(task.prefix.reading)
             self._decode_pool_pages.labels("failed" if msg.error else "read").inc(n)
             if not task.finished_phase:
-                prefix.on_loaded(task, self._rt, task.reading, [msg.error is None] * n, self._prefix_cache,
+                prefix.on_loaded(task, self._rt, task.prefix.reading, [msg.error is None] * n, self._prefix_cache,
                                  from_decode=True)
             self._maybe_release(task)
         elif isinstance(msg, Pushed):
             task = msg.task
-            task.io_pending -= 1
+            task.io.give_back(PUSH)
             if msg.error is not None:
                 if not task.finished_phase:
                     task.fail(PeerFailed(f"KV transfer to decode worker failed: {msg.error}"))
@@ -184,11 +186,11 @@ class PrefillScheduler:
     def _on_completion(self, done) -> None:
         tag = done.tag
         if isinstance(tag, PrefixLoaded):
-            if tag.task.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
+            if tag.task.load.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
                 self._prefetch.settle_late(tag.task, done.page_ok)
                 return
-            tag.task.io_pending -= 1
-            tag.task.store_load_open = False
+            tag.task.io.give_back(STORE_LOAD)
+            self._prefetch.completed(tag.task)
             self._on_loaded(tag.task, done)
         else:
             self._rec.count_written_by_reason(self._persist.on_saved(done))
@@ -196,7 +198,7 @@ class PrefillScheduler:
             if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
                 self._rt.allocator.release(tag.pages)
                 return
-            tag.task.io_pending -= 1
+            tag.task.io.give_back(STORE_SAVE)
         self._maybe_release(tag.task)
 
     def _on_loaded(self, task: PrefillTask, done) -> None:
@@ -206,7 +208,7 @@ class PrefillScheduler:
         if done.reason != "ok":
             log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
                       done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, task.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd)
+        prefix.on_loaded(task, self._rt, task.prefix.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd)
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -222,7 +224,7 @@ class PrefillScheduler:
 
     def _maybe_release(self, task: PrefillTask) -> None:
         """Give the pages back once the task is answered and no I/O touches them any more."""
-        if not task.finished_phase or task.io_pending > 0:
+        if not task.finished_phase or len(task.io) > 0:
             return
         if task.page_ids:
             self._rt.allocator.release(task.page_ids)
@@ -244,9 +246,9 @@ class PrefillScheduler:
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
-                if task.loading:
+                if task.prefix.loading:
                     self._prefetch.started(task, now)
-                if task.reading:
+                if task.prefix.reading:
                     self._read_from_decode(task)
             self._waiting.popleft()
 
@@ -266,27 +268,28 @@ class PrefillScheduler:
             return True
         others = [t for t in self._tasks if t is not task and t.page_ids]
         if not others:
-            task.paced_since = None
+            self._paced = None
             return True
         if any(t.phase is Phase.COMPUTING for t in others):
             return False  # woken again when that task's forward ends
-        if task.paced_since is None:
-            task.paced_since = now
+        if self._paced is None or self._paced[0] is not task:
+            self._paced = (task, now)
             self._persist.metrics.paced.inc()
-        if now - task.paced_since >= self._persist_wait_s:
+        since = self._paced[1]
+        if now - since >= self._persist_wait_s:
             return True
-        self._loop.wake_at(task.paced_since + self._persist_wait_s)
+        self._loop.wake_at(since + self._persist_wait_s)
         return False
 
     def _read_from_decode(self, task: PrefillTask) -> None:
         """Read the prefix pages D's pool holds into ours (off this thread, through the push gate)."""
-        task.io_pending += 1
-        local = self._rt.pool.page_addrs([task.page_ids[i] for i in task.reading])
-        remote = [task.job.dest_page_addrs[i] for i in task.reading]
+        task.io.take(DECODE_READ)
+        local = self._rt.pool.page_addrs([task.page_ids[i] for i in task.prefix.reading])
+        remote = [task.job.dest_page_addrs[i] for i in task.prefix.reading]
         try:
             self._pusher.read(task, local, remote, lambda t, err, nbytes, s: self._loop.post(Read(t, err)))
         except BaseException:  # never started (pusher closed): no completion will come
-            task.io_pending -= 1
+            task.io.give_back(DECODE_READ)
             raise
 
     def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
@@ -298,7 +301,7 @@ class PrefillScheduler:
             self._pressure_since = now
             self._persist.metrics.pressure_waits.inc()
         if patient:
-            self._persist.write_before_evict(task.pages_short)
+            self._persist.write_before_evict(task.prefix.pages_short)
         elif self._persist.usable and now - self._last_cancel >= self._persist_wait_s:
             # NOTE: admission now allows loss until it succeeds. Only saves queued longer than the
             # bound are cancelled: a pool full of running requests is no reason to drop writes that
@@ -308,78 +311,23 @@ class PrefillScheduler:
             self._last_cancel = now
 
     def _compute_step(self) -> bool:
-        computing = [t for t in self._tasks if t.phase is Phase.COMPUTING]
-        if not computing:
+        finished = self._step.run(self._tasks)
+        if finished is None:
             return False
-        computing.sort(key=lambda t: t.created)
-        budget = self._chunk_tokens
-        batch: list[tuple[PrefillTask, int, int]] = []  # (task, start, end) of one chunk
-        for task in computing:
-            # NOTE: several ranges of one task may share a forward: the runner writes every chunk's
-            # K/V of a layer before any chunk attends, so a later range sees an earlier one.
-            for start, end in take_ranges(task.todo, budget):
-                batch.append((task, start, end))
-                budget -= end - start
-        page_size = self._rt.page_size
-        chunks = [Chunk(page_ids=task.page_ids[:pages_for(end, page_size)], start_pos=start,
-                        token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
-        t0 = time.perf_counter()
-        every = [task.job.params.prompt_logprobs is not None for task, _, _ in batch]
-        with torch.inference_mode():
-            if any(every):
-                logits, rows = self._rt.runner.forward_every_row(chunks, every)
-                for i, x in rows.items():
-                    record_prompt_logprobs(*batch[i], x)
-            else:
-                logits = self._rt.runner.forward(chunks)
-        elapsed = time.perf_counter() - t0
-        total = sum(end - start for _, start, end in batch)
-        finished = []
-        for row, (task, start, end) in enumerate(batch):
-            consume(task.todo, end)
-            task.compute_s += elapsed * (end - start) / total
-            if not task.todo:
-                finished.append((row, task))
-        if finished:
-            self._sample_first(logits, finished)
+        for task in finished:
+            self._finish_compute(task)
         return True
 
-    def _sample_first(self, logits: torch.Tensor, finished: list[tuple[int, PrefillTask]]) -> None:
-        """The first token of each finished task, batched; a task with params.n > 1 gets n rows of
-        its logits (sequence i: its own generator, seed + i, and a fork of the grammar)."""
-        rows, params, grammars, histories, owners = [], [], [], [], []
-        for row, t in finished:
-            p = t.job.params
-            history = token_history(self._rt.eos_token_ids, p, t.job.token_ids, t.prompt_len)
-            forks = [t.grammar.fork() if t.grammar is not None else None for _ in range(p.n - 1)]
-            for i, grammar in enumerate([t.grammar, *forks]):
-                rows.append(row)
-                params.append(p if p.n == 1 else p.sequence(i))
-                grammars.append(grammar)
-                histories.append(history)
-                owners.append(t)
-        x = logits[rows]
-        gens = [self._rt.sampler.make_generator(p) for p in params]  # on the model's device
-        tokens = self._rt.sampler.sample(x, params, gens, grammars, histories)
-        logprobs = self._rt.sampler.logprobs(x, tokens, params)
-        firsts: dict[int, list[FirstToken]] = {}
-        for task, token, gen, lp in zip(owners, tokens, gens, logprobs):
-            state = b"" if gen is None else gen.get_state().numpy().tobytes()
-            firsts.setdefault(id(task), []).append(FirstToken(int(token), state, lp))
-        for _, task in finished:
-            first, *more = firsts[id(task)]
-            task.sampler_state, task.first_logprob, task.more_first = first.sampler_state, first.logprob, tuple(more)
-            self._finish_compute(task, first.token_id)
-
-
-    def _finish_compute(self, task: PrefillTask, first_token: int) -> None:
-        task.first_token_id = first_token
-        self._rec.prompt_tokens(computed=task.computed_tokens, cached=task.cached)
-        self._persist.metrics.holes.inc(len(task.holes) - task.given_up_pages)  # given up on: not holes
-        saved = self._persist.save_task_pages(task)
-        task.io_pending += saved
+    def _finish_compute(self, task: PrefillTask) -> None:
+        """The task's first token is sampled: queue its write-back, then push its pages to D."""
+        page_size = self._rt.page_size
+        self._rec.prompt_tokens(computed=task.computed_tokens(page_size), cached=task.cached(page_size))
+        given_up = task.load.given_up_pages  # pages of a store load given up on: computed, not holes
+        self._persist.metrics.holes.inc(len(task.prefix.holes) - given_up)
+        if self._persist.save_task_pages(task):
+            task.io.take(STORE_SAVE)
         task.phase = Phase.PUSHING
-        task.io_pending += 1
+        task.io.take(PUSH)
         # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).
         held = set(task.job.decode_loaded_pages)
         send = [i for i in range(len(task.page_ids)) if i not in held]
@@ -389,7 +337,7 @@ class PrefillScheduler:
             self._pusher.push(task, self._rt.pool.page_addrs([task.page_ids[i] for i in send]),
                               [task.job.dest_page_addrs[i] for i in send], self._on_pushed)
         except BaseException:  # never started (pusher closed): no completion will give the pages back
-            task.io_pending -= 1
+            task.io.give_back(PUSH)
             raise
 
     def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
@@ -397,14 +345,18 @@ class PrefillScheduler:
         try:
             if err is None:
                 self._rec.transfer(nbytes, seconds)
-                task.succeed(PrefillResult(
-                    request_id=task.request_id, first_token_id=task.first_token_id, prompt_tokens=task.prompt_len,
-                    cached=task.cached, transfer_bytes=nbytes, transfer_s=seconds, compute_s=task.compute_s,
-                    sampler_state=task.sampler_state, unstored_pages=tuple(task.unstored),
-                    first_logprob=task.first_logprob, more_first=task.more_first,
-                    prompt_logprobs=tuple(task.prompt_logprobs[p] for p in sorted(task.prompt_logprobs))))
+                task.succeed(self._result(task, nbytes, seconds))
         finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
             self.push_done(task, err)
+
+    def _result(self, task: PrefillTask, nbytes: int, seconds: float) -> PrefillResult:
+        compute, first = task.compute, task.compute.first
+        return PrefillResult(
+            request_id=task.request_id, first_token_id=first.token_id, prompt_tokens=task.prompt_len,
+            cached=task.cached(self._rt.page_size), transfer_bytes=nbytes, transfer_s=seconds,
+            compute_s=compute.seconds, sampler_state=first.sampler_state,
+            unstored_pages=tuple(task.persist.unstored), first_logprob=first.logprob, more_first=compute.more_first,
+            prompt_logprobs=tuple(compute.prompt_logprobs[p] for p in sorted(compute.prompt_logprobs)))
 
     def _publish_load(self) -> None:
         alloc = self._rt.allocator
@@ -414,15 +366,3 @@ class PrefillScheduler:
         self.load = WorkerLoad(queued=len(self._waiting), running=len(self._tasks) - len(self._waiting),
                                  free_pages=free, active_pages=active)
 
-
-def record_prompt_logprobs(task: PrefillTask, start: int, end: int, logits: torch.Tensor) -> None:
-    """The logprobs of prompt tokens start+1 .. end (each predicted by the row before it) from a chunk's
-    every-row `logits`; the last prompt position predicts the first output token, not a prompt token."""
-    stop = min(end, task.prompt_len - 1)
-    if stop <= start:
-        return
-    params = task.job.params
-    ask = replace(params, logprobs=params.prompt_logprobs)
-    ids = list(task.job.token_ids[start + 1:stop + 1])
-    for pos, lp in enumerate(Sampler.logprobs(logits[:stop - start], ids, [ask] * len(ids)), start + 1):
-        task.prompt_logprobs[pos] = lp

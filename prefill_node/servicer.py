@@ -27,7 +27,7 @@ class PrefillServicer(WorkerServicer):
                     self._worker.cancel(task)
                 return convert.result_to_proto(self._worker.wait(task))
             finally:
-                if task is None or task.writes_over:  # never queued, or its push is over
+                if task is None or task.push.writes_over:  # never queued, or its push is over
                     context.set_trailing_metadata(((WRITES_OVER_KEY, "1"),))
 
 

@@ -17,6 +17,7 @@ import logging
 import time
 
 from engine.page_allocator import pages_for
+from pdorch.config import PrefillConfig
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -26,11 +27,11 @@ from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
-from prefill_node.prefetch import PrefetchPolicy
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
 from proto.pdorch.v1 import worker_pb2 as pb
+from store_client.config import StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +41,16 @@ ABORT_STOP_WAIT_S = 2.0  # an Abort RPC waits this long at most (D retries it un
 
 
 class PrefillWorker:
-    def __init__(self, rt: WorkerRuntime, worker_id: str, recorder: WorkerRecorder | None = None):
+    def __init__(self, rt: WorkerRuntime, cfg: PrefillConfig, store: StoreConfig, worker_id: str,
+                 recorder: WorkerRecorder | None = None):
+        """`cfg`, `store`: the config sections this worker reads (`prefill`, `store`), handed on to the
+        scheduler; the model's limits come from `rt`."""
         self.rt = rt
-        self.cfg = cfg = rt.cfg
+        self.cfg = cfg
         self.worker_id = worker_id
         self.recorder = recorder or WorkerRecorder(ROLE)
         self._pusher = KVPusher(rt.transfer, rt.pool.page_nbytes)
-        pc = cfg.prefill
-        self._scheduler = PrefillScheduler(rt, pc.chunk_tokens, pc.prefix_cache, cfg.store.write_back,
-                                           self._pusher, self.recorder, pc.persist_wait_s,
-                                           PrefetchPolicy.from_config(pc))
+        self._scheduler = PrefillScheduler(rt, cfg, store, self._pusher, self.recorder)
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: L1 keeps what the store dropped
         self.kv_events = worker_journal(rt, worker_id, lambda: self._scheduler.load, self.recorder.registry,
@@ -65,8 +66,7 @@ class PrefillWorker:
     # --------------------------------------------------------------------------------- requests
     def validate(self, job: PrefillJob) -> None:
         rt, page_size = self.rt, self.rt.page_size
-        max_ctx = self.cfg.model.max_context_tokens or rt.arch.max_position_embeddings
-        check_prompt(job.request_id, job.token_ids, rt.arch.vocab_size, max_ctx, "max context")
+        check_prompt(job.request_id, job.token_ids, rt.arch.vocab_size, rt.max_context, "max context")
         require(job.request_id, job.decode_segment, "decode_segment")
         if job.page_size != page_size:
             raise InvalidRequest(f"request {job.request_id}: page_size {job.page_size} != this worker's {page_size}")
@@ -98,9 +98,9 @@ class PrefillWorker:
     def start(self, job: PrefillJob) -> PrefillTask:
         """Validate and queue the job; the task's answer comes from wait()."""
         self.validate(job)
-        if self._scheduler.load.queued >= self.cfg.prefill.max_queued_requests:
-            raise Overloaded(f"prefill queue full ({self.cfg.prefill.max_queued_requests} requests waiting)")
-        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.prefill.request_timeout_s
+        if self._scheduler.load.queued >= self.cfg.max_queued_requests:
+            raise Overloaded(f"prefill queue full ({self.cfg.max_queued_requests} requests waiting)")
+        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.request_timeout_s
         deadline = time.monotonic() + timeout_s
         grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
         task = PrefillTask(job=job, deadline=deadline, grammar=grammar)
@@ -117,13 +117,13 @@ class PrefillWorker:
             self._scheduler.cancel(task)
             raise DeadlineExceeded(f"prefill of {task.request_id} did not finish within {timeout_s:.1f}s") from None
         finally:
-            if not task.stop_pushes(PUSH_STOP_WAIT_S):
+            if not task.push.stop(PUSH_STOP_WAIT_S):
                 log.warning("KV push of %s to %s still running after %.1fs; answering without writes_over",
                             task.request_id, task.job.decode_segment, PUSH_STOP_WAIT_S)
 
     def cancel(self, task: PrefillTask) -> None:
         """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks."""
-        task.stop_pushes(0.0)
+        task.push.stop(0.0)
         self._scheduler.cancel(task)
 
     def abort(self, request_id: str, wait: bool = True) -> bool:
@@ -140,7 +140,7 @@ class PrefillWorker:
         known, tasks = self._scheduler.call(_abort_known)
         deadline = time.monotonic() + ABORT_STOP_WAIT_S
         for task in tasks:
-            if not task.stop_pushes(max(deadline - time.monotonic(), 0.0)):
+            if not task.push.stop(max(deadline - time.monotonic(), 0.0)):
                 raise DeadlineExceeded(f"KV push of {request_id} to {task.job.decode_segment} still running "
                                        f"after {ABORT_STOP_WAIT_S:.1f}s")
         return known

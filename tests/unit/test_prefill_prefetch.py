@@ -11,18 +11,19 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from pdorch.worker.prefill_rpc import PrefillJob
-from prefill_node.prefetch import (
-    BEST_EFFORT,
-    TIMEOUT,
-    WAIT_COMPLETE,
-    Prefetch,
-    PrefetchMetrics,
-    PrefetchPolicy,
-)
+from prefill_node.prefetch import BEST_EFFORT, TIMEOUT, WAIT_COMPLETE, Prefetch, PrefetchMetrics
 from prefill_node.task import PrefillTask
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.runtime import PAGE_NBYTES, stand_in_runtime
-from tests.unit.test_prefill_scheduler import PAGE_SIZE, FakeRunner, FakeStoreIO, make, settle, submit
+from tests.unit.test_prefill_scheduler import (
+    PAGE_SIZE,
+    FakeRunner,
+    FakeStoreIO,
+    make,
+    prefill_cfg,
+    settle,
+    submit,
+)
 
 TOKENS = list(range(70, 83))  # 13 tokens: pages 0-2 full and reusable, page 3 holds the tail
 KEYS = [store_key("fp", h) for h in page_hashes(TOKENS, PAGE_SIZE)]
@@ -32,11 +33,16 @@ def metric(sched, name: str, **labels) -> float:
     return sched._rec.registry.get_sample_value(name, labels) or 0.0
 
 
-def held_load(policy: PrefetchPolicy, num_pages: int = 8):
+def policy(name: str, base_s: float = 1.0, per_page_s: float = 0.004) -> dict:
+    """The `prefill.prefetch_*` keys of a policy."""
+    return {"prefetch_policy": name, "prefetch_timeout_base_s": base_s, "prefetch_timeout_per_page_s": per_page_s}
+
+
+def held_load(prefetch: dict, num_pages: int = 8):
     """A scheduler whose store holds TOKENS' pages and answers no load until io.release()."""
     io = FakeStoreIO(present=KEYS)
     io.hold.set()
-    sched, rt, _ = make(num_pages=num_pages, store_io=io, prefetch=policy)
+    sched, rt, _ = make(num_pages=num_pages, store_io=io, **prefetch)
     return sched, rt, io
 
 
@@ -45,15 +51,16 @@ def load_pages(io) -> set[int]:
     return {(a - 1000) // PAGE_NBYTES for a in io.load_addrs[0]}
 
 
-@pytest.mark.parametrize("policy", [PrefetchPolicy(TIMEOUT, base_s=0.3, per_page_s=0.0),
-                                    PrefetchPolicy(BEST_EFFORT)], ids=lambda p: p.name)
-def test_a_stalled_load_given_up_is_computed_in_fresh_pages_and_its_pages_come_back_when_it_lands(policy):
-    sched, rt, io = held_load(policy)
+@pytest.mark.parametrize("prefetch", [policy(TIMEOUT, base_s=0.3, per_page_s=0.0), policy(BEST_EFFORT)],
+                         ids=lambda p: p["prefetch_policy"])
+def test_a_stalled_load_given_up_is_computed_in_fresh_pages_and_its_pages_come_back_when_it_lands(prefetch):
+    name = prefetch["prefetch_policy"]
+    sched, rt, io = held_load(prefetch)
     try:
         t0 = time.monotonic()
         res = submit(sched, TOKENS).future.result(5)
         elapsed = time.monotonic() - t0
-        if policy.name == TIMEOUT:
+        if name == TIMEOUT:
             assert elapsed >= 0.3  # it waited its budget
         assert (res.cached.device, res.cached.store) == (0, 0)  # computed, not cached
         old = load_pages(io)
@@ -61,7 +68,7 @@ def test_a_stalled_load_given_up_is_computed_in_fresh_pages_and_its_pages_come_b
         computed_in = {p for c in rt.runner.chunks for p in c.page_ids}
         assert not computed_in & old, "the forward used pages the store load still writes"
         assert sched.call(lambda: [rt.allocator.ref_count(p) for p in sorted(old)]) == [1, 1, 1]  # the load's
-        assert metric(sched, "pdorch_prefill_prefetch_given_up_pages_total", policy=policy.name) == 3
+        assert metric(sched, "pdorch_prefill_prefetch_given_up_pages_total", policy=name) == 3
         assert metric(sched, "pdorch_prefill_hole_pages_recomputed_total") == 0  # given up on, not holes
         io.release()  # the load lands: the computed pages hold the hashes already, so its pages are freed
         settle(sched, rt)
@@ -74,7 +81,7 @@ def test_a_stalled_load_given_up_is_computed_in_fresh_pages_and_its_pages_come_b
 
 
 def test_wait_complete_waits_for_the_load_and_uses_it():
-    sched, rt, io = held_load(PrefetchPolicy(WAIT_COMPLETE))
+    sched, rt, io = held_load(policy(WAIT_COMPLETE))
     try:
         task = submit(sched, TOKENS)
         with pytest.raises(concurrent.futures.TimeoutError):
@@ -89,7 +96,7 @@ def test_wait_complete_waits_for_the_load_and_uses_it():
 
 
 def test_without_fresh_pages_to_spare_the_request_keeps_waiting_rather_than_drop_pages():
-    sched, rt, io = held_load(PrefetchPolicy(TIMEOUT, base_s=0.05, per_page_s=0.0), num_pages=4)  # 4 = the prompt
+    sched, rt, io = held_load(policy(TIMEOUT, base_s=0.05, per_page_s=0.0), num_pages=4)  # 4 = the prompt
     try:
         task = submit(sched, TOKENS)
         with pytest.raises(concurrent.futures.TimeoutError):
@@ -105,12 +112,13 @@ def test_without_fresh_pages_to_spare_the_request_keeps_waiting_rather_than_drop
 
 def test_late_pages_enter_l1_only_under_a_hash_no_other_page_holds():
     rt = stand_in_runtime(FakeRunner(), 8, PAGE_SIZE, store_io=FakeStoreIO())
-    prefetch = Prefetch(rt, PrefetchPolicy(TIMEOUT), prefix_cache=True, metrics=PrefetchMetrics(None))
+    prefetch = Prefetch(rt, prefill_cfg(prefetch_policy=TIMEOUT), PrefetchMetrics(None))
     alloc = rt.allocator
     job = PrefillJob("r", tuple(TOKENS), SamplingParams(), "seg", (0,) * 4, 10.0, PAGE_SIZE, "fp")
-    task = PrefillTask(job=job, deadline=time.monotonic() + 10, page_hashes=["h0", "h1", "h2"])
+    task = PrefillTask(job=job, deadline=time.monotonic() + 10)
+    task.prefix.hashes = ["h0", "h1", "h2"]
     late = alloc.allocate(3)
-    task.late = list(enumerate(late))
+    task.load.late = list(enumerate(late))
     other = alloc.allocate(1)[0]
     alloc.cache("h1", other)  # e.g. the page the task computed instead
     prefetch.settle_late(task, (True, True, False))  # h2 did not arrive
@@ -118,6 +126,6 @@ def test_late_pages_enter_l1_only_under_a_hash_no_other_page_holds():
     assert alloc.is_persisted(late[0])
     alloc.release([late[0], other, other])
     alloc.check_integrity()
-    assert alloc.num_available() == 8 and task.late == []
+    assert alloc.num_available() == 8 and task.load.late == []
     assert prefetch.metrics.late.labels("entered_l1")._value.get() == 1
     assert prefetch.metrics.late.labels("freed")._value.get() == 2

@@ -47,7 +47,7 @@ def worker_and_transfer():
     cfg = replace(cfg, model=replace(cfg.model, page_size=PAGE_SIZE, max_context_tokens=256),
                   store=replace(cfg.store, write_back=False))
     rt = stand_in_runtime(FakeRunner(), 16, PAGE_SIZE, cfg=cfg, transfer=transfer)
-    w = PrefillWorker(rt, "p-test", WorkerRecorder("prefill"))
+    w = PrefillWorker(rt, cfg.prefill, cfg.store, "p-test", WorkerRecorder("prefill"))
     yield w, transfer, rt
     transfer.go.set()
     w.close()
@@ -84,7 +84,7 @@ def test_a_request_failing_mid_push_is_answered_only_after_the_push_returned(wor
     t.join(10)
     assert isinstance(box["error"], DeadlineExceeded)
     assert box["at"] >= transfer.returned_at
-    assert box["task"].writes_over
+    assert box["task"].push.writes_over
     settle(w._scheduler, rt)
     assert rt.allocator.num_available() == rt.allocator.num_total
 
@@ -100,7 +100,7 @@ def test_abort_rpc_confirms_only_once_the_push_stopped(worker_and_transfer, monk
     assert w.abort("abort-me") is False  # the push returned: confirmed (the task is already answered)
     t.join(10)
     assert isinstance(box["error"], Aborted)
-    assert box["task"].writes_over and transfer.writes == 1
+    assert box["task"].push.writes_over and transfer.writes == 1
     settle(w._scheduler, rt)
 
 
@@ -115,7 +115,7 @@ def test_a_cancelled_task_never_starts_its_push(worker_and_transfer):
     with pytest.raises(Aborted):
         w.wait(task)
     settle(w._scheduler, rt)
-    assert transfer.writes == 0 and task.writes_over
+    assert transfer.writes == 0 and task.push.writes_over
     assert rt.allocator.num_available() == rt.allocator.num_total
 
 

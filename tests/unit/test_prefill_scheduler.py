@@ -6,12 +6,14 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from engine.sampling_params import SamplingParams
+from pdorch.config_loader import load_config
 from pdorch.worker.errors import Aborted, PeerFailed
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob
@@ -111,11 +113,16 @@ class FakeStoreIO:
         return n
 
 
-def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True, prefetch=None):
+def prefill_cfg(**keys):
+    """The `prefill` config section with these keys set (the L1 prefix cache on, as by default)."""
+    return replace(load_config(None).prefill, **keys)
+
+
+def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True, **prefill):
     rt = stand_in_runtime(FakeRunner(), num_pages, PAGE_SIZE, store_io=store_io)
     transfer = transfer or FakeTransfer()
-    sched = PrefillScheduler(rt, chunk_tokens, prefix_cache=True, write_back=True,
-                             pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"), prefetch=prefetch)
+    sched = PrefillScheduler(rt, prefill_cfg(chunk_tokens=chunk_tokens, **prefill), rt.cfg.store,
+                             pusher=KVPusher(transfer, 100), recorder=WorkerRecorder("prefill"))
     if start:
         sched.start()
     return sched, rt, transfer
@@ -267,7 +274,7 @@ def test_an_l1_hit_the_store_lacks_is_backfilled():
         sched.stop()
     io = FakeStoreIO()
     rt.store_io, rt.store = io, SimpleNamespace(enabled=True)
-    sched2 = PrefillScheduler(rt, 64, prefix_cache=True, write_back=True, pusher=KVPusher(FakeTransfer(), 100),
+    sched2 = PrefillScheduler(rt, prefill_cfg(chunk_tokens=64), rt.cfg.store, pusher=KVPusher(FakeTransfer(), 100),
                               recorder=WorkerRecorder("prefill"))
     sched2.start()
     try:

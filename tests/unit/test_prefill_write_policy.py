@@ -22,8 +22,8 @@ def make(num_pages=8, **store):
     cfg = replace(cfg, store=replace(cfg.store, **store))
     io = FakeStoreIO()
     rt = stand_in_runtime(FakeRunner(), num_pages, PAGE_SIZE, cfg=cfg, store_io=io)
-    sched = PrefillScheduler(rt, 64, prefix_cache=True, write_back=True, pusher=KVPusher(FakeTransfer(), 100),
-                             recorder=WorkerRecorder("prefill"))
+    sched = PrefillScheduler(rt, replace(cfg.prefill, chunk_tokens=64), rt.cfg.store,
+                             pusher=KVPusher(FakeTransfer(), 100), recorder=WorkerRecorder("prefill"))
     sched.start()
     return sched, rt, io
 
