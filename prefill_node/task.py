@@ -7,8 +7,12 @@ Lifecycle on the scheduler thread:
             --> COMPUTING (uncached tail, in chunks) --> PUSHING (transfer to D, off-thread)
             --> DONE (answered; pages may still be held by a store write-back)
 
-The core (job, deadline, future, phase, page_ids, io) is the lifecycle the scheduler drives. Every
-other field sits in the record of the one module that changes it; others only read it:
+The core is the lifecycle the scheduler drives on its thread: `phase` (prefix.py: LOADING and
+COMPUTING, scheduler.py: PUSHING and DONE, `fail`: FAILED), `page_ids` (allocated by prefix.py,
+the given-up load's pages swapped for fresh ones by prefetch.py, released by scheduler.py), `io`
+(leases taken and given back where I/O is submitted and completed), `future` (answered once by
+`fail` / `succeed`). Every other field sits in the record of the one module that changes it
+(a record's fields are assigned only there; others only read them):
 
     task.prefix   PrefixState   prefill_node/prefix.py       where each reusable page came from
     task.load     LoadWait      prefill_node/prefetch.py     waiting for (or giving up on) the store load
