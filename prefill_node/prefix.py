@@ -15,7 +15,8 @@ Why gaps don't end the match: a page's key is the chained hash of ALL token ids 
 so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
 Only full pages are cached, never the page holding the last prompt token (pdorch/worker/prompt_pages.py).
 
-Functions run on the scheduler thread only (they touch the allocator).
+Owns `task.prefix` (PrefixState, prefill_node/task.py). Functions run on the scheduler thread
+only (they touch the allocator).
 """
 
 from __future__ import annotations
