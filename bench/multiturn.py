@@ -41,7 +41,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import multiturn_report as report
-from bench.hf_checkpoints import FAMILIES, build_checkpoint
 from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
 from bench.multiturn_presets import (
     PRESET_WORKLOADS,
@@ -55,6 +54,7 @@ from bench.multiturn_run import Target, run_workload
 from bench.multiturn_stats import rounded, run_summary
 from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
 from pdorch.launch_plan import torch_threads_per_worker
+from tests.fixtures.hf_checkpoints import FAMILIES, build_checkpoint
 
 VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=false"]),
             "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", []),
@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="component logs of the started clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--test-model", choices=FAMILIES, help="serve a random-weights checkpoint of this family "
-                   "(bench/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
+                   "(tests/fixtures/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
     add_config_args(p)
     return p
 
@@ -132,7 +132,7 @@ def commit() -> str:
 
 
 def test_model_dir(family: str) -> Path:
-    """The random `family` checkpoint of bench/hf_checkpoints.py, built once (seed 0, tiny shape)."""
+    """The random `family` checkpoint of tests/fixtures/hf_checkpoints.py, built once (seed 0, tiny shape)."""
     out = Path(os.path.expanduser("~/.cache/pdorch/test-models")) / family
     if not (out / "config.json").is_file():
         tmp = out.with_name(f".{family}.tmp-{os.getpid()}")

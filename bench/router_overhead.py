@@ -2,7 +2,7 @@
 worker; side by side in one run with SGLang's Rust `sglang-router` (PyPI) routing to an HTTP
 stand-in that answers exactly like our gRPC one.
 
-    client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (bench/standin.py)
+    client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (tests/fixtures/standin.py)
     client --gRPC Generate------------------------------------> stand-in D          (our baseline)
     client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (below)
     client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)
@@ -58,7 +58,7 @@ from pdorch.ports import free_port
 
 # ------------------------------------------------------------------------------ HTTP stand-in
 def serve_http_standin(port: int, token_delay_s: float) -> None:
-    """An SGLang-compatible HTTP worker with the same synthetic stream as bench/standin.py."""
+    """An SGLang-compatible HTTP worker with the same synthetic stream as tests/fixtures/standin.py."""
     from aiohttp import web
 
     async def generate(request: web.Request):
@@ -79,7 +79,7 @@ def serve_http_standin(port: int, token_delay_s: float) -> None:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
-            if i and token_delay_s:  # between tokens only, like bench/standin.py
+            if i and token_delay_s:  # between tokens only, like tests/fixtures/standin.py
                 await asyncio.sleep(token_delay_s)
             await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -162,9 +162,9 @@ def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path
     """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
     py = sys.executable
     p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
-    d = procs.start("standin_decode", [py, "-m", "bench.standin", "--role", "decode", "--port", str(d_port),
+    d = procs.start("standin_decode", [py, "-m", "tests.fixtures.standin", "--role", "decode", "--port", str(d_port),
                                        "--token-delay-s", str(token_delay_s)])
-    p = procs.start("standin_prefill", [py, "-m", "bench.standin", "--role", "prefill", "--port", str(p_port)])
+    p = procs.start("standin_prefill", [py, "-m", "tests.fixtures.standin", "--role", "prefill", "--port", str(p_port)])
     h = procs.start("standin_http", [py, str(Path(__file__).resolve()), "--http-standin", str(h_port),
                                      "--token-delay-ms", str(token_delay_s * 1000)])
     cfg = tmp / "router.yaml"

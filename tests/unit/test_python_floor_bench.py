@@ -9,9 +9,9 @@ import json
 from itertools import pairwise
 
 from bench.python_floor import FloorProtocol
-from bench.standin import Behavior, StandinServer
 from pdorch.ports import free_port
 from router.grpc.stream import Channel
+from tests.fixtures.standin import Behavior, StandinServer
 
 
 def _events(raw: bytes) -> list[bytes]:
