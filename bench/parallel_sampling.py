@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))  # NOTE: before the imports: bench/engine.py would
 
 import httpx
 
-from bench.multiturn import commit, test_model_dir
-from bench.multiturn_cluster import ServeCluster, metrics_urls, port_overrides
+from bench.multiturn.cluster import ServeCluster, metrics_urls, port_overrides
+from bench.multiturn.facts import commit, test_model_dir
 from pdorch.config_loader import add_config_args, default_config_path
 from tests.fixtures.hf_checkpoints import FAMILIES
 

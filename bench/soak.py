@@ -4,7 +4,7 @@ RSS of every process flat after warm-up, no error responses, no leaked pages.
     python -m bench.soak [--minutes 30] [--request-rate 0.5] [--json] [--plot rss.png]
     pdorch bench soak ...                       (the same)
 
-`--clients` conversations of `--rounds` turns each (the bench/multiturn_*.py workload: each turn sends
+`--clients` conversations of `--rounds` turns each (the bench/multiturn/ workload: each turn sends
 the whole conversation so far); a conversation that has had its rounds starts over with new text, so
 the load stays steady and the caches stay full (L1 and the store evict all the time). Arrivals are
 Poisson at `--request-rate`; a conversation sends its next turn only once its answer is in, so when
@@ -34,13 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import soak_report as rep
-from bench.multiturn import commit, model_facts
-from bench.multiturn_client import HttpBackend
-from bench.multiturn_cluster import metrics_urls
-from bench.multiturn_conversation import Conversation
-from bench.multiturn_metrics import rss_mb, scrape, total
-from bench.multiturn_stats import percentile
-from bench.multiturn_text import TurnSource
+from bench.multiturn.client import HttpBackend
+from bench.multiturn.cluster import metrics_urls
+from bench.multiturn.conversation import Conversation
+from bench.multiturn.facts import commit, model_facts
+from bench.multiturn.metrics import rss_mb, scrape, total
+from bench.multiturn.stats import percentile
+from bench.multiturn.text import TurnSource
 from pdorch.config_loader import add_config_args
 
 # NOTE: a soak measures leaks and drift, not latency: on a shared 2-core machine a prefill can wait

@@ -19,7 +19,7 @@ import time
 
 import grpc
 
-from bench.multiturn_cluster import ServeCluster, effective_config, port_overrides
+from bench.multiturn.cluster import ServeCluster, effective_config, port_overrides
 from pdorch.config_loader import ConfigError, default_config_path, exit_on_config_error
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc

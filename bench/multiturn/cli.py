@@ -15,7 +15,7 @@ written / evicted, RSS of every process; a table, a PNG, and with --json one JSO
                                                 round-robin (a Kubernetes Service); --compare: (r1) one
                                                 router, (rn) N routers on KV events, (rg) N routers
                                                 on the guess-based index (router.kv_events=false)
-    python -m bench.multiturn --sweep [--shapes A,B]   a grid of cache shapes (bench/multiturn_sweep.py):
+    python -m bench.multiturn --sweep [--shapes A,B]   a grid of cache shapes (bench/multiturn/sweep.py):
                                                 per shape the worst hit / free-L1 capacity-bound ideal
 
 Starts its own cluster with `pdorch serve` (the preset's sizes, then --config / --set), or loads
@@ -29,20 +29,15 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# NOTE: first, unconditionally: with the root on PYTHONPATH already (after this script's own folder),
-# bench/engine.py would shadow the engine package.
-sys.path.insert(0, str(ROOT))
-
-from bench import multiturn_report as report
-from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
-from bench.multiturn_presets import (
+from bench.multiturn import report
+from bench.multiturn.cluster import ServeCluster, effective_config, metrics_urls, port_overrides
+from bench.multiturn.facts import commit, model_facts, test_model_dir
+from bench.multiturn.presets import (
     PRESET_WORKLOADS,
     PRESETS,
     Workload,
@@ -50,11 +45,11 @@ from bench.multiturn_presets import (
     page_bytes,
     preset_overrides,
 )
-from bench.multiturn_run import Target, run_workload
-from bench.multiturn_stats import rounded, run_summary
+from bench.multiturn.run import Target, run_workload
+from bench.multiturn.stats import rounded, run_summary
 from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
 from pdorch.launch_plan import torch_threads_per_worker
-from tests.fixtures.hf_checkpoints import FAMILIES, build_checkpoint
+from tests.fixtures.hf_checkpoints import FAMILIES
 
 VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=false"]),
             "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", []),
@@ -96,7 +91,7 @@ def parser() -> argparse.ArgumentParser:
                    help="after each round wait for write-backs, then flush every worker's L1 (/flush_cache)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--random-ids", action="store_true", help="random token ids instead of English-like text")
-    p.add_argument("--preset", choices=PRESETS, default="l3", help="cluster sizes (see bench/multiturn_presets.py)")
+    p.add_argument("--preset", choices=PRESETS, default="l3", help="cluster sizes (see bench/multiturn/presets.py)")
     p.add_argument("--prefill", type=int, default=1, help="prefill workers of the cluster")
     p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
     p.add_argument("--routers", type=int, default=1, help="router replicas (pdorch serve --routers); requests "
@@ -104,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="load a running router instead of starting a cluster")
     p.add_argument("--compare", action="store_true", help="run variants a-e on the same workload")
     p.add_argument("--variants", help="with --compare: only these, comma-separated (e.g. a,e)")
-    p.add_argument("--sweep", action="store_true", help="run every cache shape of bench/multiturn_sweep.py "
+    p.add_argument("--sweep", action="store_true", help="run every cache shape of bench/multiturn/sweep.py "
                    "(each sets its own workload and sizes; --rounds, --api and --set still apply)")
     p.add_argument("--shapes", help="with --sweep: only these shapes, comma-separated")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s)")
@@ -116,45 +111,6 @@ def parser() -> argparse.ArgumentParser:
                    "(tests/fixtures/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
     add_config_args(p)
     return p
-
-
-def commit() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=False,
-                              capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "-uno"], check=False,
-                               capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return head + ("+dirty" if dirty else "") if head else "unknown"
-
-
-def test_model_dir(family: str) -> Path:
-    """The random `family` checkpoint of tests/fixtures/hf_checkpoints.py, built once (seed 0, tiny shape)."""
-    out = Path(os.path.expanduser("~/.cache/pdorch/test-models")) / family
-    if not (out / "config.json").is_file():
-        tmp = out.with_name(f".{family}.tmp-{os.getpid()}")
-        build_checkpoint(family, tmp)
-        os.replace(tmp, out)
-    return out
-
-
-def model_facts(url: str | None, cfg):
-    """(tokenizer, model dir, kv values per token, page size, model name) of the served model."""
-    from engine.arch import ModelArch
-    from engine.tokenizer import Tokenizer
-    if url:
-        import httpx
-        info = httpx.get(url.rstrip("/") + "/server_info", timeout=30).json()
-        model_dir, page, name = Path(info["model_path"]), int(info["page_size"]), info["model"]
-    else:
-        from engine.prepare import prepare_model
-        model_dir = prepare_model(cfg.model.source, cfg.model.cache_dir, progress=lambda m: None)
-        page, name = cfg.model.page_size, cfg.model.served_name
-    arch = ModelArch.from_model_dir(model_dir)
-    return Tokenizer.from_dir(model_dir), model_dir, arch.kv_values_per_token, page, name
 
 
 def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
@@ -179,7 +135,7 @@ def run_variant(key: str, args, w: Workload, facts, say, sized=None) -> dict:
                                    ssd_tier=bool(cfg.store.enabled and cfg.store.ssd_path))
     try:
         if key == "d":
-            from bench.multiturn_engine import EngineBackend
+            from bench.multiturn.engine_backend import EngineBackend
             l1 = cfg.prefill.num_pages * args.prefill + cfg.decode.num_pages  # the KV memory P and D had
             threads = torch_threads_per_worker(cfg, 1)  # the cores P and D shared, or model.torch_threads
             target.engine = EngineBackend(model_dir, l1, page, w.output_tokens, w.api, threads, args.timeout)
@@ -251,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return sweep(args, p, facts, say, t0)
     variants = {k: run_variant(k, args, w, facts, say) for k in keys}
     label = args.label or f"{args.preset}_{args.api}" + ("_compare" if args.compare else "")
-    from bench.multiturn_plots import plot_run
+    from bench.multiturn.plots import plot_run
     plot_dir = Path(args.plot_dir or tempfile.mkdtemp(prefix="pdorch-multiturn-"))
     title = (f"pdorch bench multiturn {label}: {w.clients} clients x {w.rounds} rounds, {w.api}, "
              f"turns {w.first_tokens}/{w.turn_tokens}, output {w.output_tokens} ({commit()})")
@@ -283,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def sweep(args, p, facts, say, t0: float) -> int:
     """--sweep: every shape on a cluster of its own; a per-shape table and one JSON line."""
-    from bench import multiturn_sweep as sw
+    from bench.multiturn import sweep as sw
     if args.url or args.compare:
         p.error("--sweep starts its own clusters: not with --url or --compare")
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.multiturn_stats import ideal_cached_tokens
+from bench.multiturn.stats import ideal_cached_tokens
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ from pdorch.config import Config
 from pdorch.config_loader import load_config, parse_overrides
 from pdorch.ports import free_port, free_port_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READY_LINE = "pdorch is ready at"
 _ROLES = (("mooncake_master", "master"), ("prefill_node", "prefill"), ("decode_node", "decode"),
           ("-m router", "router"))

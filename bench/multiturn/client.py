@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from bench.multiturn_conversation import Prompt
+from bench.multiturn.conversation import Prompt
 
 
 @dataclasses.dataclass

@@ -14,8 +14,8 @@ import queue
 import threading
 import time
 
-from bench.multiturn_client import Reply
-from bench.multiturn_conversation import Prompt
+from bench.multiturn.client import Reply
+from bench.multiturn.conversation import Prompt
 
 
 class EngineBackend:

@@ -3,7 +3,7 @@ summary. Missing values print as "-"."""
 
 from __future__ import annotations
 
-from bench.multiturn_stats import TIERS
+from bench.multiturn.stats import TIERS
 
 
 def _f(value, fmt: str) -> str:

@@ -17,8 +17,8 @@ import random
 import sys
 import time
 
-from bench.multiturn_client import Reply
-from bench.multiturn_stats import RequestResult
+from bench.multiturn.client import Reply
+from bench.multiturn.stats import RequestResult
 
 
 class RoundLoop:

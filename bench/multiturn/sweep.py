@@ -4,7 +4,7 @@ of its own, and per shape the worst hit rate over the free-L1 capacity-bound ide
 A shape: clients, turn tokens (the first turn as long, answers a quarter of a turn unless given), the
 prefill worker's L1 as a multiple of the run's longest prompt, the store as a fraction of the final
 working set (two segments: the prefill and the decode worker's), and the requests in flight (the
-decode pool is sized for those, as every preset sizes it). Per round (bench/multiturn_stats.py):
+decode pool is sized for those, as every preset sizes it). Per round (bench/multiturn/stats.py):
 
     capacity(r)          = store pages at the master's watermark + (L1 - the longest prompt of round r)
     free-L1 ideal(r)     = page-aligned ideal(r) x min(1, capacity(r) / pages of the previous contexts)
@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from bench.multiturn_presets import MIB, Workload, final_working_set_pages, page_bytes
+from bench.multiturn.presets import MIB, Workload, final_working_set_pages, page_bytes
 from pdorch.config import Config
 
 

@@ -4,7 +4,7 @@
               router with --url), HTTP backend; counters and RSS scraped at each round's end
     engine    the single-process engine.LLM (variant d of --compare), in this process
 
-Returns the per-round JSON objects (bench/multiturn_stats.py) plus what the capacity-bound ideal
+Returns the per-round JSON objects (bench/multiturn/stats.py) plus what the capacity-bound ideal
 was computed from, and an RSS time series for the plot.
 """
 
@@ -17,13 +17,13 @@ import time
 
 import httpx
 
-from bench import multiturn_metrics as metrics
-from bench.multiturn_client import HttpBackend
-from bench.multiturn_conversation import Conversation
-from bench.multiturn_driver import RoundLoop
-from bench.multiturn_presets import Workload, default_high_watermark
-from bench.multiturn_stats import summarize_round, usable_capacity_pages
-from bench.multiturn_text import TurnSource
+from bench.multiturn import metrics
+from bench.multiturn.client import HttpBackend
+from bench.multiturn.conversation import Conversation
+from bench.multiturn.driver import RoundLoop
+from bench.multiturn.presets import Workload, default_high_watermark
+from bench.multiturn.stats import summarize_round, usable_capacity_pages
+from bench.multiturn.text import TurnSource
 
 RSS_SAMPLE_S = 1.0
 QUIET_TIMEOUT_S = 120.0
