@@ -1,6 +1,6 @@
-"""bench/python_floor.py, the control of bench/router_overhead.py: against a real stand-in decode
-worker it answers /generate with the same stream as the router (an event per batch of tokens, the
-body ended with [DONE]), so its CPU per request is a fair floor."""
+"""bench/router_overhead/floor.py, the control of the router-overhead comparison: against a real
+stand-in decode worker it answers /generate with the same stream as the router (an event per batch
+of tokens, the body ended with [DONE]), so its CPU per request is a fair floor."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import json
 from itertools import pairwise
 
-from bench.python_floor import FloorProtocol
+from bench.router_overhead.floor import FloorProtocol
 from pdorch.ports import free_port
 from router.grpc.stream import Channel
 from tests.fixtures.standin import Behavior, StandinServer

@@ -1,10 +1,10 @@
-"""bench/router_http_layer.py on a few requests: each one is answered whole, in one write per event."""
+"""bench/router_overhead/http_layer.py on a few requests: each one is answered whole, in one write per event."""
 
 from __future__ import annotations
 
 import asyncio
 
-from bench.router_http_layer import EVENTS, _measure
+from bench.router_overhead.http_layer import EVENTS, _measure
 
 
 def test_every_request_gets_its_whole_stream():

@@ -1,9 +1,9 @@
-"""bench/router_pick.py on a small fleet: every step of the router's choice is timed, and the run
+"""bench/router_overhead/pick.py on a small fleet: every step of the router's choice is timed, and the run
 routes over every worker it was given."""
 
 from __future__ import annotations
 
-from bench.router_pick import STEPS, run
+from bench.router_overhead.pick import STEPS, run
 
 
 def test_small_run_reports_each_step():

@@ -1,11 +1,12 @@
-"""bench/router_ttft_path.py's tables (percentiles by bench/load_client.py's `pct`): each step's span is read between consecutive marks of one
-request, the percentiles are taken over requests, and a handler step a request skipped counts 0."""
+"""bench/router_overhead/ttft_path.py's tables (percentiles by load_client.py's `pct`): each step's
+span is read between consecutive marks of one request, the percentiles are taken over requests, and
+a handler step a request skipped counts 0."""
 
 from __future__ import annotations
 
-from bench.load_client import pct
-from bench.router_ttft_path import handler_table, step_table
-from bench.ttft_path_tracer import STEPS
+from bench.router_overhead.load_client import pct
+from bench.router_overhead.ttft_path import handler_table, step_table
+from bench.router_overhead.ttft_tracer import STEPS
 
 
 def _record(offsets_us: list[float], **handler_us: float) -> dict:

@@ -7,7 +7,7 @@ left is what the HTTP layer costs per request: parsing, the request's task, the 
 The machine's speed still moves it (30-50 µs for the same code on this VM from one run to the next),
 so compare two trees by alternating them, pair by pair.
 
-    python bench/router_http_layer.py [--requests 5000] [--repeats 7] [--json]
+    python -m bench.router_overhead http-layer [--requests 5000] [--repeats 7] [--json]
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvicorn
 import uvloop
@@ -111,7 +107,8 @@ async def _measure(requests: int, repeats: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.router_overhead http-layer",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=5000, help="requests per timed run")
     ap.add_argument("--repeats", type=int, default=7, help="timed runs (the median is reported)")
     ap.add_argument("--warmup", type=int, default=2000)

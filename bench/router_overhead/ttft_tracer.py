@@ -1,7 +1,7 @@
 """Timestamps along one request's path to its first token, inside a router process.
 
-bench/router_ttft_path.py starts the pdorch router and the control (bench/python_floor.py) through
-this file; it wraps, before the server starts, the few functions every request passes:
+ttft_path.py starts the pdorch router and the control (floor.py) through
+this module; it wraps, before the server starts, the few functions every request passes:
 
     conn    the connection's protocol is made (accept)
     head    the request head is parsed (router: HotCycle made; floor: the read that completed it)
@@ -16,8 +16,8 @@ and, in the router, the time the handler spends in each step of HANDLER_STEPS. O
 writes the records of the requests completed since the last dump to `$TTFT_TRACE_DIR/<name>.json`.
 Each wrapper costs a few µs, alike in both processes: compare the two, not with untraced runs.
 
-    python bench/ttft_path_tracer.py ours -m router --config FILE ...
-    python bench/ttft_path_tracer.py floor bench/python_floor.py --port P --decode ADDR
+    python -m bench.router_overhead.ttft_tracer ours -m router --config FILE ...
+    python -m bench.router_overhead.ttft_tracer floor -m bench.router_overhead.floor --port P --decode ADDR
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import signal
 import sys
 from pathlib import Path
 from time import perf_counter
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.grpc.call import StreamCall
 from router.grpc.stream import Channel
@@ -188,12 +186,12 @@ def main() -> None:
         sys.argv = ["router", *argv[2:]]  # argv: -m router ...
         runpy.run_module("router", run_name="__main__", alter_sys=True)
     else:
-        floor = runpy.run_path(argv[0], run_name="python_floor")
-        protocol = floor["FloorProtocol"]
+        floor = importlib.import_module(argv[1])  # argv: -m bench.router_overhead.floor ...
+        protocol = floor.FloorProtocol
         _trace_protocol(protocol, "data_received")
         _trace_task(protocol, "serve", lambda p: p)
-        sys.argv = argv
-        raise SystemExit(floor["main"]())
+        sys.argv = [argv[1], *argv[2:]]
+        raise SystemExit(floor.main())
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
-"""Where the router's added TTFT goes: ours against the control (bench/python_floor.py), step by step.
+"""Where the router's added TTFT goes: ours against the control (floor.py), step by step.
 
-bench/router_overhead.py measures the added TTFT from the client; this runs its latency phase
+The comparison (compare.py) measures the added TTFT from the client; this runs its latency phase
 (64 streams, 16 tokens, a token every 40 ms, random arrival phases) with both routers started
-through bench/ttft_path_tracer.py and reports, per step of a request's path to its first token
+through ttft_tracer.py and reports, per step of a request's path to its first token
 (connection accepted -> head parsed -> task -> Generate begun -> on the wire -> first token read
 -> task resumed -> first event written), the p50 / p90 in µs for ours and for the floor, and for
 ours the handler's own steps (parse, admission, hashing, the choice). Targets alternate in short
 runs, each followed by a direct run for the added TTFT of that pair (traced: a few µs per step
 more than untraced, alike for both).
 
-    python bench/router_ttft_path.py [--repeats 3] [--json]
+    python -m bench.router_overhead ttft-path [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -21,22 +21,16 @@ import json
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))
-
-from load_client import closed_loop, pct
-from router_overhead import Procs, start_targets
-from ttft_path_tracer import STEPS
-
+from bench.router_overhead.load_client import closed_loop, pct
+from bench.router_overhead.targets import Procs, start_targets
+from bench.router_overhead.ttft_tracer import STEPS
 from engine.prepare import make_tiny_model
 
-TRACER = ROOT / "bench" / "ttft_path_tracer.py"
+TRACER = "bench.router_overhead.ttft_tracer"
 CONCURRENCY, TOKENS, TOKEN_DELAY_S = 64, 16, 0.04
 
 
@@ -60,9 +54,9 @@ def _traced_start(procs: Procs):
 
     def traced(name: str, args: list[str]):
         if name == "pdorch_router":  # [py, -m, router, ...]
-            args = [args[0], str(TRACER), "ours", *args[1:]]
-        elif name == "python_floor":  # [py, bench/python_floor.py, ...]
-            args = [args[0], str(TRACER), "floor", *args[1:]]
+            args = [args[0], "-m", TRACER, "ours", *args[1:]]
+        elif name == "python_floor":  # [py, -m, bench.router_overhead.floor, ...]
+            args = [args[0], "-m", TRACER, "floor", *args[1:]]
         return start(name, args)
 
     return traced
@@ -105,7 +99,8 @@ def run(repeats: int, warmup_s: float, duration_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.router_overhead ttft-path",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per router")
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--duration-s", type=float, default=5.0)

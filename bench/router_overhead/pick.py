@@ -1,8 +1,9 @@
 """The real router's per-request worker choice at fleet scale: what admission reads of the pool (the
 workers' smallest context, whether each role has a routable worker) and what `Dispatcher._pick`
 runs (the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
-index, with N prefill and N decode workers, no network. bench/routing_sim.py times the decision core
-(router/kv/choice.py) inside a simulated fleet; this times the router's own wrapper around it.
+index, with N prefill and N decode workers, no network. The fleet simulation (bench/routing_sim.py,
+removed after aa2abdb) timed the decision core (router/kv/choice.py); this times the router's own
+wrapper around it.
 
 Every worker has published a snapshot (a few conversations' pages in its L1, a load) and stays
 live; prompts are 4-64 pages of 40 conversations; loads move as requests are routed and finish,
@@ -10,7 +11,7 @@ told to the policy as dispatch tells it (`load_changed`, timed for the two chose
 tells it three more times per request, at the first token and at the end). Reported: per-step and
 total p50/p99 in µs.
 
-    python bench/router_pick.py [--workers 500] [--json]
+    python -m bench.router_overhead pick [--workers 500] [--json]
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ import argparse
 import hashlib
 import json
 import random
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.circuit import CircuitBreaker
 from router.kv.choice import ChoiceWeights
@@ -98,7 +95,8 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.router_overhead pick",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=500, help="prefill workers, and as many decode workers")
     ap.add_argument("--decisions", type=int, default=5000)
     ap.add_argument("--warmup", type=int, default=2000)

@@ -1,4 +1,4 @@
-"""The least a Python router can do per request: the control for bench/router_overhead.py's CPU target.
+"""The least a Python router can do per request: the control of the router-overhead comparison.
 
 A bare HTTP -> gRPC streaming proxy on the same event loop (uvloop), the same gRPC client
 (router/grpc) and the same SSE body (router/formats.py) as the pdorch router, and nothing else:
@@ -8,20 +8,16 @@ one chunked SSE event as it arrives. Whatever this costs per request, any Python
 same loop, client and wire format costs at least as much; comparing it with sglang-router in the
 same run says whether "CPU per request <= sglang-router's" is within reach of Python on this machine.
 
-Not a product: it answers only well-formed `POST /generate` from bench/load_client.py.
+Not a product: it answers only well-formed `POST /generate` from load_client.py.
 
-    python bench/python_floor.py --port 8100 --decode 127.0.0.1:50171
+    python -m bench.router_overhead.floor --port 8100 --decode 127.0.0.1:50171
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
 import uvloop

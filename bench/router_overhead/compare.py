@@ -4,15 +4,15 @@ stand-in that answers exactly like our gRPC one.
 
     client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (tests/fixtures/standin.py)
     client --gRPC Generate------------------------------------> stand-in D          (our baseline)
-    client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (below)
+    client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (http_standin.py)
     client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)
-    client --HTTP /generate--> bench/python_floor.py --gRPC---> stand-in D          (the control)
+    client --HTTP /generate--> floor.py --gRPC---------------> stand-in D          (the control)
 
 The control (`--no-floor` leaves it out) is the least a Python router does per request: a bare
 proxy on the same loop, gRPC client and SSE body as ours, with no routing, metrics or failover.
 Its CPU per request, next to sglang-router's in the same run, says how far Python can go here.
 
-Every worker streams `--tokens` synthetic tokens; the client (bench/load_client.py, `--client`)
+Every worker streams `--tokens` synthetic tokens; the client (load_client.py, `--client`)
 keeps `--concurrency` streams open (closed loop). Two phases:
   latency     the stand-ins wait `--token-delay-ms` between tokens (like a decode step), so the
               routers are not saturated. Added latency = TTFT percentile through the router minus
@@ -29,7 +29,7 @@ keeps `--concurrency` streams open (closed loop). Two phases:
               (`latency_cpu_ms_per_request`) compares them at the same request rate.
 All processes share this machine's cores with the client; both routers get the same conditions.
 
-    python bench/router_overhead.py [--json]
+    python -m bench.router_overhead [--json]        (the default of the study's entry, __main__.py)
 """
 
 from __future__ import annotations
@@ -37,177 +37,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.router_overhead.load_client import closed_loop
+from bench.router_overhead.targets import Procs, cpu_seconds, start_targets
 
-from load_client import closed_loop
-
-from pdorch.ports import free_port
-
-
-# ------------------------------------------------------------------------------ HTTP stand-in
-def serve_http_standin(port: int, token_delay_s: float) -> None:
-    """An SGLang-compatible HTTP worker with the same synthetic stream as tests/fixtures/standin.py."""
-    from aiohttp import web
-
-    async def generate(request: web.Request):
-        body = await request.json()
-        n = max(1, int((body.get("sampling_params") or {}).get("max_new_tokens") or 16))
-        prompt = len(body.get("input_ids") or []) or len(body.get("text") or "")
-        rid = body.get("rid") or "r"
-
-        def chunk(i: int) -> dict:
-            return {"text": "".join(f" w{k}" for k in range(i + 1)), "output_ids": list(range(1000, 1001 + i)),
-                    "meta_info": {"id": rid, "prompt_tokens": prompt, "completion_tokens": i + 1, "cached_tokens": 0,
-                                  "finish_reason": {"type": "length", "length": n} if i == n - 1 else None}}
-
-        if not body.get("stream"):
-            if token_delay_s:
-                await asyncio.sleep(token_delay_s * (n - 1))
-            return web.json_response(chunk(n - 1))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i in range(n):
-            if i and token_delay_s:  # between tokens only, like tests/fixtures/standin.py
-                await asyncio.sleep(token_delay_s)
-            await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-    async def ok(request):
-        return web.json_response({"status": "ok"})
-
-    async def info(request):
-        return web.json_response({"model_path": "standin", "is_generation": True, "page_size": 16})
-
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    for path in ("/health", "/health_generate", "/flush_cache"):
-        app.router.add_route("*", path, ok)
-    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
-        app.router.add_get(path, info)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-# ------------------------------------------------------------------------------ processes
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready within {timeout_s}s")
-
-
-def wait_port(port: int, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"port {port} not open within {timeout_s}s")
-
-
-class Procs:
-    """Child processes of one phase, each in its own process group, stopped by PID."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        with open(self.log_dir / f"{name}.log", "ab") as log:
-            p = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        self.procs.append(p)
-        return p
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(timeout=10)
-        self.procs.clear()
-
-
-# ------------------------------------------------------------------------------ phase
-def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path, floor: bool = True) -> dict:
-    """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
-    py = sys.executable
-    p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
-    d = procs.start("standin_decode", [py, "-m", "tests.fixtures.standin", "--role", "decode", "--port", str(d_port),
-                                       "--token-delay-s", str(token_delay_s)])
-    p = procs.start("standin_prefill", [py, "-m", "tests.fixtures.standin", "--role", "prefill", "--port", str(p_port)])
-    h = procs.start("standin_http", [py, str(Path(__file__).resolve()), "--http-standin", str(h_port),
-                                     "--token-delay-ms", str(token_delay_s * 1000)])
-    cfg = tmp / "router.yaml"
-    cfg.write_text(json.dumps({
-        "model": {"source": str(model_dir), "cache_dir": str(tmp / "models"), "page_size": 16},
-        "router": {"host": "127.0.0.1", "port": r_port, "max_queued_requests": 4096},
-        "discovery": {"mode": "static", "prefill": [f"127.0.0.1:{p_port}"], "decode": [f"127.0.0.1:{d_port}"]}}))
-    r = procs.start("pdorch_router", [py, "-m", "router", "--config", str(cfg), "--log-level", "warning"])
-    for port, proc in ((d_port, d), (p_port, p), (h_port, h)):
-        wait_port(port, 30, proc)
-    wait_http(f"http://127.0.0.1:{r_port}/health", 60, r)
-    urls = {"ours": f"http://127.0.0.1:{r_port}", "ours_direct": f"grpc://127.0.0.1:{d_port}",
-            "sglang_direct": f"http://127.0.0.1:{h_port}", "sglang": None, "floor": None, "pids": {"ours": r.pid}}
-    if floor:
-        f_port = free_port()
-        f = procs.start("python_floor", [py, str(ROOT / "bench" / "python_floor.py"), "--port", str(f_port),
-                                         "--decode", f"127.0.0.1:{d_port}"])
-        wait_port(f_port, 30, f)
-        urls["floor"] = f"http://127.0.0.1:{f_port}"
-        urls["pids"]["floor"] = f.pid
-    if shutil.which("sglang-router") or _has_module("sglang_router"):
-        s_port = free_port()
-        s = procs.start("sglang_router", [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                                          "--port", str(s_port), "--worker-urls", f"http://127.0.0.1:{h_port}",
-                                          "--policy", "cache_aware", "--log-level", "warn",
-                                          "--max-concurrent-requests", "4096"])
-        wait_http(f"http://127.0.0.1:{s_port}/health", 60, s)
-        urls["sglang"] = f"http://127.0.0.1:{s_port}"
-        urls["pids"]["sglang"] = s.pid
-    return urls
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
+STUDIES = """the other studies of the same question, each with its own flags (--help):
+  ttft-path   where the added TTFT goes, step by step, ours against the control (ttft_path.py)
+  pick        the router's own per-request worker choice at fleet scale, no network (pick.py)
+  http-layer  the router's HTTP layer alone, CPU per request (http_layer.py)"""
 
 
 def run_phase(name: str, token_delay_s: float, tokens: int, think_s: float, args, model_dir: Path) -> dict:
@@ -238,7 +79,8 @@ def run_phase(name: str, token_delay_s: float, tokens: int, think_s: float, args
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__.splitlines()[0],
+                                 epilog=STUDIES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, default=64, help="open streams (closed loop)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens per request in the latency phase")
     ap.add_argument("--token-delay-ms", type=float, default=40.0, help="stand-in delay between tokens (latency phase)")
@@ -251,15 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-alive", action="store_true",
                     help="reuse client HTTP connections (default: one connection per request, see closed_loop)")
     ap.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
-                    help="load generator (bench/load_client.py): lean asyncio HTTP + lean gRPC, or aiohttp + grpc.aio")
+                    help="load generator (load_client.py): lean asyncio HTTP + lean gRPC, or aiohttp + grpc.aio")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
-                    help="leave out the control (bench/python_floor.py, the least a Python router does)")
+                    help="leave out the control (floor.py, the least a Python router does)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    ap.add_argument("--http-standin", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.http_standin:
-        serve_http_standin(args.http_standin, args.token_delay_ms / 1000)
-        return 0
     try:
         import uvloop
 
@@ -352,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['latency_cpu_ms_per_request']} ms at {result['latency_rps']}/s, sglang-router "
               f"{result['sglang_router_latency_cpu_ms_per_request']} ms at {result['sglang_router_latency_rps']}/s")
         if result["python_floor_cpu_ms_per_request"] is not None:
-            print(f"the control (bench/python_floor.py): CPU per request {result['python_floor_cpu_ms_per_request']} ms "
+            print(f"the control (bench/router_overhead/floor.py): CPU per request {result['python_floor_cpu_ms_per_request']} ms "
                   f"(throughput), {result['python_floor_latency_cpu_ms_per_request']} ms (latency phase); "
                   f"added TTFT p50 {result['python_floor_p50_overhead_ms']:+} ms")
             print(f"  paired CPU ratios (throughput / latency phase): ours/floor {result['cpu_vs_floor']} / "

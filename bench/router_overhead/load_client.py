@@ -1,4 +1,4 @@
-"""Closed-loop load for bench/router_overhead.py: N clients, each sending back-to-back streaming
+"""Closed-loop load for the router-overhead study: N clients, each sending back-to-back streaming
 requests to one target, timing the first token (TTFT) and the whole stream.
 
 Two client implementations, chosen per run (`--client`):
