@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/engine.py would shadow the engine package.
 sys.path.insert(0, str(ROOT))
 
-from bench import soak_report as rep
 from bench.multiturn.client import HttpBackend
 from bench.multiturn.conversation import Prompt
 from bench.multiturn.facts import commit
 from bench.multiturn.stats import percentile, ratio
+from bench.soak import report as rep
 from pdorch.config_loader import add_config_args
 
 # NOTE: the router's in-flight bound is the gate that binds: decode.max_queued_requests bounds only the

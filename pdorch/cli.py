@@ -34,7 +34,7 @@ _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous
 BENCHMARKS = {
     "multiturn": ("bench.multiturn.cli", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
     "long-context": ("bench.long_context", "long shared documents read back from the store vs recomputed"),
-    "soak": ("bench.soak", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
+    "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
 }
 

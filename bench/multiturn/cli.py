@@ -265,6 +265,3 @@ def sweep(args, p, facts, say, t0: float) -> int:
                                       (x for x in worst if x is not None), default=None)})))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -200,6 +200,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

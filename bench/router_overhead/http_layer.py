@@ -121,6 +121,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(res))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -117,6 +117,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

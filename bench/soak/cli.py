@@ -23,17 +23,10 @@ import asyncio
 import itertools
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# NOTE: first, unconditionally: with the root on PYTHONPATH already (after this script's own folder),
-# bench/engine.py would shadow the engine package.
-sys.path.insert(0, str(ROOT))
-
-from bench import soak_report as rep
 from bench.multiturn.client import HttpBackend
 from bench.multiturn.cluster import metrics_urls
 from bench.multiturn.conversation import Conversation
@@ -41,6 +34,7 @@ from bench.multiturn.facts import commit, model_facts
 from bench.multiturn.metrics import rss_mb, scrape, total
 from bench.multiturn.stats import percentile
 from bench.multiturn.text import TurnSource
+from bench.soak import report as rep
 from pdorch.config_loader import add_config_args
 
 # NOTE: a soak measures leaks and drift, not latency: on a shared 2-core machine a prefill can wait
@@ -294,6 +288,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
