@@ -1,7 +1,7 @@
 """n > 1 (decode_node/forks.py): the KV bytes P pushes to D and the wall time of one request of n
 sequences against n requests of one, in one run.
 
-    python -m bench.parallel_sampling [--runs 3] [--n 4] [--prompt-tokens 512] [--new-tokens 64]
+    python -m bench.sampling parallel [--runs 3] [--n 4] [--prompt-tokens 512] [--new-tokens 64]
                                       [--test-model llama3] [--json]
 
 Starts one `pdorch serve` (1 prefill, 1 decode; decode prefix cache off, so every request's prompt
@@ -26,10 +26,6 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # NOTE: before the imports: bench/engine.py would shadow the engine package
 
 import httpx
 
@@ -45,7 +41,7 @@ COUNTERS = {"bytes": "pdorch_prefill_transfer_bytes_total ",
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.parallel_sampling", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="python -m bench.sampling parallel", description=__doc__.split("\n")[0],
                                 allow_abbrev=False)
     p.add_argument("--runs", type=int, default=3, help="repetitions (default 3)")
     p.add_argument("--n", type=int, default=4, help="sequences per request (default 4)")
@@ -143,6 +139,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

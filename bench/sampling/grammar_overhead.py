@@ -12,7 +12,7 @@
             <= 1.2). The control: the same steps while another process keeps one core busy (no GIL
             shared, no grammar): what any CPU work beside the step costs on this machine.
 
-    python bench/grammar_overhead.py [--json] [--steps 40] [--threads 2]
+    python -m bench.sampling grammar-overhead [--json] [--steps 40] [--threads 2]
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch
 
@@ -175,12 +171,13 @@ def compile_study(runner, vocab: int, grammars: Grammars, steps: int, seed0: int
             "compile_ms_median": round(statistics.median(compile_s) * 1e3, 2)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.sampling grammar-overhead", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = prepare_model("smollm2", DEFAULT_CACHE_DIR)
     arch, model = load_model(model_dir, device="cpu", dtype=torch.float32)
@@ -203,6 +200,3 @@ def main() -> None:
           f"busy {c['itl_p99_ms_one_core_busy']} ({c['p99_one_core_busy_over_quiet']}x); compile median "
           f"{c['compile_ms_median']} ms")
 
-
-if __name__ == "__main__":
-    main()
