@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 import httpx
 
-from bench import soak_report as rep
-from bench.multiturn import commit
-from bench.multiturn_cluster import ServeCluster, port_overrides
+from bench.multiturn.cluster import ServeCluster, port_overrides
+from bench.multiturn.facts import commit
+from bench.soak import report as rep
 from pdorch.config_loader import add_config_args, default_config_path
 
 NUM_DECODE = 3

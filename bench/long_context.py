@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/engine.py would shadow the engine package.
 sys.path.insert(0, str(ROOT))
 
-from bench.multiturn import model_facts
-from bench.multiturn_client import HttpBackend
-from bench.multiturn_cluster import ServeCluster, effective_config, metrics_urls, port_overrides
-from bench.multiturn_conversation import Prompt
-from bench.multiturn_run import Target, flush_l1, wait_quiet
-from bench.multiturn_stats import TIERS, ideal_cached_tokens, mean, percentile, ratio, rounded
-from bench.multiturn_text import TurnSource
+from bench.multiturn.client import HttpBackend
+from bench.multiturn.cluster import ServeCluster, effective_config, metrics_urls, port_overrides
+from bench.multiturn.conversation import Prompt
+from bench.multiturn.facts import model_facts
+from bench.multiturn.run import Target, flush_l1, wait_quiet
+from bench.multiturn.stats import TIERS, ideal_cached_tokens, mean, percentile, ratio, rounded
+from bench.multiturn.text import TurnSource
 from pdorch.config_loader import add_config_args, default_config_path
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))  # NOTE: before the imports: bench/engine.py would
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from bench.multiturn import commit
+from bench.multiturn.facts import commit
 from store_client.config import StoreConfig
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView

@@ -31,11 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # bench/engine.py would shadow the engine package.
 sys.path.insert(0, str(ROOT))
 
-from bench import soak_report as rep
-from bench.multiturn import commit
-from bench.multiturn_client import HttpBackend
-from bench.multiturn_conversation import Prompt
-from bench.multiturn_stats import percentile, ratio
+from bench.multiturn.client import HttpBackend
+from bench.multiturn.conversation import Prompt
+from bench.multiturn.facts import commit
+from bench.multiturn.stats import percentile, ratio
+from bench.soak import report as rep
 from pdorch.config_loader import add_config_args
 
 # NOTE: the router's in-flight bound is the gate that binds: decode.max_queued_requests bounds only the
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     addresses = rep.worker_addresses(cluster.cfg, 1, 1)
     try:
         baseline, _ = rep.wait_idle(cluster.cfg, addresses)
-        from bench.multiturn import model_facts
+        from bench.multiturn.facts import model_facts
         vocab = model_facts(None, cluster.cfg)[0].vocab_size
         say(f"admission {adm}; {args.waves} waves of {adm} (1x) and {args.factor * adm} ({args.factor}x) requests")
         base, over = asyncio.run(run(cluster.url, cluster.cfg, args, adm, vocab))

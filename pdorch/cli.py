@@ -32,9 +32,9 @@ _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous
             ("grpc", "previous_token"))
 # `pdorch bench NAME` -> (module of bench/, one-line help)
 BENCHMARKS = {
-    "multiturn": ("bench.multiturn", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
+    "multiturn": ("bench.multiturn.cli", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
     "long-context": ("bench.long_context", "long shared documents read back from the store vs recomputed"),
-    "soak": ("bench.soak", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
+    "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
 }
 
@@ -178,7 +178,7 @@ def _bench(name: str, rest: list[str]) -> int:
     found next to this package in a source checkout (and the editable install `make setup` does)."""
     import importlib
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.isfile(os.path.join(root, "bench", "multiturn.py")):
+    if not os.path.isfile(os.path.join(root, "bench", "multiturn", "cli.py")):
         print(f"pdorch bench: the benchmarks live in a source checkout (bench/ not found in {root})",
               file=sys.stderr)
         return 2

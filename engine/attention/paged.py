@@ -2,7 +2,7 @@
 
     decode            CUDA: Triton flash-decoding kernel (engine/attention/triton_kernels.py)
                       CPU:  the reference's copy + SDPA (reading in place, compiled by inductor, was
-                            slower on CPU: bench/attention_cpu.py, docs/workers.md)
+                            slower on CPU: docs/workers.md, "Attention backends")
     prefill, start 0  SDPA on the chunk's own K/V (nothing to read back from the pool)
     prefill on a      CUDA: Triton extend kernel (causal over the cached prefix and the chunk)
     cached prefix     CPU:  the reference's gather + SDPA: compute-bound (n x end x Hq x D work for

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import torch
 
-from bench.hf_checkpoints import build_checkpoint
 from engine.tokenizer import Tokenizer
+from tests.fixtures.hf_checkpoints import build_checkpoint
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.workers import start_cluster
 

@@ -4,8 +4,8 @@ pages against the idle baseline, and how each HTTP outcome is counted."""
 from __future__ import annotations
 
 from bench.overload import classify, gate, load_summary
-from bench.soak import window_edges, windows_of
-from bench.soak_report import leaked_pages, rss_drift
+from bench.soak.cli import window_edges, windows_of
+from bench.soak.report import leaked_pages, rss_drift
 
 
 def test_rss_drift_medians_and_excursion():

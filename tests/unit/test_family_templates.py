@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.hf_checkpoints import build_checkpoint
 from engine.sampling_params import SamplingParams
 from engine.stop import StopChecker
 from engine.tokenizer import Tokenizer
+from tests.fixtures.hf_checkpoints import build_checkpoint
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is a KV cache?"}],

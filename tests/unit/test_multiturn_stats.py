@@ -1,11 +1,11 @@
-"""bench/multiturn_stats.py: ideals, percentiles, tier split and the JSON fields, on small fixed
+"""bench/multiturn/stats.py: ideals, percentiles, tier split and the JSON fields, on small fixed
 inputs whose expected values are worked out by hand in the comments."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.multiturn_stats import (
+from bench.multiturn.stats import (
     RequestResult,
     capacity_factor,
     free_l1_usable_pages,

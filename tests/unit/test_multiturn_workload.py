@@ -1,13 +1,13 @@
-"""bench/multiturn_{conversation,metrics,presets}.py: what a conversation sends and its ideal, counter
+"""bench/multiturn/{conversation,metrics,presets}.py: what a conversation sends and its ideal, counter
 deltas from Prometheus text, and the preset sizes, on fixed inputs computed by hand."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from bench.multiturn_conversation import Conversation
-from bench.multiturn_metrics import counters, delta, parse_prometheus
-from bench.multiturn_presets import Workload, final_working_set_pages, preset_overrides, working_set_pages
+from bench.multiturn.conversation import Conversation
+from bench.multiturn.metrics import counters, delta, parse_prometheus
+from bench.multiturn.presets import Workload, final_working_set_pages, preset_overrides, working_set_pages
 from pdorch.config import Config
 
 

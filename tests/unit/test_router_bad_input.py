@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.standin import StandinServer
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import RouterThread, router_config
+from tests.fixtures.standin import StandinServer
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = "/v1/chat/completions"

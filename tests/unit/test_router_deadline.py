@@ -69,8 +69,8 @@ def test_a_hung_worker_does_not_hold_the_answer_past_the_deadline(standins, make
     # Probing which worker failed (Info, up to 1 s) must not delay the 504 past the deadline.
     p = standins("prefill")
     port = free_port()
-    d = subprocess.Popen([sys.executable, "-m", "bench.standin", "--role", "decode", "--port", str(port)],
-                         start_new_session=True, cwd=Path(__file__).resolve().parents[2])  # bench/ is not installed
+    d = subprocess.Popen([sys.executable, "-m", "tests.fixtures.standin", "--role", "decode", "--port", str(port)],
+                         start_new_session=True, cwd=Path(__file__).resolve().parents[2])  # tests/ is not installed
     try:
         wait_for_port(port, 15, d)
         timeout_s = 1.0

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2 as pb
 from router.kv.index import KVIndex
 from router.kv.watch import KVWatcher
 from router.workers import WorkerPool
 from tests.fixtures.processes import free_port
+from tests.fixtures.standin import StandinServer
 
 
 def _batch(seq: int, snapshot: bool = False, stored=(), epoch: str = "e1") -> pb.KVEventBatch:
