@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import faulthandler
 import logging
 import signal
 import threading
@@ -90,6 +91,9 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # SIGUSR2 writes every thread's stack to stderr, from C, without the GIL: the one way to see
+    # where a worker hangs when a native call holds the GIL and SIGTERM's handler never runs.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     from engine.pool_sizing import PoolSizeError
     from pdorch.worker.startup_checks import StartupError
