@@ -18,7 +18,7 @@ the prefill call too; decode.prefill_timeout_s only caps it when the request bro
     drain(timeout_s)  on SIGTERM, once out of discovery: new requests are refused (UNAVAILABLE, the
                  router picks another worker), streams get timeout_s to finish, and each one left
                  ends UNAVAILABLE once the pages it offloaded are in the store: the router resumes it
-                 on another decode worker (router/failover.py), which loads those pages.
+                 on another decode worker (router/dispatch/failover.py), which loads those pages.
 """
 
 from __future__ import annotations

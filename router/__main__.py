@@ -25,9 +25,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.prepare import prepare_tokenizer
     from engine.tokenizer import Tokenizer
-    from router.app import create_app
-    from router.http_protocol import RouterHttpProtocol
-    from router.listen import PortInUse, listen_sockets
+    from router.http.app import create_app
+    from router.http.http_protocol import RouterHttpProtocol
+    from router.http.listen import PortInUse, listen_sockets
 
     rc = cfg.router
     if rc.metrics_port == rc.port:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     # the process; frozen, the collector no longer walks it each time the requests' short-lived
     # objects trigger a collection of the older generations (~4% of the router's CPU under load).
     gc.freeze()
-    uvicorn.Server(config).run(sockets=sockets)  # see router/listen.py
+    uvicorn.Server(config).run(sockets=sockets)  # see router/http/listen.py
     return 0
 
 

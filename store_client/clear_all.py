@@ -1,6 +1,6 @@
 """`python -m store_client.clear_all MASTER METADATA PROTOCOL DEVICE HOSTNAME`: clear the Mooncake store.
 
-Run by `/flush_cache?store=true` in a child process (router/admin.py, `clear_store`). Connects as a pure
+Run by `/flush_cache?store=true` in a child process (router/http/admin.py, `clear_store`). Connects as a pure
 client (no segment contributed), removes every object with `remove_all(force=True)` — force
 skips the read leases that `batch_is_exist` grants, which would otherwise keep recently probed
 pages — and prints `{"removed": N}`.

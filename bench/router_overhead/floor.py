@@ -1,7 +1,7 @@
 """The least a Python router can do per request: the control of the router-overhead comparison.
 
 A bare HTTP -> gRPC streaming proxy on the same event loop (uvloop), the same gRPC client
-(router/grpc) and the same SSE body (router/formats.py) as the pdorch router, and nothing else:
+(router/grpc) and the same SSE body (router/http/formats.py) as the pdorch router, and nothing else:
 no routing, no index, no metrics, no failover, no body validation, no limits, one decode worker.
 Per request: parse the HTTP head and the JSON body, open Generate, write each batch of tokens as
 one chunked SSE event as it arrives. Whatever this costs per request, any Python router with the
@@ -23,12 +23,12 @@ import orjson
 import uvloop
 
 from proto.pdorch.v1 import worker_pb2
-from router import formats
-from router.dispatch import GENERATE_PATH
-from router.generation import SSE_HEADERS
+from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.stream import Channel
+from router.http import formats
+from router.http.generation import SSE_HEADERS
 
-# The router's stream head (router/hot_path.py writes the same headers), so both write the same bytes.
+# The router's stream head (router/http/hot_path.py writes the same headers), so both write the same bytes.
 HEAD = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % kv for kv in (*SSE_HEADERS, (b"transfer-encoding", b"chunked")))
 
 

@@ -22,10 +22,10 @@ import uvicorn
 import uvloop
 from uvicorn.server import ServerState
 
-from router.app import RouterApp
-from router.generation import SSEResponse
-from router.hot_path import HotRoutes
-from router.http_protocol import RouterHttpProtocol
+from router.http.app import RouterApp
+from router.http.generation import SSEResponse
+from router.http.hot_path import HotRoutes
+from router.http.http_protocol import RouterHttpProtocol
 from router.metrics import RouterMetrics
 
 EVENT = b'data: {"text":" w0","output_ids":[1000],"meta_info":{"id":"r","finish_reason":null}}\n\n'

@@ -77,7 +77,7 @@ async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
     grpc_req = pb.GenerateRequest(request_id="b", token_ids=body["input_ids"], prefill_address="unused",
                                   sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0))
     if target.startswith("grpc://") and client == "lean":
-        from router.dispatch import GENERATE_PATH
+        from router.dispatch.dispatch import GENERATE_PATH
         from router.grpc.stream import Channel
 
         channel, data = Channel(target[len("grpc://"):]), grpc_req.SerializeToString()

@@ -23,11 +23,11 @@ import random
 import time
 from types import SimpleNamespace
 
-from router.circuit import CircuitBreaker
+from router.dispatch.circuit import CircuitBreaker
+from router.dispatch.policies import CacheAware, RouteContext
+from router.dispatch.workers import Worker, WorkerPool
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
-from router.policies import CacheAware, RouteContext
-from router.workers import Worker, WorkerPool
 
 STEPS = ("admit", "routable", "choose", "on_routed", "choose_decode", "load_changed")
 

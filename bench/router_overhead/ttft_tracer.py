@@ -39,13 +39,13 @@ from router.grpc.stream import Channel
 STEPS = ("conn", "head", "task", "call", "sent", "data", "resume", "write")
 # (module, attribute) of what the router's handler does before the Generate call, timed per request
 HANDLER_STEPS = (
-    ("router.hot_path", "HotRequest.__init__"), ("router.auth", "Auth.check_client"),
-    ("router.generation", "parse"), ("router.generation", "sampling_from_sglang"),
-    ("router.service", "RouterService.make_job"), ("router.service", "page_hashes"),
-    ("router.service", "RouterService.admit"), ("router.service", "Progress.__init__"),
-    ("router.dispatch", "Dispatcher._pick"), ("router.policies", "CacheAware.choose"),
-    ("router.policies", "CacheAware.choose_decode"), ("router.policies", "CacheAware.on_routed"),
-    ("router.policies", "CacheAware.load_changed"), ("router.metrics", "RouterMetrics.routed_to"),
+    ("router.http.hot_path", "HotRequest.__init__"), ("router.http.auth", "Auth.check_client"),
+    ("router.http.generation", "parse"), ("router.http.generation", "sampling_from_sglang"),
+    ("router.dispatch.service", "RouterService.make_job"), ("router.dispatch.policies", "page_hashes"),
+    ("router.dispatch.service", "RouterService.admit"), ("router.dispatch.service", "Progress.__init__"),
+    ("router.dispatch.dispatch", "Dispatcher._pick"), ("router.dispatch.policies", "CacheAware.choose"),
+    ("router.dispatch.policies", "CacheAware.choose_decode"), ("router.dispatch.policies", "CacheAware.on_routed"),
+    ("router.dispatch.policies", "CacheAware.load_changed"), ("router.metrics", "RouterMetrics.routed_to"),
 )
 
 _by_task: dict[asyncio.Task, dict] = {}
@@ -170,7 +170,7 @@ def main() -> None:
     signal.signal(signal.SIGUSR1, lambda *_: _dump(name))
     _trace_grpc()
     if name == "ours":
-        from router import hot_path, http_protocol
+        from router.http import hot_path, http_protocol
 
         _trace_protocol(http_protocol.RouterHttpProtocol, "_start_hot")
         # NOTE: the protocol's `cycle` is the request's HotCycle; it reads the marks off its protocol

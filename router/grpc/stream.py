@@ -1,6 +1,6 @@
 """A lean gRPC client for the router's hot call: server-streaming calls over one HTTP/2 connection.
 
-Why not grpc.aio: it was most of the router's CPU (bench/router_overhead.py): every streamed message
+Why not grpc.aio: it was most of the router's CPU (bench/router_overhead/): every streamed message
 crosses gRPC's poller thread (C queue -> socket -> event loop -> future), ~0.4 ms per 4-token call.
 Here the event loop reads the worker's socket and parses frames in place; one read can carry several
 tokens, which go to the client in one write. Info, Flush and health checks stay on grpc.aio.

@@ -1,9 +1,9 @@
-"""The routing decision on the precise KV index (router/kv/index.py), shared by the router's policy
-and bench/routing_sim.py.
+"""The routing decision on the precise KV index (router/kv/index.py): the router's policy, and
+bench/router_overhead/pick.py which times it at fleet scale.
 
 Score of a candidate for a prompt: `l1 * l1_run + store * max(0, store_run - l1_run)`: pages in
 its L1 beat pages it would read from the store beat pages it would compute. Load-aware as the
-guess-based CacheAware (router/policies.py): the best-scoring worker (ties: lower load) wins unless
+guess-based CacheAware (router/dispatch/policies.py): the best-scoring worker (ties: lower load) wins unless
 - its load exceeds the least loaded worker's by more than `load_imbalance_threshold` (`imbalance`);
 - or the store holds at least its L1 run: any worker gets the prefix by one store read, so the least
   loaded wins at once (`store_covered`).

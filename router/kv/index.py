@@ -33,41 +33,13 @@ Pure logic: no grpc, no asyncio; not thread-safe (the router's event loop owns i
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
-from itertools import islice
 
 from router.kv.candidates import CandidateView
+from router.kv.index_stats import index_stats
 from router.kv.store_claims import StoreClaims
-
-
-class _Guess:
-    """One speculate() call: its pages, until `exp`; `pending`: how many of them are still this guess's
-    (not confirmed by the worker's events, not guessed again since), so an expiry with none left
-    is one check, not a walk of its pages."""
-
-    __slots__ = ("address", "exp", "hashes", "pending")
-
-    def __init__(self, exp: float, address: str, hashes: set[str]):
-        self.exp, self.address, self.hashes, self.pending = exp, address, hashes, len(hashes)
-
-
-class _WorkerKV:
-    __slots__ = ("behind", "epoch", "free_pages", "has_snapshot", "l1", "live", "load", "page_size",
-                 "seq", "spec", "worker_id")
-
-    def __init__(self):
-        self.epoch, self.seq = "", 0
-        self.has_snapshot = False
-        self.behind = False  # a gap seen since the last in-order batch
-        self.live = False
-        self.l1: set[str] = set()
-        self.spec: dict[str, _Guess] = {}  # speculative hash -> the guess that owns it (not in l1)
-        self.load: int | None = None
-        self.free_pages: int | None = None
-        self.page_size = 0
-        self.worker_id = ""
+from router.kv.worker_kv import Guess, WorkerKV
 
 
 class KVIndex:
@@ -76,13 +48,13 @@ class KVIndex:
     def __init__(self, speculative_ttl_s: float = 5.0, clock=time.monotonic):
         self.ttl = speculative_ttl_s
         self.clock = clock
-        self._workers: dict[str, _WorkerKV] = {}
+        self._workers: dict[str, WorkerKV] = {}
         self._slot: dict[str, int] = {}  # address -> bit in the L1 holder masks
         self._addr_at: list[str | None] = []  # slot -> address
         self._free_slots: list[int] = []
         self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
         self._store = StoreClaims()
-        self._spec_q: deque[_Guess] = deque()  # in expiry order
+        self._spec_q: deque[Guess] = deque()  # in expiry order
         self._views: list[CandidateView] = []
         self._match: tuple | None = None  # (hashes, run, mask) of the last longest_l1, while still true
         self.spec_confirmed = 0
@@ -151,10 +123,10 @@ class KVIndex:
         return m
 
     # ------------------------------------------------------------------ events
-    def _state(self, address: str) -> _WorkerKV:
+    def _state(self, address: str) -> WorkerKV:
         w = self._workers.get(address)
         if w is None:
-            w = self._workers[address] = _WorkerKV()
+            w = self._workers[address] = WorkerKV()
             if self._free_slots:
                 i = self._free_slots.pop()
                 self._addr_at[i] = address
@@ -301,7 +273,7 @@ class KVIndex:
         new -= w.l1
         if not new:
             return
-        guess = _Guess(now + self.ttl, address, new)
+        guess = Guess(now + self.ttl, address, new)
         spec = w.spec
         fresh = new.difference(spec)
         if len(fresh) != len(new):  # guessed again before its worker confirmed it: the newer guess owns it
@@ -423,42 +395,4 @@ class KVIndex:
         return list(self._workers)
 
     def stats(self) -> dict:
-        spec_live = sum(len(w.spec) for w in self._workers.values())
-        return {
-            "workers": len(self._workers),
-            "live_workers": sum(1 for a in self._workers if self.is_live(a)),
-            "l1_pages": {a: len(w.l1) for a, w in self._workers.items()},
-            "l1_entries": sum(len(w.l1) for w in self._workers.values()),
-            "l1_distinct_pages": len(self._l1),
-            "store_pages": len(self._store),
-            "speculative_live": spec_live,
-            "speculative_confirmed": self.spec_confirmed,
-            "speculative_expired": self.spec_expired,
-            "outcomes": dict(self.outcomes),
-            "memory_bytes": self.memory_estimate(),
-        }
-
-    def memory_estimate(self) -> int:
-        """Bytes held, from the containers' own sizes plus per-entry object sizes (O(workers), not
-        O(pages): the per-page objects are counted by their number, not visited)."""
-        size = sys.getsizeof
-        total = size(self._workers) + size(self._l1) + size(self._store.by_hash) + size(self._spec_q)
-        total += self._store.per_worker_bytes()
-        for w in self._workers.values():
-            total += 200 + size(w.l1) + size(w.spec)  # 200: the slots object
-        # the hash strings: one object per distinct hash per map (L1, store), ~113 bytes for 64 hex chars
-        total += (len(self._l1) + len(self._store)) * size("0" * 64)
-        for holders in (self._l1, self._store.by_hash):  # masks / sets of >= 2 holders (a str costs nothing)
-            total += self._multi_holder_bytes(holders)
-        total += size(self._slot) + size(self._addr_at) + sum(size(v.by_addr) + size(v.slots) for v in self._views)
-        total += sum(size(g) + size(g.hashes) for g in self._spec_q)  # the guesses' sets (ttl's worth)
-        return total
-
-    @staticmethod
-    def _multi_holder_bytes(holders: dict) -> int:
-        # NOTE: estimated from 512 evenly spaced entries (islice skips the rest in C): stats() is scraped
-        n = len(holders)
-        if n == 0:
-            return 0
-        sample = list(islice(holders.values(), 0, None, max(1, n // 512)))
-        return sum(sys.getsizeof(v) for v in sample if type(v) is not str) * n // len(sample)
+        return index_stats(self)

@@ -3,7 +3,7 @@
 router/kv/choice.py needs, per decision, the lowest load and the least loaded worker (ties: the
 first in stable-key order at or after the prompt's seed, a ring). Reading 1,000 candidates' loads
 costs 40-100 µs in Python (an attribute read per worker, cache misses), more than the rest of the
-decision together (bench/routing_sim.py). Loads change far less often than they are read (a
+decision together (the fleet simulation, since removed: docs/benchmarks.md). Loads change far less often than they are read (a
 request routed, a request done, an event batch), so whoever changes a load says so here, and the
 decision reads a few levels: workers per load value, each level's stable keys sorted.
 """

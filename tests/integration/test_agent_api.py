@@ -111,7 +111,7 @@ def test_a_required_tool_choice_returns_calls_of_listed_tools(client):
 
 
 def test_auto_tool_choice_reads_a_call_the_model_wrote_in_its_familys_format(client):
-    """The tiny model is a Llama: its call format is Llama 3.1's JSON (router/tool_parsers.py). A
+    """The tiny model is a Llama: its call format is Llama 3.1's JSON (router/http/tool_parsers.py). A
     random model writes no call by itself, so a regex makes it write one."""
     call = r'\{"name": "get_time", "parameters": \{\}\}'
     kwargs = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER, CLOCK], "max_tokens": 40, "temperature": 0,

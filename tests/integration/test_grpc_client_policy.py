@@ -21,7 +21,7 @@ import pytest
 
 from pdorch.worker import main as worker_main
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
-from router.dispatch import GENERATE_PATH
+from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc import stream as grpc_stream
 from router.grpc.stream import Channel, RpcError
 from tests.fixtures.processes import free_port

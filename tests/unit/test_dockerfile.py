@@ -60,7 +60,7 @@ def test_slim_variant_skips_torch_and_what_it_runs_imports_none():
     assert 'if [ "$VARIANT" != "slim" ]' in torch_line
     import subprocess
     import sys
-    code = ("import sys, pdorch.cli, pdorch.master_cmd, router.__main__, router.app\n"
+    code = ("import sys, pdorch.cli, pdorch.master_cmd, router.__main__, router.http.app\n"
             "from engine.prepare import prepare_tokenizer\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,

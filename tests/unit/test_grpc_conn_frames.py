@@ -19,7 +19,7 @@ import pytest
 from hpack import Encoder
 
 from proto.pdorch.v1 import worker_pb2
-from router.dispatch import GENERATE_PATH
+from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.http2 import (
     ACK,
     DATA,

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
-from router.dispatch import GENERATE_PATH
+from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.stream import Channel, RpcError
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import wait_until

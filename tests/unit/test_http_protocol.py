@@ -1,4 +1,4 @@
-"""router/http_protocol.py + router/hot_path.py: the generation routes served by the protocol itself,
+"""router/http/http_protocol.py + router/http/hot_path.py: the generation routes served by the protocol itself,
 on raw sockets against the real router (keep-alive, pipelining, 100-continue, a body in pieces)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from router.http_protocol import _address
+from router.http.http_protocol import _address
 
 
 def _post(path: str, body: dict, extra: bytes = b"", version: bytes = b"1.1") -> bytes:

@@ -1,4 +1,4 @@
-"""router/reasoning.py and router/chat_output.py: thinking split into reasoning_content, whole and
+"""router/http/reasoning.py and router/http/chat_output.py: thinking split into reasoning_content, whole and
 streamed, alone and before a tool call."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from router.chat_output import ChatShape
-from router.formats import Progress
-from router.reasoning import ReasoningStream, split
+from router.http.chat_output import ChatShape
+from router.http.formats import Progress
+from router.http.reasoning import ReasoningStream, split
 
 THOUGHT = "<think>\nThe user wants Oslo's weather.\nI should say it is cold.\n</think>\n\nIt is cold in Oslo."
 
@@ -72,7 +72,7 @@ def test_a_reasoning_chat_streams_thinking_then_content_and_ends_once(step):
 
 
 def test_thinking_before_a_tool_call_goes_to_reasoning_and_the_call_to_tool_calls():
-    from router.tools import ToolPlan
+    from router.http.tools import ToolPlan
 
     text = '<think>\nNeed the weather tool.\n</think>\n\n<tool_call>\n{"name": "w", "arguments": {"c": 1}}\n</tool_call>'
     shape = ChatShape(ToolPlan("auto", [{"type": "function", "function": {"name": "w"}}]), "hermes", "qwen3")

@@ -9,7 +9,7 @@ import logging
 import httpx
 import pytest
 
-from router.app import _ROUTES
+from router.http.app import _ROUTES
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.standin import StandinServer

@@ -206,7 +206,7 @@ def test_worker_call_past_its_deadline_is_a_504_and_stopped_on_the_worker(standi
 def test_the_policys_load_board_ends_equal_to_every_workers_load(standins, make_router):
     """Loads on the steady board follow every change dispatch makes (routed, first token, a failure
     before it, a stream closed by a client that left): at rest they equal a full recount."""
-    from router.policies import _choice_load
+    from router.dispatch.policies import _choice_load
 
     # NOTE: workers without KV events: an event batch would recount its worker's load and hide a miss
     p1, p2 = standins("prefill", kv_events=False), standins("prefill", kv_events=False)

@@ -149,7 +149,7 @@ def test_queue_limit_is_429(standins, make_router):
 
 
 def test_oversized_body_is_a_413(pd_router):
-    from router.hot_path import MAX_BODY_BYTES
+    from router.http.hot_path import MAX_BODY_BYTES
 
     r, _, _ = pd_router
     resp = httpx.post(r.url + "/generate", content=b"[" + b"1," * (MAX_BODY_BYTES // 2) + b"1]",

@@ -1,5 +1,5 @@
 """Mid-stream failover against stand-in workers: what the router sends the new decode worker and what
-the client sees across the join (router/failover.py). The real-process test with kill -9 is
+the client sees across the join (router/dispatch/failover.py). The real-process test with kill -9 is
 tests/integration/test_failover_midstream.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CacheAware on the KV-event index (router/policies.py + router/kv/index.py + router/kv/choice.py):
+"""CacheAware on the KV-event index (router/dispatch/policies.py + router/kv/index.py + router/kv/choice.py):
 what the workers say they hold decides, replicas agree, a stale stream falls back to the guess."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import hashlib
 import random
 from types import SimpleNamespace
 
-from router.circuit import CircuitBreaker
+from router.dispatch.circuit import CircuitBreaker
+from router.dispatch.policies import RouteContext, make_policy
+from router.dispatch.workers import RoutableList, Worker
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
-from router.policies import RouteContext, make_policy
-from router.workers import RoutableList, Worker
 
 
 def _w(addr: str, load: int = 0, role: str = "prefill") -> Worker:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from proto.pdorch.v1 import worker_pb2 as pb
+from router.dispatch.workers import WorkerPool
 from router.kv.index import KVIndex
 from router.kv.watch import KVWatcher
-from router.workers import WorkerPool
 from tests.fixtures.processes import free_port
 from tests.fixtures.standin import StandinServer
 

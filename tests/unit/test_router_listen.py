@@ -1,4 +1,4 @@
-"""router/listen.py: several sockets on one port share the connections; a taken port is a clear
+"""router/http/listen.py: several sockets on one port share the connections; a taken port is a clear
 error (also for `python -m router`), never a silent share."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from router.listen import PortInUse, listen_sockets
+from router.http.listen import PortInUse, listen_sockets
 from tests.fixtures.processes import free_port
 
 

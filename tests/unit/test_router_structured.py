@@ -1,4 +1,4 @@
-"""router/structured.py, router/tools.py and the refused fields of router/bodies.py: pure logic."""
+"""router/http/structured.py, router/http/tools.py and the refused fields of router/http/bodies.py: pure logic."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from router.bodies import REFUSED, ChatCompletionRequest, CompletionRequest, GenerateRequest, refuse_unserved
 from router.errors import APIError
-from router.structured import grammar_of
-from router.tools import ToolPlan, ToolStream, final_message, template_messages, tool_plan
+from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from router.http.body_sampling import REFUSED, refuse_unserved
+from router.http.structured import grammar_of
+from router.http.tools import ToolPlan, ToolStream, final_message, template_messages, tool_plan
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}
@@ -199,8 +200,9 @@ def test_plan_for_required_with_a_tool_without_parameters_takes_an_empty_object(
 
 
 def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path):
-    from router.bodies import SGLangSampling, sampling_from_openai, sampling_from_sglang, with_defaults
-    from router.service import sampling_defaults
+    from router.dispatch.service import sampling_defaults
+    from router.http.bodies import SGLangSampling
+    from router.http.body_sampling import sampling_from_openai, sampling_from_sglang, with_defaults
 
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05, "do_sample": True,

@@ -1,4 +1,4 @@
-"""router/tool_parsers.py on canned outputs of each family's call format: complete, streamed in
+"""router/http/tool_parsers.py on canned outputs of each family's call format: complete, streamed in
 pieces, malformed (returned as text, as vLLM does)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.service import parser_of
-from router.tool_parsers import FAMILY_PARSER, AutoToolStream, parse
+from router.dispatch.service import parser_of
+from router.http.tool_parsers import FAMILY_PARSER, AutoToolStream, parse
 
 HERMES = ('I will look it up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
           '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')

@@ -1,16 +1,16 @@
-"""A chat output as the client gets it: thinking in `reasoning_content` (router/reasoning.py), tool
-calls in `tool_calls` (router/tools.py forced, router/tool_parsers.py written by the model), the
+"""A chat output as the client gets it: thinking in `reasoning_content` (router/http/reasoning.py), tool
+calls in `tool_calls` (router/http/tools.py forced, router/http/tool_parsers.py written by the model), the
 rest in `content`; non-streamed (`message`) and streamed (`ChatStream`). A plain chat (no tools, no
-reasoning parser) takes neither: the generation handler's fast path (router/generation.py)."""
+reasoning parser) takes neither: the generation handler's fast path (router/http/generation.py)."""
 
 from __future__ import annotations
 
-from router import formats
-from router.reasoning import ReasoningStream
-from router.reasoning import split as split_reasoning
-from router.tool_parsers import AutoToolStream
-from router.tool_parsers import parse as parse_tool_calls
-from router.tools import ToolPlan, ToolStream, answer, final_message
+from router.http import formats
+from router.http.reasoning import ReasoningStream
+from router.http.reasoning import split as split_reasoning
+from router.http.tool_parsers import AutoToolStream
+from router.http.tool_parsers import parse as parse_tool_calls
+from router.http.tools import ToolPlan, ToolStream, answer, final_message
 
 
 class ChatShape:

@@ -14,26 +14,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
-from router import formats
-from router.auth import Auth
-from router.bodies import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerateRequest,
-    check_n,
-    parse,
-    sampling_from_openai,
-    sampling_from_sglang,
-    with_defaults,
-)
-from router.chat_output import ChatShape
-from router.choices import GenerateChoices, OpenAIChoices
-from router.dispatch import StreamFailed
+from router.dispatch.dispatch import StreamFailed
+from router.dispatch.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 from router.errors import APIError, stream_error_event, upstream_error
-from router.logprobs import Logprobs, check_top, openai_logprobs
-from router.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
-from router.structured import grammar_of
-from router.tools import template_messages, tool_plan
+from router.http import formats
+from router.http.auth import Auth
+from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest, parse
+from router.http.body_sampling import check_n, sampling_from_openai, sampling_from_sglang, with_defaults
+from router.http.chat_output import ChatShape
+from router.http.choices import GenerateChoices, OpenAIChoices
+from router.http.logprobs import Logprobs, check_top, openai_logprobs
+from router.http.structured import grammar_of
+from router.http.tools import template_messages, tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
@@ -42,7 +34,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
 class SSEResponse(Response):
     """A lean server-sent-events response: the events, and `finalize`, run however the stream ends.
 
-    The router's HTTP protocol writes it itself (router/hot_path.py: head with the first event,
+    The router's HTTP protocol writes it itself (router/http/hot_path.py: head with the first event,
     client disconnect cancels the task, which lands in the events as CancelledError). Served by
     another ASGI server, `__call__` sends it: start, one body message per event, end.
     """
@@ -139,7 +131,7 @@ class GenerationHandlers:
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
-        if sampling.n > 1:  # router/choices.py
+        if sampling.n > 1:  # router/http/choices.py
             many = OpenAIChoices(run, chat, [shape_of() for _ in run.choices], [logprobs_of(p) for p in run.choices],
                                  oid, created, model, lead)
             if not req.stream:
@@ -210,7 +202,7 @@ class GenerationHandlers:
         req = parse(GenerateRequest, body)
         sampling, start, prompt, job = self._generate_job(req, request, arrived)
         progress, _, run = await svc.start(job, "/generate", t0)
-        if sampling.n > 1:  # router/choices.py
+        if sampling.n > 1:  # router/http/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
             many = GenerateChoices(run, lambda p, i: formats.generate_body(
                 p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs, prompt, start)))

@@ -118,7 +118,7 @@ def chat_chunk(p: Progress, oid: str, created: int, model: str, delta_text: str,
 def chat_delta_chunk(p: Progress, oid: str, created: int, model: str, delta: dict, finish: str | None,
                      include_usage: bool, continuous_usage: bool = False, logprobs: dict | None = None,
                      index: int = 0) -> bytes:
-    """A chat chunk with any delta (tool calls: router/tools.py); `logprobs`: its tokens' (router/logprobs.py);
+    """A chat chunk with any delta (tool calls: router/http/tools.py); `logprobs`: its tokens' (router/http/logprobs.py);
     `index`: the choice it continues (n > 1)."""
     body = {"id": oid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
@@ -144,7 +144,7 @@ def usage_chunk(p: Progress, oid: str, created: int, model: str, chat: bool) -> 
 
 def chat_final(p: Progress, oid: str, created: int, model: str, message: dict | None = None,
                finish: str | None = None, logprobs: dict | None = None) -> dict:
-    """`message` / `finish`: given for a tool call (router/tools.py), else the text and its finish."""
+    """`message` / `finish`: given for a tool call (router/http/tools.py), else the text and its finish."""
     return {"id": oid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message or {"role": "assistant", "content": p.text},
                          "logprobs": logprobs, "finish_reason": finish or _finish(p)}],
@@ -161,7 +161,7 @@ def completion_final(p: Progress, oid: str, created: int, model: str, logprobs: 
 
 # ---------------------------------------------------------------------------------- SGLang
 def generate_body(p: Progress, e2e_s: float, logprobs: dict | None = None) -> dict:
-    """`logprobs`: meta_info's output_token_logprobs etc. (router/logprobs.py), when asked for."""
+    """`logprobs`: meta_info's output_token_logprobs etc. (router/http/logprobs.py), when asked for."""
     if p.finish_reason == "length":
         finish = {"type": "length", "length": len(p.output_ids)}
     elif p.finish_reason:

@@ -14,13 +14,13 @@ from starlette.responses import Response
 
 from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
-from router import formats
-from router.auth import Auth
+from router.dispatch.service import RouterService
+from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, unavailable, upstream_error
-from router.formats import json_response
+from router.http import formats
+from router.http.auth import Auth
+from router.http.formats import json_response
 from router.metrics import RouterMetrics
-from router.service import RouterService
-from router.workers import WorkerPool
 
 STORE_FLUSH_TIMEOUT_S = 60.0
 

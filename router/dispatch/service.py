@@ -1,8 +1,8 @@
 """What the HTTP handlers share: model identity, tokenization, limits, admission, job runs.
 
-The handlers (router/generation.py for the generation routes, which the router's HTTP protocol
-answers itself: router/hot_path.py; router/admin.py for the others) parse bodies and format responses
-(router/formats.py); everything between (token ids,
+The handlers (router/http/generation.py for the generation routes, which the router's HTTP protocol
+answers itself: router/http/hot_path.py; router/http/admin.py for the others) parse bodies and format responses
+(router/http/formats.py); everything between (token ids,
 context checks, the 429 / 503 gates, timing metrics, client-disconnect handling) is here.
 """
 
@@ -18,16 +18,16 @@ from starlette.requests import Request
 
 from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
-from router.bodies import DEFAULTABLE
-from router.dispatch import Dispatcher, Job
+from router.dispatch.dispatch import Dispatcher, Job
+from router.dispatch.failover import failover_enabled
+from router.dispatch.policies import Policy
+from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable
-from router.failover import failover_enabled
-from router.formats import Progress
+from router.http.body_sampling import DEFAULTABLE
+from router.http.formats import Progress
+from router.http.reasoning import FAMILY_PARSER as REASONING_FORMATS
+from router.http.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.metrics import RouterMetrics
-from router.policies import Policy
-from router.reasoning import FAMILY_PARSER as REASONING_FORMATS
-from router.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
-from router.workers import WorkerPool
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).

@@ -2,7 +2,7 @@
 the tool calls read back from the output.
 
     tool_choice        the model's output                          read back as
-    absent / "auto"    free text, the family's call format          router/tool_parsers.py (no call: text)
+    absent / "auto"    free text, the family's call format          router/http/tool_parsers.py (no call: text)
     "none"             free text (the tools stay in the prompt)     text
     {"function": f}    f's arguments, under f's parameters schema   one call of f
     "required"         [{"name": ..., "parameters": {...}}, ...]    the calls, in order

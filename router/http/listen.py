@@ -2,7 +2,7 @@
 
 Why: uvloop's libuv accepts ONE connection per listening socket per loop turn, and a loop turn
 under load includes writing a decode step's worth of token chunks. Clients that open a connection
-per request (SGLang's benchmarks, curl, bench/router_overhead.py) arrive in bursts, right after
+per request (SGLang's benchmarks, curl, bench/router_overhead/) arrive in bursts, right after
 their previous stream ended, and queued in the kernel for one turn each: connect -> accept was
 2.0 ms p50 / 8.3 ms p90 at 64 streams. With ACCEPT_SOCKETS sockets the kernel spreads the
 connections over them and a turn accepts up to that many: 0.4 ms p50 / 2.6 ms p90.

@@ -32,10 +32,10 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from router.dispatch.workers import Worker
 from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
 from router.kv.index import KVIndex
 from router.kv.loads import LoadBoard
-from router.workers import Worker
 from store_client.page_hash import page_hashes
 
 
@@ -183,7 +183,7 @@ class CacheAware(Policy):
 
     def _candidates(self, workers: list[Worker]) -> tuple[list[_Published], LoadBoard | None]:
         """The workers as the KV choice sees them, and a LoadBoard of their loads where one is kept.
-        NOTE: the pool's steady routable list (router/workers.py RoutableList) is the same object
+        NOTE: the pool's steady routable list (router/dispatch/workers.py RoutableList) is the same object
         until a worker joins, leaves or changes health: its wrappers and board are built once and the
         board follows each load change (`load_changed`), so a decision reads no worker it does not
         weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
@@ -272,7 +272,7 @@ class _Published:
     itself last published (what every replica sees) plus what this router sent it since that batch,
     at least this router's own requests in flight.
     NOTE: the published number alone is ~50 ms old: replicas then all pile onto the same idle worker
-    (bench/routing_sim.py measured 5 % of the oracle's hit rate lost to it at 50 workers)."""
+    (the fleet simulation, since removed (docs/benchmarks.md), measured 5 % of the oracle's hit rate lost to it at 50 workers)."""
 
     __slots__ = ("address", "load", "worker")
 

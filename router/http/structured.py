@@ -7,7 +7,7 @@
 
 -> (worker_pb2.Grammar, the field it came from) or None. Only the shape is checked here: the
 workers compile it (engine/grammar.py) and refuse an invalid one, which the router answers 400
-naming this field (router/dispatch.py). NOTE: the router does not import xgrammar (torch and
+naming this field (router/dispatch/dispatch.py). NOTE: the router does not import xgrammar (torch and
 transformers with it: ~2 s and hundreds of MB in every router replica).
 """
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 
-from router.bodies import _CFG, ChatMessage, Tool, parse
 from router.errors import bad_request
-from router.formats import json_response
-from router.tools import template_messages
+from router.http.bodies import _CFG, ChatMessage, Tool, parse
+from router.http.formats import json_response
+from router.http.tools import template_messages
 
 
 class TokenizeRequest(BaseModel):

@@ -2,7 +2,7 @@
 
 The decode worker streams every sequence on one Generate call, each chunk tagged with its `index`
 (decode_node/forks.py: one prefill, one KV push, the prompt's pages shared). The router folds the
-chunks into one Progress per sequence (router/service.py `_Run.choices`); here they become
+chunks into one Progress per sequence (router/dispatch/service.py `_Run.choices`); here they become
 `choices[i]` (non-streamed), chunks whose choice carries `index: i` (streamed, each choice with its
 own role delta, tool-call and reasoning parsers and logprobs) or, for /generate, a list of bodies
 (streamed: bodies with an `index`). Usage counts the prompt once and every choice's tokens.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 
-from router import formats
-from router.dispatch import StreamFailed
+from router.dispatch.dispatch import StreamFailed
 from router.errors import stream_error_event
+from router.http import formats
 
 
 class Total:
@@ -65,7 +65,7 @@ def merged(deltas: list[tuple[int, str]]) -> dict[int, str]:
 class OpenAIChoices:
     """The n choices of a chat or completions request: `final()` for a JSON answer, `events(...)`
     for a stream. `shapes`: a ChatShape per choice (chat) or None each; `logprobs`: a
-    router/logprobs.py Logprobs per choice, or None each when not asked for."""
+    router/http/logprobs.py Logprobs per choice, or None each when not asked for."""
 
     def __init__(self, run, chat: bool, shapes, logprobs, oid: str, created: int, model: str, echo: str = ""):
         """`echo`: completions' echoed prompt text, leading each choice's text."""

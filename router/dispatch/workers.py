@@ -20,7 +20,7 @@ import grpc
 from pdorch.config import GrpcConfig
 from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
-from router.circuit import CircuitBreaker
+from router.dispatch.circuit import CircuitBreaker
 from router.grpc.stream import Channel
 from router.kv.layout import KVLayout
 
@@ -31,7 +31,7 @@ _CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20),
                     ("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_time_ms", 10_000),
                     ("grpc.http2.max_pings_without_data", 0),
-                    # NOTE: per-call cost matters at thousands of calls/s (bench/router_overhead.py).
+                    # NOTE: per-call cost matters at thousands of calls/s (bench/router_overhead/).
                     # gRPC's retry layer buffers every call for a replay, but the dispatcher retries
                     # itself (on another P/D pair); the minimal stack drops optional filters
                     # (census, message-size checks; the 64 MiB limits above become moot).

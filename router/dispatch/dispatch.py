@@ -15,7 +15,7 @@ resume on another D when D dies mid-stream.
   probes never hold the answer past the deadline (after the last attempt they run after it).
 - After the first token, a decode worker that is gone (UNAVAILABLE: connection lost) is replaced:
   with mid-stream failover on, the stream resumes on another D with the prompt + the tokens already
-  streamed (router/failover.py), at most MAX_FAILOVERS times per request. Any other failure after
+  streamed (router/dispatch/failover.py), at most MAX_FAILOVERS times per request. Any other failure after
   the first token, or a resumption that fails, ends the stream with `StreamFailed` (the HTTP layer
   turns it into an error event; the client already has a 200).
 - Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
@@ -33,12 +33,12 @@ import grpc
 
 from pdorch.worker.prefill_rpc import CACHE_TIERS
 from proto.pdorch.v1 import worker_pb2
+from router.dispatch.failover import MAX_FAILOVERS, Resumption
+from router.dispatch.policies import Policy, RouteContext, SessionAffinity
+from router.dispatch.workers import Worker, WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
-from router.failover import MAX_FAILOVERS, Resumption
 from router.grpc.stream import RpcError, StreamCall
 from router.metrics import RouterMetrics
-from router.policies import Policy, RouteContext, SessionAffinity
-from router.workers import Worker, WorkerPool
 
 log = logging.getLogger("pdorch.router")
 
@@ -80,7 +80,7 @@ class Dispatcher:
         self.policy = policy
         self.metrics = metrics
         self.max_attempts = max_attempts
-        self.failover = failover and tokenizer is not None  # resume mid-stream (router/failover.py)
+        self.failover = failover and tokenizer is not None  # resume mid-stream (router/dispatch/failover.py)
         self.tokenizer = tokenizer
         self.page_size = page_size
         self.affinity = SessionAffinity()
@@ -212,7 +212,7 @@ class Dispatcher:
 
     async def _open(self, job: Job, resumption: Resumption | None, tried_p: set, tried_d: set) -> _Attempt:
         """Open Generate on a P/D pair and wait for the first token, retrying once on another pair.
-        `resumption` set: the request continues a broken stream (router/failover.py)."""
+        `resumption` set: the request continues a broken stream (router/dispatch/failover.py)."""
         last_error: APIError | None = None
         hashes = job.page_hashes if resumption is None else resumption.page_hashes
         for attempt in range(self.max_attempts):

@@ -3,7 +3,7 @@
 uvicorn turns every request into an ASGI cycle: a scope dict, a cycle object with an asyncio.Event,
 `receive`/`send` coroutines trading message dicts, and (to notice a client leaving) a second task
 reading `receive`. That was a third of the router's Python work per request. For POSTs to the
-generation routes (`HotRoutes.handlers`) `RouterHttpProtocol` (router/http_protocol.py) makes a
+generation routes (`HotRoutes.handlers`) `RouterHttpProtocol` (router/http/http_protocol.py) makes a
 `HotCycle` instead:
 
     headers parsed --> HotCycle; uvicorn's protocol starts its task (pipelined requests wait their turn)
@@ -29,7 +29,7 @@ from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from router.errors import APIError
-from router.generation import SSE_HEADERS, SSEResponse
+from router.http.generation import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")

@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol, serving the generation routes itself (router/hot_path.py).
+"""uvicorn's httptools protocol, serving the generation routes itself (router/http/hot_path.py).
 
     uvicorn.Config(app, http=RouterHttpProtocol)     app: RouterApp, whose `hot_routes` it serves
 
@@ -21,7 +21,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import is_ssl
 
-from router.hot_path import HotCycle, HotRoutes
+from router.http.hot_path import HotCycle, HotRoutes
 
 
 def _address(info) -> tuple | None:

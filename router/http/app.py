@@ -2,9 +2,9 @@
 
 This module assembles the app: FastAPI declares every route (the OpenAPI document) and serves
 all but the generation routes, which the router's HTTP protocol answers itself (`hot_routes`:
-router/http_protocol.py, router/hot_path.py); FastAPI serves them too when the app runs elsewhere.
-The handlers (router/generation.py, router/admin.py) parse the body (router/bodies.py), ask
-RouterService for a Job, and format the stream (router/formats.py). Errors of every kind leave through `APIError` -> OpenAI-shaped
+router/http/http_protocol.py, router/http/hot_path.py); FastAPI serves them too when the app runs elsewhere.
+The handlers (router/http/generation.py, router/http/admin.py) parse the body (router/http/bodies.py), ask
+RouterService for a Job, and format the stream (router/http/formats.py). Errors of every kind leave through `APIError` -> OpenAI-shaped
 JSON; unexpected exceptions are logged and answered 500 without a stack trace.
 """
 
@@ -20,23 +20,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
-from router import admin, tokenize
-from router.auth import Auth
-from router.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from router.discovery import make_discovery
+from router.dispatch.discovery import make_discovery
+from router.dispatch.policies import make_policy
+from router.dispatch.service import RouterService
+from router.dispatch.workers import WorkerPool
 from router.errors import APIError
-from router.formats import json_response
-from router.generation import GenerationHandlers
-from router.hot_path import HotRoutes
+from router.http import admin, tokenize
+from router.http.auth import Auth
+from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from router.http.formats import json_response
+from router.http.generation import GenerationHandlers
+from router.http.hot_path import HotRoutes
+from router.http.openapi import document_bodies
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
 from router.kv.layout import KVLayout
 from router.kv.watch import KVWatcher, kv_index_metrics
 from router.metrics import RouterMetrics
-from router.openapi import document_bodies
-from router.policies import make_policy
-from router.service import RouterService
-from router.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")
 
@@ -112,7 +112,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.state.service = svc
     app.state.pool = pool
     app.state.metrics = metrics
-    app.state.kv_watcher = watcher  # pdorch status: each worker's stream state (router/admin.py)
+    app.state.kv_watcher = watcher  # pdorch status: each worker's stream state (router/http/admin.py)
     _add_error_handlers(app)
     _add_generation_routes(app, cfg, svc, auth, metrics)
     admin.add_routes(app, cfg, svc, auth, pool, metrics)
@@ -167,7 +167,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, metrics: RouterMetrics) -> None:
-    """The generation routes (served by RouterHttpProtocol itself, router/hot_path.py; through FastAPI
+    """The generation routes (served by RouterHttpProtocol itself, router/http/hot_path.py; through FastAPI
     only under another server) and /v1/models."""
     gen = GenerationHandlers(cfg, svc, auth)
     hot = HotRoutes({b"/v1/chat/completions": gen.chat, b"/v1/completions": gen.completions,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import re
 
-from router.reasoning import tag_start_at_end
-from router.tools import ToolCallOut
+from router.http.reasoning import tag_start_at_end
+from router.http.tools import ToolCallOut
 
 PARSERS = ("hermes", "llama3_json", "mistral")
 # model family (engine/families.py) -> its call format

@@ -20,7 +20,7 @@ import etcd3.watch
 
 from pdorch.config import DiscoveryConfig
 from pdorch.worker.registration import connect, workers_prefix
-from router.workers import WorkerPool
+from router.dispatch.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")
 

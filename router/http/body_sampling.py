@@ -1,0 +1,177 @@
+"""From a parsed request body to the worker's SamplingParams: the ranges pydantic cannot express,
+the fields refused by name (never silently dropped), the served defaults, n."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from proto.pdorch.v1 import worker_pb2
+from router.errors import bad_request
+from router.http.bodies import INT32_MAX, INT64_MAX, INT64_MIN, SGLangSampling, _OpenAISampling
+
+
+def _stops(stop: str | list[str] | None, param: str = "stop") -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > 16 or any(not s for s in stops):
+        raise bad_request(f"{param}: at most 16 non-empty strings", param=param)
+    return stops
+
+
+def _check_common(temperature: float, top_p: float, top_k: int, token_ids: list[int] | None,
+                  prefix: str = "", min_p: float = 0.0) -> None:
+    """Ranges of the sampling fields; `prefix` is where they sit in the body ("sampling_params.")."""
+    if not 0.0 <= temperature <= 100.0:
+        raise bad_request(f"{prefix}temperature must be in [0, 100], got {temperature}", param=prefix + "temperature")
+    if not 0.0 < top_p <= 1.0:
+        raise bad_request(f"{prefix}top_p must be in (0, 1], got {top_p}", param=prefix + "top_p")
+    if not -1 <= top_k <= INT32_MAX:
+        raise bad_request(f"{prefix}top_k must be -1 (disabled), 0 (disabled) or positive up to {INT32_MAX}, "
+                          f"got {top_k}", param=prefix + "top_k")
+    if not 0.0 <= min_p <= 1.0:
+        raise bad_request(f"{prefix}min_p must be in [0, 1], got {min_p}", param=prefix + "min_p")
+    if token_ids and any(not 0 <= t <= INT32_MAX for t in token_ids):
+        raise bad_request(f"{prefix}stop_token_ids must be token ids in [0, {INT32_MAX}]",
+                          param=prefix + "stop_token_ids")
+
+
+def _check_seed(seed: int | None, param: str) -> None:
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        raise bad_request(f"{param} must be a 64-bit signed integer, got {seed}", param=param)
+
+
+def _check_max_tokens(max_tokens: int | None, param: str) -> None:
+    if max_tokens is not None and not 1 <= max_tokens <= INT32_MAX:
+        raise bad_request(f"{param} must be in [1, {INT32_MAX}], got {max_tokens}", param=param)
+
+
+# Fields of the OpenAI bodies (and vLLM / SGLang extras) that would change the output and are not
+# served yet: a value other than what pdorch does anyway is refused, never silently dropped.
+# name -> (the values served, why / what to do instead). docs/api.md lists them beside vLLM and SGLang.
+REFUSED: dict[str, tuple[tuple, str]] = {
+    "best_of": ((None, 1), "use n: the client chooses among the n choices"),
+    "suffix": ((None, ""), "insertion (a suffix) is not served"),
+    "audio": ((None,), "this server serves text only"),
+    "modalities": ((None, ["text"]), "this server serves text only"),
+    "prediction": ((None,), "predicted outputs are not served"),
+    "reasoning_effort": ((None,), "use chat_template_kwargs (e.g. enable_thinking) for a reasoning model"),
+    "verbosity": ((None,), "not served"),
+    "web_search_options": ((None,), "web search is not served"),
+    "functions": ((None,), "the deprecated functions field is not served: use tools"),
+    "function_call": ((None,), "the deprecated function_call field is not served: use tool_choice"),
+    "store": ((None, False), "stored completions are not served"),
+    "metadata": ((None, {}), "metadata tags stored completions, which are not served"),
+    "service_tier": ((None, "auto", "default"), "only the default tier is served"),
+    "moderation": ((None,), "moderation is not served"),
+    "prompt_cache_retention": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
+    "prompt_cache_options": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
+    "lora_path": ((None,), "LoRA adapters are not served"),
+}
+
+
+# The same for SGLang's sampling_params.
+SGLANG_REFUSED: dict[str, tuple[tuple, str]] = {
+    "structural_tag": ((None,), "structural tags are not served yet: use json_schema, regex or ebnf"),
+}
+
+
+def refuse_unserved(req: BaseModel, refused: dict[str, tuple[tuple, str]] = REFUSED, prefix: str = "") -> None:
+    """400 naming the first field set to a value pdorch would not honour (`refused`). NOTE: only the
+    fields the body sets are read (every default is served): the hot path pays a set intersection."""
+    hits = req.model_fields_set & refused.keys()
+    if not hits:
+        return
+    for name in (n for n in refused if n in hits):  # in `refused`'s order: the same field named first
+        served, why = refused[name]
+        value = getattr(req, name)
+        if not any(value == v and type(value) is type(v) or value is v for v in served):
+            raise bad_request(f"{prefix}{name}={value!r} is not supported: {why}", param=prefix + name)
+
+
+def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParams, int | None]:
+    """(params without max_tokens, requested max_tokens or None)."""
+    refuse_unserved(req)
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    top_k = -1 if req.top_k is None else req.top_k
+    min_p = 0.0 if req.min_p is None else req.min_p
+    _check_common(temperature, top_p, top_k, req.stop_token_ids, min_p=min_p)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    _check_max_tokens(max_tokens, param)
+    _check_seed(req.seed, "seed")
+    sp = worker_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                   stop=_stops(req.stop),
+                                   stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos)
+    if req.seed is not None:
+        sp.seed = req.seed
+    _controls(sp, req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.logit_bias,
+              req.min_tokens, max_tokens)
+    sp.n = _n(1 if req.n is None else req.n, "n")  # the handler checks it against router.max_n (check_n)
+    return sp, max_tokens
+
+
+def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: float | None,
+              repetition: float | None, logit_bias: dict | None, min_tokens: int | None, max_tokens: int | None,
+              prefix: str = "", min_param: str = "min_tokens") -> None:
+    """Penalties, logit_bias and min_tokens into `sp`, range-checked (vLLM's bounds; OpenAI's for the bias)."""
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise bad_request(f"{prefix}{name} must be in [-2, 2], got {value}", param=prefix + name)
+    if repetition is not None and not 0.0 < repetition <= 10.0:
+        raise bad_request(f"{prefix}repetition_penalty must be in (0, 10], got {repetition}",
+                          param=prefix + "repetition_penalty")
+    if min_tokens is not None and not 0 <= min_tokens <= (max_tokens or INT32_MAX):
+        raise bad_request(f"{prefix}{min_param} must be in [0, max_tokens], got {min_tokens}", param=prefix + min_param)
+    bias = {}
+    for key, value in (logit_bias or {}).items():
+        if not key.lstrip("-").isdigit() or not 0 <= int(key) <= INT32_MAX:
+            raise bad_request(f"{prefix}logit_bias keys must be token ids, got {key!r}", param=prefix + "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"{prefix}logit_bias values must be in [-100, 100], got {value}",
+                              param=prefix + "logit_bias")
+        bias[int(key)] = value
+    sp.presence_penalty, sp.frequency_penalty = presence or 0.0, frequency or 0.0
+    sp.repetition_penalty = 1.0 if repetition is None else repetition
+    sp.min_tokens = min_tokens or 0
+    sp.logit_bias.update(bias)
+
+
+# generation_config.json keys a request may leave to the model (vLLM's --generation-config auto)
+DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def with_defaults(req: BaseModel, defaults: dict) -> BaseModel:
+    """`req` with the model's sampling `defaults` where it left a field unset (absent or null)."""
+    unset = {k: v for k, v in defaults.items() if k not in req.model_fields_set or getattr(req, k) is None}
+    return req.model_copy(update=unset) if unset else req
+
+
+def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, int | None]:
+    refuse_unserved(s, SGLANG_REFUSED, "sampling_params.")
+    _check_common(s.temperature, s.top_p, s.top_k, s.stop_token_ids, "sampling_params.", s.min_p)
+    _check_max_tokens(s.max_new_tokens, "sampling_params.max_new_tokens")
+    _check_seed(s.seed, "sampling_params.seed")
+    _check_seed(s.sampling_seed, "sampling_params.sampling_seed")
+    sp = worker_pb2.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p,
+                                   stop=_stops(s.stop, "sampling_params.stop"), stop_token_ids=s.stop_token_ids or [],
+                                   ignore_eos=s.ignore_eos)
+    seed = s.seed if s.seed is not None else s.sampling_seed
+    if seed is not None:
+        sp.seed = seed
+    _controls(sp, s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.logit_bias, s.min_new_tokens,
+              s.max_new_tokens, "sampling_params.", "min_new_tokens")
+    sp.n = _n(s.n, "sampling_params.n")
+    return sp, s.max_new_tokens
+
+
+def _n(n: int, param: str) -> int:
+    if not 1 <= n <= INT32_MAX:
+        raise bad_request(f"{param} must be >= 1, got {n}", param=param)
+    return n
+
+
+def check_n(n: int, max_n: int, param: str = "n") -> None:
+    if not 1 <= n <= max_n:
+        raise bad_request(f"{param} must be in [1, {max_n}] (router.max_n), got {n}", param=param)
