@@ -37,14 +37,13 @@ from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
 from decode_node.prefix_load import PrefixRead
 from decode_node.request import DecodeEvent, DecodeRequest
+from decode_node.step_batch import draw_tokens, step_chunks
 from decode_node.step_writes import StepWrites
 from decode_node.stopping import check_stop
-from engine.model_runner import Chunk
-from engine.page_allocator import OutOfPages, pages_for
+from engine.page_allocator import OutOfPages
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
-from pdorch.worker.history import token_history
 from pdorch.worker.loop import Evicted, SchedulerLoop
-from pdorch.worker.prompt_pages import consume, take_ranges
+from pdorch.worker.prompt_pages import consume
 
 log = logging.getLogger(__name__)
 
@@ -331,24 +330,7 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------------------------- one step
     def _step(self) -> bool:
-        page_size, budget = self._page_size, self._local_budget
-        stalled = self._grow()
-        rows: list[tuple[DecodeRequest, int]] = []  # per chunk: its request and the position it ends at
-        chunks = []
-        for req in list(self._running):
-            if req.todo:  # prompt KV computed here first (chunked within the step's budget)
-                for start, end in take_ranges(req.todo, budget):
-                    rows.append((req, end))
-                    chunks.append(Chunk(page_ids=req.page_ids[:pages_for(end, page_size)], start_pos=start,
-                                        token_ids=req.token_ids[start:end]))
-                    budget -= end - start
-                continue
-            if req in stalled:
-                continue
-            pos = len(req.token_ids) - 1  # the newest token is fed now; its K/V lands at `pos`
-            rows.append((req, -1))
-            chunks.append(Chunk(page_ids=req.page_ids[:pos // page_size + 1], start_pos=pos,
-                                token_ids=[req.token_ids[-1]]))
+        rows, chunks = step_chunks(self._running, self._grow(), self._page_size, self._local_budget)
         if not chunks:
             return False
         with torch.inference_mode():
@@ -369,11 +351,7 @@ class DecodeScheduler:
             self._reserve.stepped()
         if sample:
             batch = [rows[row][0] for row in sample]
-            rows, params = logits[sample], [r.job.params for r in batch]
-            histories = [token_history(self._rt.eos_token_ids, r.job.params, r.token_ids, r.prompt_len) for r in batch]
-            tokens = self._rt.sampler.sample(rows, params, [r.generator for r in batch], [r.grammar for r in batch],
-                                             histories)
-            logprobs = self._rt.sampler.logprobs(rows, tokens, params)
+            tokens, logprobs = draw_tokens(self._rt, batch, logits[sample])
             self._rec.generated(len(batch))
             for req, token, lp in zip(batch, tokens, logprobs):
                 if req.first_pending:

@@ -22,7 +22,8 @@ import time
 
 import grpc
 
-from pdorch.worker.kv_events import EventBatch, KVEventJournal, StreamEnded
+from pdorch.worker.kv_events import KVEventJournal
+from pdorch.worker.kv_subscription import EventBatch, StreamEnded
 from proto.pdorch.v1 import worker_pb2 as pb
 
 WAIT_S = 0.5  # every wait for the next batch is this long at most (then the RPC is checked again)

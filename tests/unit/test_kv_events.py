@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from engine.page_allocator import PageAllocator
-from pdorch.worker.kv_events import KVEventJournal, StreamEnded, hashes_of
+from pdorch.worker.kv_events import KVEventJournal, hashes_of
+from pdorch.worker.kv_subscription import StreamEnded
 from pdorch.worker.status import WorkerLoad
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 
