@@ -22,7 +22,7 @@ def build(cfg, worker_id: str):
     if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch:
         rt.runner.capture_decode_graphs(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
                                         rt.max_context)
-    return DecodeWorker(rt, worker_id, recorder), add_to_server
+    return DecodeWorker(rt, cfg.decode, cfg.store, cfg.grpc, worker_id, recorder), add_to_server
 
 
 if __name__ == "__main__":

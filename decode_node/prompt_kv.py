@@ -21,6 +21,7 @@ from prometheus_client import Counter
 from decode_node.prefix_load import start_load
 from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
 from decode_node.request import DecodeRequest
+from pdorch.config import DecodeConfig, StoreConfig
 from pdorch.worker.errors import PeerFailed
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import store_key
@@ -33,9 +34,9 @@ PROBE_MAX_OUTSTANDING = 64  # more checks than this unanswered: the store is sta
 class PromptKV:
     """Runs on handler threads; the allocator stays the scheduler's."""
 
-    def __init__(self, rt, reg, count_loaded=lambda n: None):
+    def __init__(self, rt, decode: DecodeConfig, store: StoreConfig, reg, count_loaded=lambda n: None):
         """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded)."""
-        self.rt, self.cfg = rt, rt.cfg
+        self.rt, self.cfg, self.store_cfg = rt, decode, store
         self._count_loaded = count_loaded
         # NOTE: the existence check runs on its own threads so a stalled store (a frozen master
         # never answers) costs a request PROBE_TIMEOUT_S, not its deadline; once that many checks
@@ -62,10 +63,10 @@ class PromptKV:
     def finish(self, req: DecodeRequest, plan: PromptPlan) -> None:
         """Wait for D's own store read (see PrefixLoad.settle for the bound), then leave in `req`
         what D computes itself before decoding."""
-        ok = () if plan.read is None else plan.read.settle(req, self.cfg.store.op_timeout_s)
+        ok = () if plan.read is None else plan.read.settle(req, self.store_cfg.op_timeout_s)
         if ok is None:
             raise PeerFailed(f"request {req.request_id}: the store read of its prefix did not finish within "
-                             f"{self.cfg.store.op_timeout_s:g} s (store.op_timeout_s; the store is stalled)")
+                             f"{self.store_cfg.op_timeout_s:g} s (store.op_timeout_s; the store is stalled)")
         if plan.read is not None:
             self._loaded_pages.labels("loaded").inc(sum(ok))
             self._loaded_pages.labels("failed").inc(len(ok) - sum(ok))
@@ -73,7 +74,7 @@ class PromptKV:
         plan.apply(req, ok, self.rt.page_size, () if plan.read is None else plan.read.from_ssd)
 
     def _decide(self, req: DecodeRequest) -> PromptPlan:
-        dc, store, page_size = self.cfg.decode, self.rt.store, self.rt.page_size
+        dc, store, page_size = self.cfg, self.rt.store, self.rt.page_size
         if req.job.params.prompt_logprobs is not None:  # P computes it all (prefill_node/prefix.py)
             self._plans.labels(PREFILL, "prompt_logprobs").inc()
             return PromptPlan(PREFILL, "prompt_logprobs")

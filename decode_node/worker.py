@@ -42,6 +42,7 @@ from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
+from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
 from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -63,19 +64,20 @@ GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)
 
 
 class DecodeWorker:
-    def __init__(self, rt: WorkerRuntime, worker_id: str, recorder: WorkerRecorder | None = None):
-        self.rt, self.cfg, self.worker_id = rt, rt.cfg, worker_id
-        cfg = rt.cfg
+    def __init__(self, rt: WorkerRuntime, decode: DecodeConfig, store: StoreConfig, rpc: GrpcConfig, worker_id: str,
+                 recorder: WorkerRecorder | None = None):
+        self.rt, self.worker_id = rt, worker_id
+        self.cfg, self.store_cfg = decode, store  # the sections this worker reads
         self.recorder = recorder or WorkerRecorder(ROLE)
         self.tokenizer = rt.tokenizer if rt.tokenizer is not None else Tokenizer.from_dir(rt.model_dir)
-        dc = cfg.decode
+        dc = decode
         reserve = GrowthReserve(dc.growth_reserve, min(dc.growth_reserve_min, dc.growth_reserve)) \
             if dc.growth_reserve > 0 else None
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
                                          dc.prefix_cache, preemption=dc.preemption, reserve=reserve)
-        self.prefill_client = PrefillClient(cfg.grpc)
-        self.prompt_kv = PromptKV(rt, self.recorder.registry, self.recorder.count_store_loaded)
+        self.prefill_client = PrefillClient(rpc)
+        self.prompt_kv = PromptKV(rt, decode, store, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)
@@ -85,7 +87,7 @@ class DecodeWorker:
         self._draining = False
         self.recorder.bind_load(self.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: the prefix cache keeps what the store dropped
-        self.kv_events = worker_journal(rt, worker_id, self.load, self.recorder.registry,
+        self.kv_events = worker_journal(rt, store.evict_index_pages, worker_id, self.load, self.recorder.registry,
                                         self.scheduler.store_evicted)
         self.scheduler.start()
 
@@ -106,7 +108,7 @@ class DecodeWorker:
         self._check_fits(job)
         if self._draining:
             raise ShuttingDown(f"decode worker {self.worker_id} is draining; request {job.request_id} goes elsewhere")
-        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.decode.request_timeout_s
+        timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.request_timeout_s
         deadline = time.monotonic() + timeout_s
         grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
         req = DecodeRequest(job=job, deadline=deadline, own_deadline=job.timeout_s > 0,
@@ -260,7 +262,7 @@ class DecodeWorker:
         return forks
 
     def _await_offload(self, req: DecodeRequest) -> None:
-        deadline = time.monotonic() + self.cfg.store.op_timeout_s
+        deadline = time.monotonic() + self.store_cfg.op_timeout_s
         while req.io_pending > 0 and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL_S / 5)
 
@@ -281,7 +283,7 @@ class DecodeWorker:
                 seq.handoff = True
         self.scheduler.wake()
         log.info("draining: handing %d streams on to other decode workers", len(left))
-        deadline = time.monotonic() + self.cfg.store.op_timeout_s + 5.0
+        deadline = time.monotonic() + self.store_cfg.op_timeout_s + 5.0
         while time.monotonic() < deadline:
             with self._lock:
                 if not self._requests:
@@ -293,7 +295,7 @@ class DecodeWorker:
         """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left
         req.page_ids, the scheduler frees them once Mooncake stops writing into them)."""
         if plan is not None and plan.read is not None:
-            plan.read.settle(req, self.cfg.store.op_timeout_s)
+            plan.read.settle(req, self.store_cfg.op_timeout_s)
 
     def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
@@ -302,7 +304,7 @@ class DecodeWorker:
         page_size, n = self.rt.page_size, req.prompt_len
         timeout_s = req.deadline - time.monotonic()
         if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
-            timeout_s = min(timeout_s, self.cfg.decode.prefill_timeout_s)
+            timeout_s = min(timeout_s, self.cfg.prefill_timeout_s)
         job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
                          decode_segment=self.rt.segment,
                          dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:pages_for(n, page_size)])),

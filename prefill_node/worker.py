@@ -53,8 +53,9 @@ class PrefillWorker:
         self._scheduler = PrefillScheduler(rt, cfg, store, self._pusher, self.recorder)
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: L1 keeps what the store dropped
-        self.kv_events = worker_journal(rt, worker_id, lambda: self._scheduler.load, self.recorder.registry,
-                                        self._scheduler.store_evicted, self._scheduler.store_lost)
+        self.kv_events = worker_journal(rt, store.evict_index_pages, worker_id, lambda: self._scheduler.load,
+                                        self.recorder.registry, self._scheduler.store_evicted,
+                                        self._scheduler.store_lost)
         self._scheduler.start()
 
     def close(self) -> None:

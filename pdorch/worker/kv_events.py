@@ -348,15 +348,14 @@ def hashes_of(keys: Iterable[str]) -> list[str]:
     return [k.rpartition("/")[2] for k in keys]
 
 
-def worker_journal(rt, worker_id: str, load_fn: Callable[[], object], registry,
+def worker_journal(rt, store_index_pages: int, worker_id: str, load_fn: Callable[[], object], registry,
                    store_evicted: Callable[[list[str]], None],
                    store_lost: Callable[[list[str]], None] | None = None) -> KVEventJournal:
     """A worker's journal, fed from its runtime and started: its allocator (L1), the store writes of
     its I/O threads, its chain evictor's removals (which also go to `store_evicted`, the scheduler's)
     and the pages a master leader switch lost (to `store_lost`, else `store_evicted`).
-    The store mirror is as bounded as the chain index (store.evict_index_pages)."""
-    journal = KVEventJournal(worker_id, rt.page_size, load_fn, registry,
-                             store_max_pages=rt.cfg.store.evict_index_pages)
+    The store mirror is as bounded as the chain index (`store_index_pages`: store.evict_index_pages)."""
+    journal = KVEventJournal(worker_id, rt.page_size, load_fn, registry, store_max_pages=store_index_pages)
     rt.allocator.listener = journal
     if rt.store_io is not None:
         rt.store_io.on_saved = lambda keys: journal.store_written(hashes_of(keys))

@@ -72,6 +72,11 @@ class WorkerRuntime:
         return () if self.tokenizer is None else self.tokenizer.eos_token_ids
 
     @property
+    def served_name(self) -> str:
+        """The model's name in the API (model.served_name), which the router checks workers against."""
+        return self.cfg.model.served_name
+
+    @property
     def max_context(self) -> int:
         """Tokens a request may reach: model.max_context_tokens, else the model's own limit."""
         return self.cfg.model.max_context_tokens or self.arch.max_position_embeddings

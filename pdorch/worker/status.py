@@ -18,12 +18,11 @@ class WorkerLoad:
 
 def worker_info(rt, role: str, worker_id: str, load: WorkerLoad) -> pb.WorkerInfo:
     arch = rt.arch
-    max_ctx = rt.cfg.model.max_context_tokens or arch.max_position_embeddings
     return pb.WorkerInfo(
-        role=role, worker_id=worker_id, model=rt.cfg.model.served_name, model_fingerprint=rt.fingerprint,
+        role=role, worker_id=worker_id, model=rt.served_name, model_fingerprint=rt.fingerprint,
         page_size=rt.page_size, total_pages=rt.allocator.num_total, free_pages=load.free_pages,
         queued_requests=load.queued, running_requests=load.running, transfer_segment=rt.segment,
-        store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=max_ctx,
+        store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=rt.max_context,
         kv_dtype=rt.dtypes.kv, dtype=rt.dtypes.compute, model_family=arch.family,
         store_evicted_pages=rt.evictor.removed_total if rt.evictor is not None else 0,
     )

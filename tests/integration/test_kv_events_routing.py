@@ -146,7 +146,7 @@ def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model
     cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, num_prefill=1, store=store,
                             decode={"prefix_cache": False}, kv_lease_ttl_ms=200)
     router = start_router(cluster, tiny_model_dir, policy="cache_aware")
-    index = router.http.app.state.kv_watcher.index
+    index = router.app.state.kv_watcher.index
     removed: dict[str, float] = {}  # hash -> when our own subscriber saw it removed
     rewritten: set[str] = set()
     stop = threading.Event()

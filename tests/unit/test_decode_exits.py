@@ -30,7 +30,7 @@ from tests.fixtures.workers import make_config
 def worker(tmp_path_factory, tiny_model_dir):
     cfg = make_config(tmp_path_factory.mktemp("decode_exits"), tiny_model_dir, decode={"num_pages": 32})
     rt = build_runtime(cfg, cfg.decode.num_pages, use_store=False)
-    w = DecodeWorker(rt, "d-test", WorkerRecorder("decode"))
+    w = DecodeWorker(rt, rt.cfg.decode, rt.cfg.store, rt.cfg.grpc, "d-test", WorkerRecorder("decode"))
     yield w
     w.close()
 

@@ -109,7 +109,7 @@ def test_a_stalled_store_check_plans_without_the_store_instead_of_waiting():
 
     rt = stand_in_runtime(None, 8, PAGE_SIZE, cfg=Config())
     rt.store = FrozenStore()
-    kv = PromptKV(rt, CollectorRegistry())
+    kv = PromptKV(rt, rt.cfg.decode, rt.cfg.store, CollectorRegistry())
     prompt = list(range(70))
     req = DecodeRequest(job=GenerateJob("r", tuple(prompt), SamplingParams(), "-", 10.0), deadline=0.0,
                         own_deadline=True, stopper=None, page_hashes=page_hashes(prompt, PAGE_SIZE))

@@ -21,8 +21,8 @@ PARAMS = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True, seed=5)
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory, tiny_model_dir):
     cfg = make_config(tmp_path_factory.mktemp("decode_state"), tiny_model_dir, decode={"num_pages": 32, "prefix_cache": False})  # every request calls P
-    w = DecodeWorker(build_runtime(cfg, cfg.decode.num_pages, use_store=False), "d-state",
-                     WorkerRecorder("decode"))
+    w = DecodeWorker(build_runtime(cfg, cfg.decode.num_pages, use_store=False), cfg.decode, cfg.store, cfg.grpc,
+                     "d-state", WorkerRecorder("decode"))
     yield w
     w.close()
 

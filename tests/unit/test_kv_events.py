@@ -302,12 +302,10 @@ def test_worker_journal_is_fed_by_the_allocator_the_store_writes_the_evictor_and
     from pdorch.worker.kv_events import worker_journal
 
     evicted = []
-    rt = SimpleNamespace(page_size=PAGE, cfg=SimpleNamespace(model=SimpleNamespace(page_size=PAGE),
-                                             store=SimpleNamespace(evict_index_pages=100)),
-                         allocator=PageAllocator(2), store_io=SimpleNamespace(on_saved=None),
+    rt = SimpleNamespace(page_size=PAGE, allocator=PageAllocator(2), store_io=SimpleNamespace(on_saved=None),
                          evictor=SimpleNamespace(on_removed=None), store=SimpleNamespace(on_lost=None))
     lost = []
-    j = worker_journal(rt, "w", lambda: WorkerLoad(0, 0, 0, 0), CollectorRegistry(), evicted.append, lost.append)
+    j = worker_journal(rt, 100, "w", lambda: WorkerLoad(0, 0, 0, 0), CollectorRegistry(), evicted.append, lost.append)
     j.stop()  # the publisher stopped: cuts by hand
     rt.allocator.cache("h1", rt.allocator.allocate(1)[0])
     rt.store_io.on_saved(["fp/h1", "fp/h2"])
