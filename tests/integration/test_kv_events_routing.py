@@ -145,8 +145,7 @@ def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model
     store = {"global_segment_size_mb": 16, "evict_high_watermark": 0.05, "evict_low_watermark": 0.03}
     cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, num_prefill=1, store=store,
                             decode={"prefix_cache": False}, kv_lease_ttl_ms=200)
-    router = start_router(cluster, tiny_model_dir, policy="cache_aware")
-    index = router.app.state.kv_watcher.index
+    router = None
     removed: dict[str, float] = {}  # hash -> when our own subscriber saw it removed
     rewritten: set[str] = set()
     stop = threading.Event()
@@ -168,7 +167,9 @@ def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model
             call.cancel()
 
     watcher = threading.Thread(target=watch, daemon=True)
-    try:
+    try:  # everything after the cluster's start: a failure anywhere still stops it
+        router = start_router(cluster, tiny_model_dir, policy="cache_aware")
+        index = router.app.state.kv_watcher.index
         _wait("KV event streams live", lambda: _all_live(router))
         watcher.start()
         traffic = threading.Thread(target=lambda: [_generate(router.url, prompt(110 * PAGE + 3, seed=seed))
@@ -192,7 +193,8 @@ def test_a_store_eviction_reaches_the_index_within_a_second(tmp_path, tiny_model
         print(f"{len(lags)} removals, index lag p50 {lags[len(lags) // 2] * 1000:.0f} ms, max {lags[-1] * 1000:.0f} ms")
     finally:
         stop.set()
-        router.stop()
+        if router is not None:
+            router.stop()
         cluster.stop()
 
 
