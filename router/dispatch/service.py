@@ -16,10 +16,9 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from pdorch.config import Config
+from pdorch.config import ModelConfig, RouterConfig
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import Dispatcher, Job
-from router.dispatch.failover import failover_enabled
 from router.dispatch.policies import Policy
 from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable
@@ -90,23 +89,24 @@ def context_from_model_dir(model_dir: Path | None) -> int:
 
 
 class RouterService:
-    def __init__(self, cfg: Config, tokenizer, pool: WorkerPool, policy: Policy, metrics: RouterMetrics,
-                 model_dir: Path | None = None):
-        self.cfg = cfg
+    def __init__(self, model: ModelConfig, router: RouterConfig, failover: bool, tokenizer, pool: WorkerPool,
+                 policy: Policy, metrics: RouterMetrics, model_dir: Path | None = None):
+        """`model`, `router`: the config sections it reads; `failover`: mid-stream failover is on
+        (failover_enabled, from router, store and decode keys)."""
+        self.model_cfg, self.router_cfg = model, router
         self.tokenizer = tokenizer
         self.pool = pool
         self.policy = policy
         self.metrics = metrics
         self.model_dir = model_dir
-        failover = failover_enabled(cfg.router.mid_stream_failover, cfg.store.enabled, cfg.decode.offload_generated_kv)
         self.dispatcher = Dispatcher(pool, policy, metrics, failover=failover, tokenizer=tokenizer,
-                                     page_size=cfg.model.page_size)
-        self.model_name = cfg.model.served_name
-        self.aliases = model_aliases(cfg.model.served_name, cfg.model.source, model_dir)
+                                     page_size=model.page_size)
+        self.model_name = model.served_name
+        self.aliases = model_aliases(model.served_name, model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
-        self.tool_parser = parser_of(cfg.model.tool_call_parser, model_dir, TOOL_FORMATS)
-        self.reasoning_parser = parser_of(cfg.model.reasoning_parser, model_dir, REASONING_FORMATS)
-        self.sampling_defaults = sampling_defaults(cfg.model.generation_config, model_dir)
+        self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS)
+        self.reasoning_parser = parser_of(model.reasoning_parser, model_dir, REASONING_FORMATS)
+        self.sampling_defaults = sampling_defaults(model.generation_config, model_dir)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
         self.in_flight = 0
         # NOTE: request ids are a random per-process prefix + a counter: unique across routers
@@ -127,8 +127,8 @@ class RouterService:
 
     def context_limit(self) -> int:
         """Longest prompt + output: config, else the workers' own limit, else the model's."""
-        if self.cfg.model.max_context_tokens:
-            return self.cfg.model.max_context_tokens
+        if self.model_cfg.max_context_tokens:
+            return self.model_cfg.max_context_tokens
         return self.pool.context_tokens() or self._dir_context
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
@@ -189,28 +189,28 @@ class RouterService:
                               "request could never be held whole", param=max_tokens_param)
         sampling.max_tokens = max_tokens
         if sampling.n > 1 and pool:  # n sequences share the prompt's pages, each grows its own
-            need = n + sampling.n * (max_tokens + self.cfg.model.page_size)
+            need = n + sampling.n * (max_tokens + self.model_cfg.page_size)
             if need > pool:
                 raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
                                   f"{n} tokens need about {need} tokens of KV, more than the decode workers' pool of "
                                   f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
-        hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.cfg.model.page_size)
-        header = self.cfg.router.session_affinity_header
+        hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.model_cfg.page_size)
+        header = self.router_cfg.session_affinity_header
         session = (request.headers.get(header) if header else None) or session
-        timeout_s = self.cfg.router.request_timeout_s
+        timeout_s = self.router_cfg.request_timeout_s
         return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
                    deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param)
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:
-        if self.in_flight >= self.cfg.router.max_queued_requests:
+        if self.in_flight >= self.router_cfg.max_queued_requests:
             raise overloaded(f"the router has {self.in_flight} requests in flight "
-                             f"(router.max_queued_requests={self.cfg.router.max_queued_requests}); retry later")
+                             f"(router.max_queued_requests={self.router_cfg.max_queued_requests}); retry later")
         has_p, has_d = self.dispatcher.has_capacity()
         if not (has_p and has_d):
             missing = " and ".join(r for r, ok in (("prefill", has_p), ("decode", has_d)) if not ok)
             raise unavailable(f"no healthy {missing} worker is available; retry later",
-                              max(1, int(self.cfg.router.health_check_interval_s)))
+                              max(1, int(self.router_cfg.health_check_interval_s)))
         self.in_flight += 1
 
     def release(self) -> None:

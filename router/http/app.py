@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from pdorch.config import Config
 from router.dispatch.discovery import make_discovery
+from router.dispatch.failover import failover_enabled
 from router.dispatch.policies import make_policy
 from router.dispatch.service import RouterService
 from router.dispatch.workers import WorkerPool
@@ -87,7 +88,8 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                       cfg.grpc,  # the workers' shared gRPC token and TLS
                       KVLayout.from_config(cfg.model, model_dir))
     policy, watcher = _routing(cfg, pool, metrics)
-    svc = RouterService(cfg, tokenizer, pool, policy, metrics, model_dir)
+    failover = failover_enabled(rc.mid_stream_failover, cfg.store.enabled, cfg.decode.offload_generated_kv)
+    svc = RouterService(cfg.model, rc, failover, tokenizer, pool, policy, metrics, model_dir)
     _export_gauges(metrics, svc, pool, policy)
     auth = Auth(rc.api_key, rc.admin_key, rc.previous_api_key)
     discovery = make_discovery(cfg.discovery, pool)
