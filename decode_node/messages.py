@@ -60,6 +60,5 @@ class PageWrite:
 class StepSaved:
     """One step's store write of every page that filled in it (decode_node/scheduler.py)."""
 
-    step: int  # which step write (its owners' leases name it)
-    owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding this write's lease
+    owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding one io_pending for it
     writes: tuple[PageWrite, ...]

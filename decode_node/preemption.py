@@ -88,7 +88,7 @@ class Preemption:
         req.kept_pages = req.page_ids[full:full + 1] if partial else []
         give = req.page_ids[:full] + req.page_ids[full + len(req.kept_pages):]
         req.page_ids = []
-        if len(req.io):  # an offload write still reads some of them: back once it completed
+        if req.io_pending > 0:  # an offload write still reads some of them: back once it completed
             req.parked_pages = give
         else:
             self._alloc.release(give)
@@ -101,7 +101,7 @@ class Preemption:
     def settle(self) -> None:
         """Give back parked pages whose offload writes have completed."""
         for req in self.waiting:
-            if req.parked_pages and not len(req.io):
+            if req.parked_pages and req.io_pending == 0:
                 self._alloc.release(req.parked_pages)
                 req.parked_pages = []
 

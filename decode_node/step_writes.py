@@ -6,9 +6,8 @@ with one `StoreIO.submit_save` for all of them (`submit`), each page owned by it
 an abort takes only its own pages out (StoreIO.cancel_owner); the completion (`saved`) tells the
 prefix cache what the store now holds, counts the writes and ranks them for the chain evictor.
 
-NOTE: a request's lease on a step write, ("step_write", step number) in `req.io`, is taken when its
-first page joins the buffer, not at submission: a request finishing in this very step must keep its
-pages until the step's write has read them; the write's completion gives it back.
+NOTE: a request's `io_pending` is taken when its first page joins the buffer, not at submission:
+a request finishing in this very step must keep its pages until the step's write has read them.
 Scheduler thread only.
 """
 
@@ -20,14 +19,11 @@ from decode_node.messages import PageWrite, StepSaved
 from decode_node.request import DecodeRequest
 from store_client.page_hash import store_key
 
-STEP_WRITE = "step_write"  # a request's lease on one step's store write: (STEP_WRITE, step number)
-
 
 class StepWrites:
     def __init__(self, rt, cache, recorder):
         self._rt, self._cache, self._rec = rt, cache, recorder
         self._filled: list[PageWrite] = []
-        self._step = 0  # the number of the step write being filled: its requests' lease names it
         registry = recorder.registry
         self._steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
                               "(each submits ONE store write for all of them)", registry=registry)
@@ -50,7 +46,7 @@ class StepWrites:
             self._skipped.inc()
             return
         if not any(w.req is req for w in self._filled):
-            req.io.take((STEP_WRITE, self._step))
+            req.io_pending += 1
         self._filled.append(PageWrite(req, store_key(rt.fingerprint, req.page_hashes[k]), page, k, kind))
 
     def submit(self) -> None:
@@ -58,13 +54,12 @@ class StepWrites:
         filled, self._filled = self._filled, []
         if not filled:
             return
-        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds this write's lease (queue)
-        step, self._step = self._step, self._step + 1
+        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds one io_pending for it (queue)
         generated = sum(1 for w in filled if w.kind == "offload")
         if generated:
             self._steps.inc()
             self._pages.inc(generated)
-        self._rt.store_io.submit_save(StepSaved(step, owners, tuple(filled)), [w.key for w in filled],
+        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled)), [w.key for w in filled],
                                       self._rt.pool.page_addrs([w.page for w in filled]),
                                       owners=[w.req for w in filled])
 
@@ -72,7 +67,7 @@ class StepWrites:
         """A step's write completed (IOCompletion tagged StepSaved)."""
         saved: StepSaved = done.tag
         for req in saved.owners:
-            req.io.give_back((STEP_WRITE, saved.step))
+            req.io_pending -= 1
         self._cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
         for kind, reason in (("offload", "generated"), ("writeback", "computed")):
             written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from pdorch.worker.leases import IOLeases, LeaseError
-from prefill_node.leases import PUSH, STORE_LOAD, STORE_SAVE
+from prefill_node.leases import PUSH, STORE_LOAD, STORE_SAVE, IOLeases, LeaseError
 from store_client.page_hash import page_hashes, store_key
 from tests.unit.test_prefill_scheduler import FakeStoreIO, make, settle, submit
 
