@@ -3,7 +3,8 @@
 It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
 left of its KV to compute here (`todo`: prompt pages, or pages a resume could not read back) and
 the per-request stop checker. Handler threads create it and read `events`; after the prefill it
-belongs to the scheduler thread until it finishes.
+belongs to the scheduler thread until it finishes. What preemption keeps on it is one record,
+`req.preempt` (PreemptState), changed by decode_node/preemption.py only.
 """
 
 from __future__ import annotations
@@ -44,6 +45,27 @@ class GenerateJob:
     timeout_s: float
 
 
+@dataclass
+class PreemptState:
+    """What preemption (decode_node/preemption.py, its only writer) keeps on a request: how often it
+    was preempted; while preempted, the pages it keeps (its partial last page), the pages it gives
+    back once no offload write reads them (parked) and since when it waits; while resuming, that its
+    KV is being restored (pages read or recomputed before it decodes again); and the preemptions and
+    paused seconds its stream has not been told of yet. Kept apart so the scheduler only reads it."""
+
+    count: int = 0
+    kept_pages: list[int] = field(default_factory=list)
+    parked_pages: list[int] = field(default_factory=list)
+    paused_since: float | None = None
+    resuming: bool = False
+    unreported: tuple[int, float] = (0, 0.0)
+
+    def take_unreported(self) -> tuple[int, float]:
+        """(preemptions, paused seconds) not streamed yet; the next event carries them."""
+        unreported, self.unreported = self.unreported, (0, 0.0)
+        return unreported
+
+
 @dataclass(eq=False)
 class DecodeRequest:
     job: GenerateJob
@@ -69,16 +91,8 @@ class DecodeRequest:
     todo: list[list[int]] = field(default_factory=list)
     computed_pages: list[int] = field(default_factory=list)
     first_pending: bool = False
-    # Preemption (decode_node/preemption.py): the order it joined the batch in (the victim is the
-    # latest), how often it was preempted, and while preempted the pages it keeps (its partial last
-    # page), the pages it gives back once no offload write reads them, and since when it waits.
-    arrival: int = 0
-    preemptions: int = 0
-    kept_pages: list[int] = field(default_factory=list)
-    parked_pages: list[int] = field(default_factory=list)
-    paused_since: float | None = None
-    resuming: bool = False  # its KV is being restored (pages read or recomputed before it decodes again)
-    unreported: tuple[int, float] = (0, 0.0)  # preemptions and paused seconds not streamed yet
+    arrival: int = 0  # the order it joined the batch in (the scheduler's; preemption's victim is the latest)
+    preempt: PreemptState = field(default_factory=PreemptState)
     events: queue.Queue = field(default_factory=queue.Queue)
     # n > 1 (decode_node/forks.py): sequence `index` of its request. The first sequence owns the
     # forks; they share its events queue, the prompt's full pages and its deadline.
@@ -106,9 +120,9 @@ class DecodeRequest:
     def emit(self, event: DecodeEvent) -> None:
         if self.index:
             event = replace(event, index=self.index)
-        if self.unreported[0]:  # the first event after a resume says how long the stream paused
-            event = replace(event, preemptions=self.unreported[0], paused_s=self.unreported[1])
-            self.unreported = (0, 0.0)
+        preemptions, paused_s = self.preempt.take_unreported()
+        if preemptions:  # the first event after a resume says how long the stream paused
+            event = replace(event, preemptions=preemptions, paused_s=paused_s)
         if not self.done:
             self.events.put(event)
             if event.final:

@@ -274,11 +274,11 @@ class DecodeScheduler:
         pre = self.preemption
         while pre.waiting:
             req = pre.waiting[0]
-            if req.parked_pages:  # still holds pages an offload write reads
+            if req.preempt.parked_pages:  # still holds pages an offload write reads
                 return
             need = pre.pages_to_resume(req)
             alone = not self._running and not self._waiting and not pre.reading
-            growth = self._growth() + self._growth_of(req, need + len(req.kept_pages))
+            growth = self._growth() + self._growth_of(req, need + len(req.preempt.kept_pages))
             if not ((alone and need <= self._rt.allocator.num_available()) or self.admission.fits(need, growth)):
                 if alone:  # nothing runs that could free pages: the others' kept pages make room
                     pre.drop_tails()
@@ -341,7 +341,7 @@ class DecodeScheduler:
                 sample.append(row)
                 continue
             consume(req.todo, end)
-            if not req.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
+            if not req.preempt.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
                 self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
             if not req.todo:
                 self._prompt_computed(req)
@@ -373,7 +373,7 @@ class DecodeScheduler:
         decode.offload_generated_kv (they count as writeback writes, as P's do)."""
         if req.first_pending:
             self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
-        if req.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
+        if req.preempt.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
             for k in req.computed_pages:
                 self.cache.page_filled(req, k)
             self.preemption.resumed(req, time.monotonic())
