@@ -88,7 +88,7 @@ class Preemption:
         req.preempt.kept_pages = req.page_ids[full:full + 1] if partial else []
         give = req.page_ids[:full] + req.page_ids[full + len(req.preempt.kept_pages):]
         req.page_ids = []
-        if req.io_pending > 0:  # an offload write still reads some of them: back once it completed
+        if len(req.io) > 0:  # an offload write still reads some of them: back once it completed
             req.preempt.parked_pages = give
         else:
             self._alloc.release(give)
@@ -101,7 +101,7 @@ class Preemption:
     def settle(self) -> None:
         """Give back parked pages whose offload writes have completed."""
         for req in self.waiting:
-            if req.preempt.parked_pages and req.io_pending == 0:
+            if req.preempt.parked_pages and len(req.io) == 0:
                 self._alloc.release(req.preempt.parked_pages)
                 req.preempt.parked_pages = []
 

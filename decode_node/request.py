@@ -13,6 +13,7 @@ import queue
 from dataclasses import dataclass, field, replace
 
 from engine.sampling_params import SamplingParams
+from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens
 
 
@@ -80,8 +81,8 @@ class DecodeRequest:
     grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
-    done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
-    io_pending: int = 0  # offload saves still reading page_ids
+    done: bool = False  # answered (finished, failed or aborted); pages go back once it holds no I/O lease
+    io: IOLeases = field(default_factory=IOLeases)  # step writes still reading page_ids (decode_node/step_writes.py)
     # Prompt KV D computes itself before decoding (PromptPlan.apply, decode_node/prompt_plan.py):
     # token ranges [start, end) in order, the full pages among them (written to the store), and
     # whether the first token is still to sample (local prefill) or came from P (D only fills pages

@@ -212,7 +212,7 @@ class DecodeScheduler:
     def _release_drained(self) -> None:
         still = []
         for req in self._draining:
-            if req.io_pending > 0:
+            if len(req.io) > 0:
                 still.append(req)
             else:
                 self._release(req)
@@ -241,13 +241,13 @@ class DecodeScheduler:
         if req in self.preemption.reading:  # its pages go back when the store read is over (read_done)
             return
         self.preemption.forget(req)
-        if aborted and req.io_pending > 0:
+        if aborted and len(req.io) > 0:
             self._rt.store_io.cancel_owner(req)  # its queued offload pages are not written
         if req in self._running:
             self._running.remove(req)
         elif req in self._waiting:
             self._waiting.remove(req)
-        if req.io_pending > 0:
+        if len(req.io) > 0:
             self._draining.append(req)
         else:
             self._release(req)
