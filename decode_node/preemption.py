@@ -184,9 +184,8 @@ class Preemption:
         to the store once computed), and the partial page if it was not kept."""
         full, _ = kv_layout(len(req.token_ids), self._page_size)
         tail = [(full * self._page_size, len(req.token_ids) - 1)] if tail_lost else []
-        req.todo = page_ranges(holes, self._page_size, tail)
-        req.computed_pages = list(holes)
-        self._resumed.labels("recomputed").inc(sum(end - start for start, end in req.todo))
+        req.compute.plan(page_ranges(holes, self._page_size, tail), list(holes))
+        self._resumed.labels("recomputed").inc(sum(end - start for start, end in req.compute.todo))
 
     def resumed(self, req: DecodeRequest, now: float) -> None:
         """`req`'s KV is whole again: it decodes from this step on; its stream learns of the pause."""

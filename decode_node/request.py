@@ -1,8 +1,8 @@
 """DecodeRequest: the decode worker's request object and the events it streams.
 
 It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
-left of its KV to compute here (`todo`: prompt pages, or pages a resume could not read back) and
-the per-request stop checker. Handler threads create it and read `events`; after the prefill it
+left of its KV to compute here (`req.compute`, LocalCompute: prompt pages, or pages a resume could
+not read back) and the per-request stop checker. Handler threads create it and read `events`; after the prefill it
 belongs to the scheduler thread until it finishes. What preemption keeps on it is one record,
 `req.preempt` (PreemptState), changed by decode_node/preemption.py only.
 """
@@ -47,6 +47,30 @@ class GenerateJob:
 
 
 @dataclass
+class LocalCompute:
+    """The KV this worker computes itself before a request decodes: a work list set by a plan and
+    worked off by the batch. Planned only while the batch does not run the request: by the prompt
+    plan before it joins (PromptPlan.apply, decode_node/prompt_plan.py) or by a resume
+    (decode_node/preemption.py); worked off only by the decode step (decode_node/scheduler.py)."""
+
+    todo: list[list[int]] = field(default_factory=list)  # token ranges [start, end) still to compute, in order
+    pages: list[int] = field(default_factory=list)  # the full pages among them: to the store once computed
+    first_pending: bool = False  # the first token is still to sample here (local prefill), not from P
+
+    def plan(self, todo: list[list[int]], pages: list[int], sample_first: bool = False) -> None:
+        """Compute `todo` (its full pages: `pages`) before decoding; `sample_first`: then sample the
+        first token here (a local prefill)."""
+        self.todo, self.pages = todo, pages
+        if sample_first:
+            self.first_pending = True
+
+    def take_pages(self) -> list[int]:
+        """The computed full pages, once (they go to the store)."""
+        pages, self.pages = self.pages, []
+        return pages
+
+
+@dataclass
 class PreemptState:
     """What preemption (decode_node/preemption.py, its only writer) keeps on a request: how often it
     was preempted; while preempted, the pages it keeps (its partial last page), the pages it gives
@@ -83,15 +107,9 @@ class DecodeRequest:
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
     done: bool = False  # answered (finished, failed or aborted); pages go back once it holds no I/O lease
     io: IOLeases = field(default_factory=IOLeases)  # step writes still reading page_ids (decode_node/step_writes.py)
-    # Prompt KV D computes itself before decoding (PromptPlan.apply, decode_node/prompt_plan.py):
-    # token ranges [start, end) in order, the full pages among them (written to the store), and
-    # whether the first token is still to sample (local prefill) or came from P (D only fills pages
-    # it failed to read).
     l1_pages: tuple[int, ...] = ()  # reusable prompt pages found in this worker's own prefix cache
     unstored_pages: tuple[int, ...] = ()  # pages P pushed but does not write to the store
-    todo: list[list[int]] = field(default_factory=list)
-    computed_pages: list[int] = field(default_factory=list)
-    first_pending: bool = False
+    compute: LocalCompute = field(default_factory=LocalCompute)
     arrival: int = 0  # the order it joined the batch in (the scheduler's; preemption's victim is the latest)
     preempt: PreemptState = field(default_factory=PreemptState)
     events: queue.Queue = field(default_factory=queue.Queue)

@@ -109,8 +109,8 @@ def joined(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampl
     req.page_hashes = page_hashes(prompt, PAGE_SIZE)
     req.page_ids = sched.admit(rid, pages_for(n + 1, PAGE_SIZE), req.deadline, lambda: False)
     holes = list(range(reusable_pages(n, PAGE_SIZE)))
-    req.todo, req.computed_pages = compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE)
-    req.first_pending = True
+    req.compute.plan(compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE),
+                     sample_first=True)
     sched.join(req)
     return req
 
