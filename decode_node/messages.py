@@ -60,5 +60,6 @@ class PageWrite:
 class StepSaved:
     """One step's store write of every page that filled in it (decode_node/scheduler.py)."""
 
-    owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding one io_pending for it
+    owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding the lease `lease` for it
     writes: tuple[PageWrite, ...]
+    lease: str  # the name of this write's I/O lease (decode_node/step_writes.py)

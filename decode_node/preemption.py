@@ -85,15 +85,15 @@ class Preemption:
         full, partial = kv_layout(len(req.token_ids), self._page_size)
         # NOTE: pages past the KV (the spare page admission gives a prompt that fills its last page)
         # hold nothing: they go back with the full ones
-        req.kept_pages = req.page_ids[full:full + 1] if partial else []
-        give = req.page_ids[:full] + req.page_ids[full + len(req.kept_pages):]
+        req.preempt.kept_pages = req.page_ids[full:full + 1] if partial else []
+        give = req.page_ids[:full] + req.page_ids[full + len(req.preempt.kept_pages):]
         req.page_ids = []
-        if req.io_pending > 0:  # an offload write still reads some of them: back once it completed
-            req.parked_pages = give
+        if len(req.io) > 0:  # an offload write still reads some of them: back once it completed
+            req.preempt.parked_pages = give
         else:
             self._alloc.release(give)
-        req.preemptions += 1
-        req.paused_since = now
+        req.preempt.count += 1
+        req.preempt.paused_since = now
         bisect.insort(self.waiting, req, key=lambda r: r.arrival)
         self.total += 1
         self._preemptions.inc()
@@ -101,29 +101,29 @@ class Preemption:
     def settle(self) -> None:
         """Give back parked pages whose offload writes have completed."""
         for req in self.waiting:
-            if req.parked_pages and req.io_pending == 0:
-                self._alloc.release(req.parked_pages)
-                req.parked_pages = []
+            if req.preempt.parked_pages and len(req.io) == 0:
+                self._alloc.release(req.preempt.parked_pages)
+                req.preempt.parked_pages = []
 
     def returning(self) -> bool:
         """Pages of a preempted request come back as soon as an offload write completes."""
-        return any(req.parked_pages for req in self.waiting)
+        return any(req.preempt.parked_pages for req in self.waiting)
 
     def drop_tails(self) -> None:
         """Nothing runs and the oldest preempted request does not fit: the others' kept partial pages
         go back too (their few tokens are recomputed on resume), so it can."""
         for req in self.waiting[1:]:
-            if req.kept_pages:
-                self._alloc.release(req.kept_pages)
+            if req.preempt.kept_pages:
+                self._alloc.release(req.preempt.kept_pages)
                 self._tails.inc()
-                req.kept_pages = []
+                req.preempt.kept_pages = []
 
     def forget(self, req: DecodeRequest) -> None:
         """`req` ends while preempted: what it still holds goes back to req.page_ids (freed with it)."""
         if req in self.waiting:
             self.waiting.remove(req)
-        req.page_ids = req.parked_pages + req.kept_pages + req.page_ids
-        req.parked_pages, req.kept_pages = [], []
+        req.page_ids = req.preempt.parked_pages + req.preempt.kept_pages + req.page_ids
+        req.preempt.parked_pages, req.preempt.kept_pages = [], []
 
     # ------------------------------------------------------------------------------- resume
     def pages_to_resume(self, req: DecodeRequest) -> int:
@@ -131,7 +131,7 @@ class Preemption:
         the page its next position goes to (it decodes at least one token before it can be
         preempted again: never a preemption without progress)."""
         full, _ = kv_layout(len(req.token_ids), self._page_size)
-        return full + 1 - len(req.kept_pages)
+        return full + 1 - len(req.preempt.kept_pages)
 
     def resume(self, req: DecodeRequest) -> bool:
         """Give `req` its pages again: prefix-cache hits as they are, the kept partial page, new pages
@@ -143,14 +143,14 @@ class Preemption:
         assert len(hashes) == full, "every full page of a decoding request has its hash"
         found = self._alloc.lookup(hashes) if self._cache.enabled else [None] * full
         missing = [k for k, page in enumerate(found) if page is None]
-        tail_lost = bool(partial) and not req.kept_pages
+        tail_lost = bool(partial) and not req.preempt.kept_pages
         # page `full`: the kept partial page, else a new one (the lost tail is computed into it, or,
         # with no partial page, the next position goes there)
-        fresh = iter(self._alloc.allocate(len(missing) + (0 if req.kept_pages else 1)))
+        fresh = iter(self._alloc.allocate(len(missing) + (0 if req.preempt.kept_pages else 1)))
         req.page_ids = [page if page is not None else next(fresh) for page in found]
-        req.page_ids += req.kept_pages or [next(fresh)]
-        req.kept_pages = []
-        req.resuming = True
+        req.page_ids += req.preempt.kept_pages or [next(fresh)]
+        req.preempt.kept_pages = []
+        req.preempt.resuming = True
         self._resumed.labels("cache").inc((full - len(missing)) * self._page_size + (0 if tail_lost else partial))
         store, io = self._rt.store, self._rt.store_io
         if missing and io is not None and store is not None and store.enabled:
@@ -184,18 +184,17 @@ class Preemption:
         to the store once computed), and the partial page if it was not kept."""
         full, _ = kv_layout(len(req.token_ids), self._page_size)
         tail = [(full * self._page_size, len(req.token_ids) - 1)] if tail_lost else []
-        req.todo = page_ranges(holes, self._page_size, tail)
-        req.computed_pages = list(holes)
-        self._resumed.labels("recomputed").inc(sum(end - start for start, end in req.todo))
+        req.compute.plan(page_ranges(holes, self._page_size, tail), list(holes))
+        self._resumed.labels("recomputed").inc(sum(end - start for start, end in req.compute.todo))
 
     def resumed(self, req: DecodeRequest, now: float) -> None:
         """`req`'s KV is whole again: it decodes from this step on; its stream learns of the pause."""
-        req.resuming = False
-        paused = now - (req.paused_since if req.paused_since is not None else now)
-        req.paused_since = None
+        req.preempt.resuming = False
+        paused = now - (req.preempt.paused_since if req.preempt.paused_since is not None else now)
+        req.preempt.paused_since = None
         self._paused.observe(paused)
-        n, s = req.unreported
-        req.unreported = (n + 1, s + paused)
+        n, s = req.preempt.unreported
+        req.preempt.unreported = (n + 1, s + paused)
 
     def requests(self) -> list[DecodeRequest]:
         return self.waiting + self.reading

@@ -55,7 +55,7 @@ class DecodePrefixCache:
         """Every prompt page's KV is in req's pages: cache the full ones (the L1 hits already are)."""
         if not self.enabled:
             return
-        held, computed, unstored = set(req.l1_pages), set(req.computed_pages), set(req.unstored_pages)
+        held, computed, unstored = set(req.l1_pages), set(req.compute.pages), set(req.unstored_pages)
         for k in range(req.prompt_len // self._page_size):
             if k in held:
                 continue

@@ -84,14 +84,12 @@ class PromptPlan:
         holes = [i for i, source in enumerate(self.sources(reusable_pages(n, page_size)))
                  if source is Source.HERE or (source is Source.STORE and i not in read)]
         if self.local:
-            req.todo = compute_ranges(holes, n, page_size)
-            req.computed_pages = computed_full_pages(holes, n, page_size)
+            req.compute.plan(compute_ranges(holes, n, page_size), computed_full_pages(holes, n, page_size),
+                             sample_first=True)
             req.cached = CachedTokens(device=len(self.held) * page_size, store=(len(read) - n_ssd) * page_size,
                                       ssd=n_ssd * page_size)
-            req.first_pending = True
             return
-        req.todo = [[i * page_size, (i + 1) * page_size] for i in holes]
-        req.computed_pages = holes
+        req.compute.plan([[i * page_size, (i + 1) * page_size] for i in holes], holes)
 
 
 def plan_prompt(present: Sequence[bool] | None, prompt_len: int, page_size: int, max_local_tokens: int,

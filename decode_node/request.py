@@ -1,9 +1,10 @@
 """DecodeRequest: the decode worker's request object and the events it streams.
 
 It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
-left of its KV to compute here (`todo`: prompt pages, or pages a resume could not read back) and
-the per-request stop checker. Handler threads create it and read `events`; after the prefill it
-belongs to the scheduler thread until it finishes.
+left of its KV to compute here (`req.compute`, LocalCompute: prompt pages, or pages a resume could
+not read back) and the per-request stop checker. Handler threads create it and read `events`; after the prefill it
+belongs to the scheduler thread until it finishes. What preemption keeps on it is one record,
+`req.preempt` (PreemptState), changed by decode_node/preemption.py only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import queue
 from dataclasses import dataclass, field, replace
 
 from engine.sampling_params import SamplingParams
+from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens
 
 
@@ -44,6 +46,51 @@ class GenerateJob:
     timeout_s: float
 
 
+@dataclass
+class LocalCompute:
+    """The KV this worker computes itself before a request decodes: a work list set by a plan and
+    worked off by the batch. Planned only while the batch does not run the request: by the prompt
+    plan before it joins (PromptPlan.apply, decode_node/prompt_plan.py) or by a resume
+    (decode_node/preemption.py); worked off only by the decode step (decode_node/scheduler.py)."""
+
+    todo: list[list[int]] = field(default_factory=list)  # token ranges [start, end) still to compute, in order
+    pages: list[int] = field(default_factory=list)  # the full pages among them: to the store once computed
+    first_pending: bool = False  # the first token is still to sample here (local prefill), not from P
+
+    def plan(self, todo: list[list[int]], pages: list[int], sample_first: bool = False) -> None:
+        """Compute `todo` (its full pages: `pages`) before decoding; `sample_first`: then sample the
+        first token here (a local prefill)."""
+        self.todo, self.pages = todo, pages
+        if sample_first:
+            self.first_pending = True
+
+    def take_pages(self) -> list[int]:
+        """The computed full pages, once (they go to the store)."""
+        pages, self.pages = self.pages, []
+        return pages
+
+
+@dataclass
+class PreemptState:
+    """What preemption (decode_node/preemption.py, its only writer) keeps on a request: how often it
+    was preempted; while preempted, the pages it keeps (its partial last page), the pages it gives
+    back once no offload write reads them (parked) and since when it waits; while resuming, that its
+    KV is being restored (pages read or recomputed before it decodes again); and the preemptions and
+    paused seconds its stream has not been told of yet. Kept apart so the scheduler only reads it."""
+
+    count: int = 0
+    kept_pages: list[int] = field(default_factory=list)
+    parked_pages: list[int] = field(default_factory=list)
+    paused_since: float | None = None
+    resuming: bool = False
+    unreported: tuple[int, float] = (0, 0.0)
+
+    def take_unreported(self) -> tuple[int, float]:
+        """(preemptions, paused seconds) not streamed yet; the next event carries them."""
+        unreported, self.unreported = self.unreported, (0, 0.0)
+        return unreported
+
+
 @dataclass(eq=False)
 class DecodeRequest:
     job: GenerateJob
@@ -58,27 +105,13 @@ class DecodeRequest:
     grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
-    done: bool = False  # answered (finished, failed or aborted); pages go back when io_pending == 0
-    io_pending: int = 0  # offload saves still reading page_ids
-    # Prompt KV D computes itself before decoding (PromptPlan.apply, decode_node/prompt_plan.py):
-    # token ranges [start, end) in order, the full pages among them (written to the store), and
-    # whether the first token is still to sample (local prefill) or came from P (D only fills pages
-    # it failed to read).
+    done: bool = False  # answered (finished, failed or aborted); pages go back once it holds no I/O lease
+    io: IOLeases = field(default_factory=IOLeases)  # step writes still reading page_ids (decode_node/step_writes.py)
     l1_pages: tuple[int, ...] = ()  # reusable prompt pages found in this worker's own prefix cache
     unstored_pages: tuple[int, ...] = ()  # pages P pushed but does not write to the store
-    todo: list[list[int]] = field(default_factory=list)
-    computed_pages: list[int] = field(default_factory=list)
-    first_pending: bool = False
-    # Preemption (decode_node/preemption.py): the order it joined the batch in (the victim is the
-    # latest), how often it was preempted, and while preempted the pages it keeps (its partial last
-    # page), the pages it gives back once no offload write reads them, and since when it waits.
-    arrival: int = 0
-    preemptions: int = 0
-    kept_pages: list[int] = field(default_factory=list)
-    parked_pages: list[int] = field(default_factory=list)
-    paused_since: float | None = None
-    resuming: bool = False  # its KV is being restored (pages read or recomputed before it decodes again)
-    unreported: tuple[int, float] = (0, 0.0)  # preemptions and paused seconds not streamed yet
+    compute: LocalCompute = field(default_factory=LocalCompute)
+    arrival: int = 0  # the order it joined the batch in (the scheduler's; preemption's victim is the latest)
+    preempt: PreemptState = field(default_factory=PreemptState)
     events: queue.Queue = field(default_factory=queue.Queue)
     # n > 1 (decode_node/forks.py): sequence `index` of its request. The first sequence owns the
     # forks; they share its events queue, the prompt's full pages and its deadline.
@@ -106,9 +139,9 @@ class DecodeRequest:
     def emit(self, event: DecodeEvent) -> None:
         if self.index:
             event = replace(event, index=self.index)
-        if self.unreported[0]:  # the first event after a resume says how long the stream paused
-            event = replace(event, preemptions=self.unreported[0], paused_s=self.unreported[1])
-            self.unreported = (0, 0.0)
+        preemptions, paused_s = self.preempt.take_unreported()
+        if preemptions:  # the first event after a resume says how long the stream paused
+            event = replace(event, preemptions=preemptions, paused_s=paused_s)
         if not self.done:
             self.events.put(event)
             if event.final:

@@ -177,7 +177,7 @@ class DecodeScheduler:
             self.admission.offer(msg.ticket)
         elif isinstance(msg, Join):
             self.admission.settled(msg.req.request_id)
-            if not msg.req.todo:  # nothing left to compute here: the prompt KV is in place
+            if not msg.req.compute.todo:  # nothing left to compute here: the prompt KV is in place
                 self.cache.prompt_in_place(msg.req)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
@@ -212,7 +212,7 @@ class DecodeScheduler:
     def _release_drained(self) -> None:
         still = []
         for req in self._draining:
-            if req.io_pending > 0:
+            if len(req.io) > 0:
                 still.append(req)
             else:
                 self._release(req)
@@ -241,13 +241,13 @@ class DecodeScheduler:
         if req in self.preemption.reading:  # its pages go back when the store read is over (read_done)
             return
         self.preemption.forget(req)
-        if aborted and req.io_pending > 0:
+        if aborted and len(req.io) > 0:
             self._rt.store_io.cancel_owner(req)  # its queued offload pages are not written
         if req in self._running:
             self._running.remove(req)
         elif req in self._waiting:
             self._waiting.remove(req)
-        if req.io_pending > 0:
+        if len(req.io) > 0:
             self._draining.append(req)
         else:
             self._release(req)
@@ -274,11 +274,11 @@ class DecodeScheduler:
         pre = self.preemption
         while pre.waiting:
             req = pre.waiting[0]
-            if req.parked_pages:  # still holds pages an offload write reads
+            if req.preempt.parked_pages:  # still holds pages an offload write reads
                 return
             need = pre.pages_to_resume(req)
             alone = not self._running and not self._waiting and not pre.reading
-            growth = self._growth() + self._growth_of(req, need + len(req.kept_pages))
+            growth = self._growth() + self._growth_of(req, need + len(req.preempt.kept_pages))
             if not ((alone and need <= self._rt.allocator.num_available()) or self.admission.fits(need, growth)):
                 if alone:  # nothing runs that could free pages: the others' kept pages make room
                     pre.drop_tails()
@@ -289,7 +289,7 @@ class DecodeScheduler:
 
     def _ready(self, req: DecodeRequest, now: float) -> None:
         """A resumed request goes back to the batch ahead of every later arrival."""
-        if not req.todo:
+        if not req.compute.todo:
             self.preemption.resumed(req, now)
         i = bisect.bisect(self._waiting, req.arrival, key=lambda r: r.arrival)
         self._waiting.insert(i, req)
@@ -301,7 +301,7 @@ class DecodeScheduler:
         returned. With decode.preemption off the request fails instead (the behaviour before it)."""
         stalled: set[DecodeRequest] = set()
         for req in sorted(self._running, key=lambda r: r.arrival):
-            if req.todo or (len(req.token_ids) - 1) // self._page_size < len(req.page_ids):
+            if req.compute.todo or (len(req.token_ids) - 1) // self._page_size < len(req.page_ids):
                 continue
             while req in self._running:
                 try:
@@ -317,7 +317,7 @@ class DecodeScheduler:
                     stalled.add(req)
                     break
                 else:
-                    self._preempt(choose_victim([r for r in self._running if not r.todo]))
+                    self._preempt(choose_victim([r for r in self._running if not r.compute.todo]))
         return stalled
 
     def _preempt(self, victim: DecodeRequest) -> None:
@@ -340,12 +340,12 @@ class DecodeScheduler:
             if end < 0:
                 sample.append(row)
                 continue
-            consume(req.todo, end)
-            if not req.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
+            consume(req.compute.todo, end)
+            if not req.preempt.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
                 self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
-            if not req.todo:
+            if not req.compute.todo:
                 self._prompt_computed(req)
-                if req.first_pending:
+                if req.compute.first_pending:
                     sample.append(row)
         if self._reserve is not None and len(sample) > 0:
             self._reserve.stepped()
@@ -354,8 +354,8 @@ class DecodeScheduler:
             tokens, logprobs = draw_tokens(self._rt, batch, logits[sample])
             self._rec.generated(len(batch))
             for req, token, lp in zip(batch, tokens, logprobs):
-                if req.first_pending:
-                    req.first_pending = False  # the prompt's last position was fed, not a new token
+                if req.compute.first_pending:
+                    req.compute.first_pending = False  # the prompt's last position was fed, not a new token
                 else:
                     self._after_feed(req, len(req.token_ids) - 1)
                 req.token_ids.append(int(token))
@@ -371,17 +371,16 @@ class DecodeScheduler:
         """Every prompt page is in place: the full pages computed here go to the store (the next turn,
         or another worker, reads them), like a prefill worker's write-back, with or without
         decode.offload_generated_kv (they count as writeback writes, as P's do)."""
-        if req.first_pending:
+        if req.compute.first_pending:
             self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
-        if req.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
-            for k in req.computed_pages:
+        if req.preempt.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
+            for k in req.compute.pages:
                 self.cache.page_filled(req, k)
             self.preemption.resumed(req, time.monotonic())
         else:
             self.cache.prompt_in_place(req)
-        for k in req.computed_pages:
+        for k in req.compute.take_pages():
             self._writes.queue(req, k, kind="writeback")
-        req.computed_pages = []
 
     def _after_feed(self, req: DecodeRequest, pos: int) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""

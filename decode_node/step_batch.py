@@ -19,8 +19,8 @@ def step_chunks(running: list[DecodeRequest], stalled: set[DecodeRequest], page_
     rows: list[tuple[DecodeRequest, int]] = []
     chunks: list[Chunk] = []
     for req in list(running):
-        if req.todo:  # prompt KV computed here first (chunked within the step's budget)
-            for start, end in take_ranges(req.todo, budget):
+        if req.compute.todo:  # prompt KV computed here first (chunked within the step's budget)
+            for start, end in take_ranges(req.compute.todo, budget):
                 rows.append((req, end))
                 chunks.append(Chunk(page_ids=req.page_ids[:pages_for(end, page_size)], start_pos=start,
                                     token_ids=req.token_ids[start:end]))

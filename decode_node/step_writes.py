@@ -6,9 +6,11 @@ with one `StoreIO.submit_save` for all of them (`submit`), each page owned by it
 an abort takes only its own pages out (StoreIO.cancel_owner); the completion (`saved`) tells the
 prefix cache what the store now holds, counts the writes and ranks them for the chain evictor.
 
-NOTE: a request's `io_pending` is taken when its first page joins the buffer, not at submission:
-a request finishing in this very step must keep its pages until the step's write has read them.
-Scheduler thread only.
+Each step write is an I/O lease on its owners' pages (`req.io`, pdorch/worker/leases.py), named
+by the write ("step_write:<n>"; several steps' writes may be in flight for one request), given back
+when that write completes. NOTE: the lease is taken when a request's first page joins the buffer,
+not at submission: a request finishing in this very step must keep its pages until the step's
+write has read them. Scheduler thread only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class StepWrites:
     def __init__(self, rt, cache, recorder):
         self._rt, self._cache, self._rec = rt, cache, recorder
         self._filled: list[PageWrite] = []
+        self._writes = 0  # step writes submitted: the next one's lease is step_write:<_writes + 1>
         registry = recorder.registry
         self._steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
                               "(each submits ONE store write for all of them)", registry=registry)
@@ -46,7 +49,7 @@ class StepWrites:
             self._skipped.inc()
             return
         if not any(w.req is req for w in self._filled):
-            req.io_pending += 1
+            req.io.take(self._lease())
         self._filled.append(PageWrite(req, store_key(rt.fingerprint, req.page_hashes[k]), page, k, kind))
 
     def submit(self) -> None:
@@ -54,20 +57,26 @@ class StepWrites:
         filled, self._filled = self._filled, []
         if not filled:
             return
-        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds one io_pending for it (queue)
+        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds this write's lease (queue)
+        lease = self._lease()
+        self._writes += 1
         generated = sum(1 for w in filled if w.kind == "offload")
         if generated:
             self._steps.inc()
             self._pages.inc(generated)
-        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled)), [w.key for w in filled],
+        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled), lease), [w.key for w in filled],
                                       self._rt.pool.page_addrs([w.page for w in filled]),
                                       owners=[w.req for w in filled])
+
+    def _lease(self) -> str:
+        """The lease name of the step write being filled now."""
+        return f"step_write:{self._writes + 1}"
 
     def saved(self, done) -> None:
         """A step's write completed (IOCompletion tagged StepSaved)."""
         saved: StepSaved = done.tag
         for req in saved.owners:
-            req.io_pending -= 1
+            req.io.give_back(saved.lease)
         self._cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
         for kind, reason in (("offload", "generated"), ("writeback", "computed")):
             written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)

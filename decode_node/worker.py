@@ -263,7 +263,7 @@ class DecodeWorker:
 
     def _await_offload(self, req: DecodeRequest) -> None:
         deadline = time.monotonic() + self.store_cfg.op_timeout_s
-        while req.io_pending > 0 and time.monotonic() < deadline:
+        while len(req.io) > 0 and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL_S / 5)
 
     def drain(self, timeout_s: float) -> int:

@@ -1,18 +1,12 @@
-"""IOLeases: the I/O in flight on a prefill task's pages, one named lease per submission.
+"""The I/O leases of a prefill task (IOLeases, pdorch/worker/leases.py), by name.
 
-A task's pages go back to the pool only when nothing reads or writes them any more. Each
-submission that touches them takes a lease naming it; its completion gives back exactly that
-lease; the pages may go once no lease is left. A task starts each kind of I/O at most once, so
-the name alone says what is in flight:
+A task starts each kind of I/O at most once, so the name alone says what is in flight:
 
     STORE_LOAD   the store load of the prefix pages L1 lacked (prefix.py; the prefetch policy
                  gives it back early when it gives up on the load: prefetch.py)
     DECODE_READ  the read of the prefix pages D's pool holds into ours (pusher thread)
     STORE_SAVE   the write-back of the computed pages, with the backfill (persistence.py)
     PUSH         the transfer of the prompt pages into D's pages (pusher thread)
-
-Taking a lease already held, or giving back one not held, is a bug (a lost or doubled completion
-would release pages under running I/O, or never release them): it raises.
 """
 
 from __future__ import annotations
@@ -21,33 +15,3 @@ STORE_LOAD = "store_load"
 DECODE_READ = "decode_read"
 STORE_SAVE = "store_save"
 PUSH = "push"
-
-
-class LeaseError(RuntimeError):
-    """A lease taken twice or given back without being held."""
-
-
-class IOLeases:
-    """The leases one task holds (scheduler thread only)."""
-
-    def __init__(self) -> None:
-        self._held: set[str] = set()
-
-    def take(self, lease: str) -> None:
-        if lease in self._held:
-            raise LeaseError(f"I/O lease {lease!r} taken twice")
-        self._held.add(lease)
-
-    def give_back(self, lease: str) -> None:
-        if lease not in self._held:
-            raise LeaseError(f"I/O lease {lease!r} given back but not held (held: {sorted(self._held)})")
-        self._held.remove(lease)
-
-    def __contains__(self, lease: str) -> bool:
-        return lease in self._held
-
-    def __len__(self) -> int:
-        return len(self._held)
-
-    def __repr__(self) -> str:
-        return f"IOLeases({sorted(self._held)})"

@@ -32,9 +32,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens, FirstToken, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import computed_full_pages
-from prefill_node.leases import IOLeases
 from prefill_node.push_gate import PushGate
 
 

@@ -66,9 +66,8 @@ def test_a_local_prefill_samples_the_first_token_and_writes_its_full_pages(model
     try:
         req = new_request(sched, model[3], f"local-{budget}")
         holes = list(range(reusable_pages(len(PROMPT), PAGE_SIZE)))  # nothing read from the store: all computed here
-        req.todo = compute_ranges(holes, len(PROMPT), PAGE_SIZE)
-        req.computed_pages = computed_full_pages(holes, len(PROMPT), PAGE_SIZE)
-        req.first_pending = True
+        req.compute.plan(compute_ranges(holes, len(PROMPT), PAGE_SIZE),
+                         computed_full_pages(holes, len(PROMPT), PAGE_SIZE), sample_first=True)
         req_pages = req.page_ids[:len(PROMPT) // PAGE_SIZE]
         sched.join(req)
         events = events_until_final(req)
@@ -99,7 +98,7 @@ def test_a_page_d_could_not_read_is_computed_before_decoding(model, reference):
         sched.call(lambda: rt.pool.tensor[prompt_pages[1]].zero_())
         req.token_ids.append(reference[0])  # P's first token, accounted as D does (_first_token)
         assert not check_stop(req, reference[0], 10_000).final
-        req.todo, req.computed_pages = [[PAGE_SIZE, 2 * PAGE_SIZE]], [1]
+        req.compute.plan([[PAGE_SIZE, 2 * PAGE_SIZE]], [1])
         sched.join(req)
         events = events_until_final(req)
         assert req.token_ids[len(PROMPT):] == reference

@@ -4,6 +4,8 @@ The chain test drives the real DecodeScheduler (tiny random-weights model): the 
 must be the store keys of the next turn's prompt pages.
 """
 
+import time
+
 import pytest
 
 from decode_node.offload import extend_hash_chain, filled_page
@@ -37,7 +39,13 @@ def test_offloaded_pages_are_the_next_turn_prompt_pages(model):
         req = prefilled(sched, model[3], "turn1", prompt, max_tokens=40)
         sched.join(req)
         assert events_until_final(req)[-1].finish_reason == "length"
+        # answered, but both step writes still read its pages: one lease each, pages not yet back
+        assert "step_write:1" in req.io and "step_write:2" in req.io and len(req.io) == 2, req.io
         io.release()
+        deadline = time.monotonic() + 10
+        while len(req.io) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(req.io) == 0  # each completion gave back exactly its own lease
     finally:
         sched.stop()
     generated = req.token_ids[len(prompt):]

@@ -109,8 +109,8 @@ def joined(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampl
     req.page_hashes = page_hashes(prompt, PAGE_SIZE)
     req.page_ids = sched.admit(rid, pages_for(n + 1, PAGE_SIZE), req.deadline, lambda: False)
     holes = list(range(reusable_pages(n, PAGE_SIZE)))
-    req.todo, req.computed_pages = compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE)
-    req.first_pending = True
+    req.compute.plan(compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE),
+                     sample_first=True)
     sched.join(req)
     return req
 
@@ -124,7 +124,7 @@ def serve(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampli
     out = [t for e in events for t in e.token_ids]
     assert out == req.token_ids[n:]  # every token streamed once, in order
     preempted = sum(e.preemptions for e in events)
-    assert preempted == req.preemptions  # the stream is told of each one (with how long it paused)
+    assert preempted == req.preempt.count  # the stream is told of each one (with how long it paused)
     assert all(e.paused_s > 0 for e in events if e.preemptions)
     return out
 

@@ -64,14 +64,14 @@ def test_the_plan_says_where_each_page_comes_from_and_leaves_the_rest_to_compute
     assert local.sources(4) == [Source.HELD, Source.STORE, Source.STORE, Source.HERE]
     req = _request(70)
     local.apply(req, (True, False), PAGE_SIZE)
-    assert (req.todo, req.computed_pages, req.first_pending) == ([[32, 70]], [2, 3], True)
+    assert (req.compute.todo, req.compute.pages, req.compute.first_pending) == ([[32, 70]], [2, 3], True)
     assert (req.cached.device, req.cached.store) == (16, 16)
     after_prefill = PromptPlan(PREFILL, "long_tail", load=(1, 2), held=(0,))
     assert after_prefill.sources(4) == [Source.HELD, Source.STORE, Source.STORE, Source.PREFILL]
     assert after_prefill.not_from_prefill() == (0, 1, 2)
     req = _request(70)
     after_prefill.apply(req, (True, False), PAGE_SIZE)  # only the page D failed to read
-    assert (req.todo, req.computed_pages, req.first_pending) == ([[32, 48]], [2], False)
+    assert (req.compute.todo, req.compute.pages, req.compute.first_pending) == ([[32, 48]], [2], False)
 
 def test_taking_ranges_within_a_budget_and_consuming_them():
     todo = [[32, 48], [64, 70]]

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from prefill_node.leases import PUSH, STORE_LOAD, STORE_SAVE, IOLeases, LeaseError
+from pdorch.worker.leases import IOLeases, LeaseError
+from prefill_node.leases import PUSH, STORE_LOAD, STORE_SAVE
 from store_client.page_hash import page_hashes, store_key
 from tests.unit.test_prefill_scheduler import FakeStoreIO, make, settle, submit
 
