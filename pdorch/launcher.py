@@ -182,14 +182,14 @@ class LocalCluster:
             if err:
                 raise ServeError(err)
             from store_client.master import MasterError  # NOTE: lazy, only serve needs it
-            try:  # the same flags as `pdorch master` and the chart's master pod
-                master = master_process(self.cfg, log_dir=str(self.log_dir))
+            try:  # the same flags as `pdorch master` and the chart's master pod; HA: master-i on ports + i
+                argvs = tuple(tuple(master_process(self.cfg, log_dir=str(self.log_dir), index=i).command())
+                              for i in range(self.opts.num_masters))
             except MasterError as e:
                 raise ServeError(str(e)) from None
-            master_argv = tuple(master.command())
-            if self.opts.num_masters > 1:  # HA: master-i on the store's master ports + i (launch_plan)
-                master_argvs = tuple(tuple(master_process(self.cfg, log_dir=str(self.log_dir), index=i).command())
-                                     for i in range(self.opts.num_masters))
+            master_argv = argvs[0]
+            if len(argvs) > 1:  # masters in HA mode (launch_plan)
+                master_argvs = argvs
         elif self.opts.num_masters > 1:
             raise ServeError("--masters: store.enabled is false; there is no store to run masters for")
         return plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
