@@ -196,13 +196,15 @@ class StoreConnector:
             self._leader = leader
 
     def _audit_after_switch(self) -> None:
-        if self._audit_due is None or self.audit is None or self._client is None:
-            if self._audit_due is not None and time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:
+        if self._audit_due is None:
+            return
+        ready = self.audit is not None and self._client is not None
+        if ready and self.audit(self._audit_due):
+            self._audit_due = None
+        elif time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:  # given up on, once
+            if not ready:
                 log.warning("store: recent writes not audited after the leader switch (store not back in %.0fs)",
                             AUDIT_DEADLINE_S)
-                self._audit_due = None
-            return
-        if self.audit(self._audit_due) or time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:
             self._audit_due = None
 
     def _setup(self) -> str | None:
