@@ -36,6 +36,7 @@ from store_client.addresses import parse_master_address
 from store_client.chain_index import ChainIndex
 from store_client.config import StoreConfig
 from store_client.master_view import master_view
+from store_client.results import _LEASED, _NOT_FOUND
 from store_client.store import KVStore
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,6 @@ REMOVE_BATCH = 256  # keys per batch_remove call: bounds one call, and how late 
 # every worker writes (prefill write-backs, decode offloads and local prefills), and a reading
 # plus only this worker's own writes since misses the others' writes.
 FRESH_S = 0.02
-_ABSENT, _LEASED = -704, -706
 _METRICS_TIMEOUT_S = 1.0
 
 
@@ -292,7 +292,7 @@ class StoreEvictor:
                               if c == 0 and k not in stale and (p := self.index.priority(k)) is not None]
         if removed_priorities:
             self.cutoff = max(removed_priorities)
-        gone = [k for k, c in zip(keys, codes) if c == 0 or c == _ABSENT]
+        gone = [k for k, c in zip(keys, codes) if c == 0 or c == _NOT_FOUND]
         leased = [k for k, c in zip(keys, codes) if c == _LEASED]
         removed = sum(1 for c in codes if c == 0)
         absent = len(gone) - removed

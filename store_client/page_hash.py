@@ -22,7 +22,9 @@ from collections.abc import Sequence
 # Bumped whenever the byte layout of a page (engine/kv_pool.py) changes (pool axes order, K/V
 # interleaving, padding): it is part of every store key, so old pages are never read as the new layout.
 # v1 = page-first [num_layers, 2 (K,V), num_kv_heads, page_size, head_dim], C-contiguous.
-KV_LAYOUT_VERSION = 1
+# v2 = page-first, head-major [num_kv_heads, num_layers, 2 (K,V), page_size, head_dim]: each KV head
+#      one contiguous span of the page (a store object per head group, TP-independent).
+KV_LAYOUT_VERSION = 2
 # The name of this hashing scheme, as KV event subscribers give it (WatchKVRequest.hash_scheme).
 HASH_SCHEME = "sha256-chain"
 
@@ -71,21 +73,21 @@ def page_hashes(token_ids: Sequence[int], page_size: int, parent_hash: str = "")
 
 
 def model_fingerprint(weights_digest: str, kv_dtype: str, page_size: int,
-                      layout_version: int = KV_LAYOUT_VERSION, tp_rank: int = 0) -> str:
+                      layout_version: int = KV_LAYOUT_VERSION) -> str:
     """A short stable id of everything that changes a page's bytes for the same tokens.
 
     Two workers share store pages only when all of these agree; anything else gets a different
-    key prefix and can never read the other's bytes.
+    key prefix and can never read the other's bytes. No TP rank: a page is stored as one object per
+    group of KV heads (page_objects.py), so workers of every TP size share the same keys.
     """
     if not weights_digest:
         raise ValueError("weights_digest must be a non-empty string")
     if kv_dtype not in _KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {_KV_DTYPES}, got {kv_dtype!r}")
-    for name, value, low in (("page_size", page_size, 1), ("layout_version", layout_version, 0),
-                             ("tp_rank", tp_rank, 0)):
+    for name, value, low in (("page_size", page_size, 1), ("layout_version", layout_version, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    text = f"w={weights_digest};dtype={kv_dtype};page={page_size};layout={layout_version};tp={tp_rank}"
+    text = f"w={weights_digest};dtype={kv_dtype};page={page_size};layout={layout_version}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

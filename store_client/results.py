@@ -16,6 +16,7 @@ NO_SPACE = "no_space"
 
 _NOT_FOUND = -704
 _EXISTS = -705
+_LEASED = -706
 _NO_SPACE = -200
 _RPC_FAILED = -900
 

@@ -7,6 +7,10 @@
     load_many([(keys, addrs), ...])  several requests' loads in one batch_get_into
     save(keys, addrs)  -> SaveResult one batch_is_exist + one batch_put_from of the absent keys
 
+A page is `objects.groups` store objects, one per group of KV heads (page_objects.py): this class
+speaks pages to its callers and objects to Mooncake, and a page counts as read, present or written
+only when every object of it this worker holds is.
+
 A load is its own existence check: a missing key fails only its own entry (-704), so one
 batch_get_into over every page a request could reuse loads all present pages, and a missing page
 costs only itself (the caller recomputes just that page: its key, and every later page's key, is a
@@ -37,11 +41,14 @@ from concurrent.futures import ThreadPoolExecutor
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
 from store_client.metrics import StoreMetrics
+from store_client.page_objects import PageObjects
 from store_client.recent_writes import RecentWrites
 from store_client.replica_tier import disk_only_keys
 from store_client.results import (
     _EXISTS,
+    _LEASED,
     _NO_SPACE,
+    _NOT_FOUND,
     _RPC_FAILED,
     ABSENT,
     DISABLED,
@@ -62,9 +69,14 @@ SSD_NO_SPACE_RETRY_S = 0.25
 class KVStore:
     """Thread-safe; called from StoreIO's I/O threads (or directly by tests and benchmarks)."""
 
-    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics, component: str = ""):
+    def __init__(self, cfg: StoreConfig, page_nbytes: int, metrics: StoreMetrics, component: str = "",
+                 objects: PageObjects | None = None):
         if page_nbytes <= 0:
             raise ValueError(f"page_nbytes must be > 0, got {page_nbytes}")
+        self.objects = objects or PageObjects.whole_page(page_nbytes)
+        if self.objects.page_nbytes != page_nbytes:
+            raise ValueError(f"page_nbytes {page_nbytes} is not the {len(self.objects.held)} objects of "
+                             f"{self.objects.group_nbytes} bytes this page holds")
         self.cfg = cfg
         self.page_nbytes = page_nbytes
         self.metrics = metrics
@@ -134,14 +146,16 @@ class KVStore:
             self._miss("match", len(keys), DISABLED)
             return (False,) * len(keys)
         t0 = time.perf_counter()
+        objects = self.objects.keys(keys)
         try:
-            codes = client.batch_is_exist(list(keys))
+            codes = list(client.batch_is_exist(objects))
         except Exception as e:  # noqa: BLE001 - a store fault must never reach the request
-            codes = [_RPC_FAILED] * len(keys)
+            codes = [_RPC_FAILED] * len(objects)
             log.warning("batch_is_exist raised: %s", e)
-        if len(codes) != len(keys):  # defensive, as in load_many
-            codes = list(codes) + [_RPC_FAILED] * (len(keys) - len(codes))
+        if len(codes) != len(objects):  # defensive, as in load_many
+            codes = codes + [_RPC_FAILED] * (len(objects) - len(codes))
         elapsed = self._observe("match", t0, codes)
+        codes = self.objects.fold(codes, len(self.objects.held), _first_not(1))
         found = tuple(c == 1 for c in codes)
         self.metrics.hits.labels("match").inc(sum(found))
         misses = [ABSENT if c == 0 else classify(c, elapsed, self._deadline) for c in codes if c != 1]
@@ -164,17 +178,20 @@ class KVStore:
         if client is None:
             self._miss("load", total, DISABLED)
             return [LoadResult(0, DISABLED if keys else OK, (False,) * len(keys)) for keys, _ in requests]
-        all_keys = [k for keys, _ in requests for k in keys]
-        all_addrs = [a for _, addrs in requests for a in addrs]
+        all_keys = self.objects.keys([k for keys, _ in requests for k in keys])
+        all_addrs = self.objects.addrs([a for _, addrs in requests for a in addrs])
         t0 = time.perf_counter()
         lookup = self._submit_lookup(client, all_keys)
-        codes = [_RPC_FAILED] * total
+        codes = [_RPC_FAILED] * len(all_keys)
         for batch in _distinct_key_batches(all_keys):
             got = self._get_into(client, [all_keys[i] for i in batch], [all_addrs[i] for i in batch])
             for i, code in zip(batch, got):
                 codes[i] = code
         elapsed = self._observe("load", t0, codes)
-        on_disk = self._lookup_result(lookup, total, t0)
+        per, size = len(self.objects.held), self.objects.group_nbytes
+        # a page is read when each of its objects gave exactly its bytes; from disk when any did
+        codes = self.objects.fold(codes, per, _first_not(size, whole=self.page_nbytes))
+        on_disk = [any(d) for d in _chunks(self._lookup_result(lookup, len(all_keys), t0), per)]
         results, off = [], 0
         for keys, _ in requests:
             results.append(self._load_result(codes[off:off + len(keys)], elapsed, on_disk[off:off + len(keys)]))
@@ -203,7 +220,7 @@ class KVStore:
 
     def _get_into(self, client, keys: list[str], addrs: list[int]) -> list[int]:
         try:
-            codes = list(client.batch_get_into(keys, addrs, [self.page_nbytes] * len(keys)))
+            codes = list(client.batch_get_into(keys, addrs, [self.objects.group_nbytes] * len(keys)))
         except Exception as e:  # noqa: BLE001
             codes = []
             log.warning("batch_get_into raised: %s", e)
@@ -231,7 +248,7 @@ class KVStore:
         return LoadResult(n, reasons[0], ok, ssd)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
-        """Write pages whose keys the store lacks; existing keys are skipped (never rewritten)."""
+        """Write pages whose objects the store lacks; existing objects are skipped (never rewritten)."""
         check_pairs(keys, addrs)
         if not keys:
             return SaveResult(0, 0, 0, OK)
@@ -239,37 +256,38 @@ class KVStore:
         if client is None:
             self.metrics.save_failures.labels(DISABLED).inc(len(keys))
             return SaveResult(0, 0, len(keys), DISABLED, (False,) * len(keys))
+        objects, where = self.objects.keys(keys), self.objects.addrs(addrs)
+        per = len(self.objects.held)
         t0 = time.perf_counter()
+        codes = [1] * len(objects)  # per object: 1 there already, 0 written, else the put's error
         try:
-            exist = client.batch_is_exist(list(keys))
+            exist = client.batch_is_exist(objects)
             todo = [i for i, c in enumerate(exist) if c != 1]
             if todo and self.before_write is not None:
-                self.before_write(len(todo))
-            codes = client.batch_put_from([keys[i] for i in todo], [addrs[i] for i in todo],
-                                          [self.page_nbytes] * len(todo)) if todo else []
+                self.before_write(len({i // per for i in todo}))
+            put = client.batch_put_from([objects[i] for i in todo], [where[i] for i in todo],
+                                        [self.objects.group_nbytes] * len(todo)) if todo else []
             if self.ssd_dir:
-                codes = self._retry_no_space(client, keys, addrs, todo, list(codes))
+                put = self._retry_no_space(client, objects, where, todo, list(put))
+            put = list(put) + [_RPC_FAILED] * (len(todo) - len(put))  # a short answer fails the rest
+            for i, c in zip(todo, put):
+                codes[i] = c
         except Exception as e:  # noqa: BLE001
             log.warning("store save raised: %s", e)
-            todo, codes = list(range(len(keys))), [_RPC_FAILED] * len(keys)
+            codes = [_RPC_FAILED] * len(objects)
         elapsed = self._observe("save", t0, codes)
-        if len(codes) != len(todo):  # defensive: a short answer fails the missing entries
-            codes = list(codes) + [_RPC_FAILED] * (len(todo) - len(codes))
-        written = sum(1 for c in codes if c == 0)
-        skipped = len(keys) - len(todo) + sum(1 for c in codes if c == _EXISTS)
-        failed = [c for c in codes if c < 0 and c != _EXISTS]
-        page_ok = [True] * len(keys)
-        for i, c in zip(todo, codes):
-            page_ok[i] = c == 0 or c == _EXISTS
-        self.recent.add([keys[i] for i, c in zip(todo, codes) if c == 0])
+        self.recent.add([k for k, c in zip(objects, codes) if c == 0])
+        pages = [_page_save(cs) for cs in _chunks(codes, per)]   # per page: 0 written, 1 skipped, or error
+        written = pages.count(0)
+        failed = [c for c in pages if c not in (0, 1)]
         self.metrics.pages_written.inc(written)
         self.metrics.bytes_written.inc(written * self.page_nbytes)
-        self.metrics.pages_skipped.inc(skipped)
+        self.metrics.pages_skipped.inc(pages.count(1))
         reason = OK
         if failed:
             reason = classify(failed[0], elapsed, self._deadline)
             self.metrics.save_failures.labels(reason).inc(len(failed))
-        return SaveResult(written, skipped, len(failed), reason, tuple(page_ok))
+        return SaveResult(written, pages.count(1), len(failed), reason, tuple(c in (0, 1) for c in pages))
 
     def _audit_recent_writes(self, switched_at: float) -> bool:
         """After a leader switch (connector thread, each tick until True): the keys written lately
@@ -286,6 +304,7 @@ class KVStore:
             return False
         log.warning("store: after the leader switch the new leader lacks %d of the pages written lately%s",
                     len(lost), "; writing again those L1 holds" if lost else "")
+        lost = list(dict.fromkeys(self.objects.page_key(k) for k in lost))  # objects -> their pages
         if lost:
             self.metrics.lost_on_leader_change.inc(len(lost))
             if self.on_lost is not None:
@@ -302,15 +321,17 @@ class KVStore:
                 break
             time.sleep(SSD_NO_SPACE_RETRY_S)
             again = client.batch_put_from([keys[todo[j]] for j in refused], [addrs[todo[j]] for j in refused],
-                                          [self.page_nbytes] * len(refused))
+                                          [self.objects.group_nbytes] * len(refused))
             for j, c in zip(refused, again):
                 codes[j] = c
             self.metrics.no_space_retries.inc(len(refused))
         return codes
 
     def remove_many(self, keys: Sequence[str]) -> list[int]:
-        """Remove objects in ONE batch_remove: per key 0, or a negative code (-704 absent, -706 a
-        reader holds a lease on it, -900 master unreachable or store disabled). Never raises.
+        """Remove pages (every object of each) in ONE batch_remove: per page 0, or a negative code
+        (-704 absent, -706 a reader holds a lease on it, -900 master unreachable or store disabled).
+        Never raises. A page some of whose objects were removed and others leased answers -706: the
+        evictor tries it again later, and a read of it meanwhile misses (recomputed, never wrong).
 
         NOTE: never force=True: a leased object is being read right now (or was just found).
         """
@@ -319,16 +340,17 @@ class KVStore:
         client = self._connector.client()
         if client is None:
             return [_RPC_FAILED] * len(keys)
+        objects = self.objects.all_keys(keys)
         t0 = time.perf_counter()
         try:
-            codes = list(client.batch_remove(list(keys)))
+            codes = list(client.batch_remove(objects))
         except Exception as e:  # noqa: BLE001
             codes = []
             log.warning("batch_remove raised: %s", e)
-        if len(codes) != len(keys):  # defensive: a short answer is a failure of the missing entries
-            codes = codes + [_RPC_FAILED] * (len(keys) - len(codes))
+        if len(codes) != len(objects):  # defensive: a short answer is a failure of the missing entries
+            codes = codes + [_RPC_FAILED] * (len(objects) - len(codes))
         self._observe("remove", t0, codes)
-        return codes
+        return [_page_remove(cs) for cs in _chunks(codes, self.objects.groups)]
 
     def close(self) -> None:
         """Stop the connector and close the client. Call after StoreIO.close() (no ops in flight)."""
@@ -350,6 +372,29 @@ class KVStore:
 
     def _miss(self, op: str, n: int, reason: str) -> None:
         self.metrics.misses.labels(op, reason).inc(n)
+
+
+def _chunks(values: Sequence, n: int) -> list:
+    return [values[i:i + n] for i in range(0, len(values), n)]
+
+
+def _first_not(good: int, whole: int | None = None) -> Callable[[Sequence[int]], int]:
+    """A page's code from its objects': the first that is not `good`, else `whole` (default good)."""
+    return lambda codes: next((c for c in codes if c != good), good if whole is None else whole)
+
+
+def _page_save(codes: Sequence[int]) -> int:
+    """A page's save from its objects': an error if any failed, else 0 if any was written, else 1."""
+    bad = [c for c in codes if c not in (0, 1, _EXISTS)]
+    return bad[0] if bad else 0 if 0 in codes else 1
+
+
+def _page_remove(codes: Sequence[int]) -> int:
+    """A page's removal from its objects': a failure, else leased, else removed, else absent."""
+    for c in codes:
+        if c not in (0, _NOT_FOUND, _LEASED):
+            return c
+    return _LEASED if _LEASED in codes else 0 if 0 in codes else _NOT_FOUND
 
 
 def _leading(codes: Sequence[int], ok) -> int:

@@ -10,9 +10,9 @@ A chunk is `n` new tokens of one sequence at positions start..end-1, its page ta
 
 Where a token's K/V goes, as a row of the pool seen as [num_rows, head_dim] (KVPool.rows):
 
-    row(page, layer, kv, head, slot) = (((page * L + layer) * 2 + kv) * Hkv + head) * S + slot   (S = page_size)
+    row(page, layer, kv, head, slot) = (((page * Hkv + head) * L + layer) * 2 + kv) * S + slot   (S = page_size)
 
-`kv_rows` holds layer 0's rows [T, 2, Hkv]; layer l adds l * 2 * Hkv * S (KVPool.layer_row_stride).
+`kv_rows` holds layer 0's rows [T, 2, Hkv]; layer l adds l * 2 * S (KVPool.layer_row_stride).
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def stage(arrays: dict[str, list[int]], device: torch.device, dtype=torch.int64)
 def kv_rows_of(pages: torch.Tensor, slots: torch.Tensor, pool) -> torch.Tensor:
     """Layer-0 pool rows [T, 2, Hkv] of tokens at (page, slot)."""
     L, H, S = pool.arch.num_layers, pool.arch.num_kv_heads, pool.page_size
-    base = pages * (L * 2 * H * S) + slots                                  # [T]
-    offs = (torch.arange(2, device=pages.device)[:, None] * H + torch.arange(H, device=pages.device)) * S
+    base = pages * (H * L * 2 * S) + slots                                  # [T]
+    offs = (torch.arange(2, device=pages.device)[:, None] * S
+            + torch.arange(H, device=pages.device) * pool.head_row_stride)
     return base[:, None, None] + offs                                       # [T, 2, H]
 
 

@@ -1,7 +1,7 @@
 """Triton kernels that read K/V in place from the page-first pool through each sequence's page table.
 
 The pool is seen as rows of head_dim values (KVPool.rows); the K row of (page, layer, head, slot)
-is page * PAGE_ROWS + layer_off + head * P + slot and its V row is V_OFF rows further
+is page * PAGE_ROWS + layer_off + head * HEAD_ROWS + slot and its V row is V_OFF rows further
 (engine/attention/batch.py). Every BLOCK_N tokens a program looks their pages up in the table, so
 any page size works and no K/V is copied or padded.
 
@@ -54,7 +54,7 @@ def _block(q, KV, row, tmask, allowed, d, dmask, m_i, l_i, acc, scale, D: tl.con
 def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, stride_qh, stride_tb,
                          scale, NUM_SPLITS: tl.constexpr, G: tl.constexpr, BLOCK_G: tl.constexpr,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, P: tl.constexpr,
-                         PAGE_ROWS: tl.constexpr, V_OFF: tl.constexpr, IEEE: tl.constexpr):
+                         PAGE_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr, V_OFF: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -76,7 +76,7 @@ def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, strid
         t = blk * BLOCK_N + tl.arange(0, BLOCK_N)
         tmask = t < length
         page = tl.load(Table + b * stride_tb + t // P, mask=tmask, other=0).to(tl.int64)
-        row = page * PAGE_ROWS + layer_off + h * P + t % P
+        row = page * PAGE_ROWS + layer_off + h * HEAD_ROWS + t % P
         m_i, l_i, acc = _block(q, KV, row, tmask, tmask[None, :], d, dmask, m_i, l_i, acc, scale, D, V_OFF, IEEE)
     has = last > first
     out = tl.where(has, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
@@ -90,8 +90,8 @@ def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, strid
 @triton.jit(do_not_specialize=["layer_off", "start", "end", "n"])
 def _extend_kernel(Q, KV, Table, O, layer_off, start, end, n, stride_qt, stride_qh, stride_ot, stride_oh,
                    scale, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, P: tl.constexpr, PAGE_ROWS: tl.constexpr, V_OFF: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, P: tl.constexpr, PAGE_ROWS: tl.constexpr, HEAD_ROWS: tl.constexpr,
+                   V_OFF: tl.constexpr, IEEE: tl.constexpr):
     mblk = tl.program_id(0)
     hq = tl.program_id(1)
     h = hq // G
@@ -110,7 +110,7 @@ def _extend_kernel(Q, KV, Table, O, layer_off, start, end, n, stride_qt, stride_
         t = kb * BLOCK_N + tl.arange(0, BLOCK_N)
         tmask = t < hi
         page = tl.load(Table + t // P, mask=tmask, other=0).to(tl.int64)
-        row = page * PAGE_ROWS + layer_off + h * P + t % P
+        row = page * PAGE_ROWS + layer_off + h * HEAD_ROWS + t % P
         allowed = tmask[None, :] & (t[None, :] <= qpos[:, None])
         m_i, l_i, acc = _block(q, KV, row, tmask, allowed, d, dmask, m_i, l_i, acc, scale, D, V_OFF, IEEE)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -127,7 +127,8 @@ def num_splits(batch: int, kv_heads: int, max_blocks: int, sms: int) -> int:
 
 def _geometry(pool):
     a = pool.arch
-    return (a.num_layers * 2 * a.num_kv_heads * pool.page_size, a.num_kv_heads * pool.page_size,
+    # (rows of a page, rows of one KV head in a page, rows from K to V, BLOCK_D): KVPool's head-major page
+    return (a.num_kv_heads * pool.head_row_stride, pool.head_row_stride, pool.page_size,
             triton.next_power_of_2(a.head_dim))
 
 
@@ -137,15 +138,15 @@ def paged_decode(q: torch.Tensor, pool, layer: int, table: torch.Tensor, lens: t
     B, Hq, D = q.shape
     H = pool.arch.num_kv_heads
     G = Hq // H
-    page_rows, v_off, block_d = _geometry(pool)
+    page_rows, head_rows, v_off, block_d = _geometry(pool)
     q = q.contiguous()
     o = torch.empty(B, Hq, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=q.device)
     _decode_split_kernel[(B, H, splits)](
         q, pool.rows, table, lens, o, lse, layer * pool.layer_row_stride, q.stride(0), q.stride(1),
         table.stride(0), D ** -0.5, NUM_SPLITS=splits, G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D,
-        BLOCK_D=block_d, BLOCK_N=block_n, P=pool.page_size, PAGE_ROWS=page_rows, V_OFF=v_off,
-        IEEE=q.dtype == torch.float32)
+        BLOCK_D=block_d, BLOCK_N=block_n, P=pool.page_size, PAGE_ROWS=page_rows, HEAD_ROWS=head_rows,
+        V_OFF=v_off, IEEE=q.dtype == torch.float32)
     if splits == 1:
         return o[:, :, 0].to(q.dtype).reshape(B, Hq * D)
     w = torch.softmax(lse, dim=-1)                           # empty splits have lse -inf: weight 0
@@ -157,10 +158,10 @@ def paged_extend(q: torch.Tensor, pool, layer: int, table: torch.Tensor, start: 
     """q [n, Hq, D] of positions start..end-1 -> [n, Hq, D]; table [ceil(end / P)] (device)."""
     n, Hq, D = q.shape
     G = Hq // pool.arch.num_kv_heads
-    page_rows, v_off, block_d = _geometry(pool)
+    page_rows, head_rows, v_off, block_d = _geometry(pool)
     out = torch.empty_like(q)
     _extend_kernel[(triton.cdiv(n, block_m), Hq)](
         q, pool.rows, table, out, layer * pool.layer_row_stride, start, end, n, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), D ** -0.5, G=G, D=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        P=pool.page_size, PAGE_ROWS=page_rows, V_OFF=v_off, IEEE=q.dtype == torch.float32)
+        P=pool.page_size, PAGE_ROWS=page_rows, HEAD_ROWS=head_rows, V_OFF=v_off, IEEE=q.dtype == torch.float32)
     return out

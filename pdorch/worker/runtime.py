@@ -159,7 +159,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     log.info(size.describe())
     num_pages = size.num_pages
     pool = KVPool(arch, num_pages, m.page_size, kv_dtype, m.device, scratch_page=on_gpu)  # scratch: CUDA graphs
-    fingerprint = model_fingerprint(weights_digest(model_dir), dtypes.kv, m.page_size, KV_LAYOUT_VERSION, m.tp_rank)
+    fingerprint = model_fingerprint(weights_digest(model_dir), dtypes.kv, m.page_size, KV_LAYOUT_VERSION)
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
     transfer.register(pool.base_ptr, pool.nbytes)
@@ -183,12 +183,16 @@ def _store_tier(cfg: Config, pool, registry, evict: bool, component: str):
 
     from store_client.io_thread import StoreIO
     from store_client.metrics import StoreMetrics
+    from store_client.page_objects import PageObjects
     from store_client.store import KVStore
 
     # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
     # component (the worker id: role, host, port) names this worker's SSD directory: distinct per
     # worker and the same after a restart, which then reads its files again (docs/workers.md).
-    store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), component)
+    # one store object per group of KV heads (TP-independent); this pool holds every head (TP 1)
+    heads = range(pool.arch.num_kv_heads)
+    objects = PageObjects.for_heads(pool.arch.num_kv_heads, heads, pool.head_nbytes)
+    store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), component, objects)
     store.register_buffer(pool.base_ptr, pool.nbytes)
     if registry is not None:
         from store_client.ssd_metrics import register_ssd_metrics

@@ -18,9 +18,11 @@ import time
 import pytest
 from mooncake.store import MooncakeDistributedStore
 
+from engine.arch import ModelArch
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes, store_key
+from store_client.page_objects import PageObjects, head_groups
 from tests.fixtures.workers import start_cluster
 from tests.fixtures.workers import worker_metric as metric
 from tests.integration.test_disagg_smollm2 import long_document
@@ -31,21 +33,29 @@ PAGE_SIZE = 16
 
 
 class StoreReader:
-    """A pure client (no segment) of the cluster's store, to check and remove keys from the test."""
+    """A pure client (no segment) of the cluster's store, to check and remove pages from the test.
+    A page is `groups` objects, one per group of KV heads (store_client/page_objects.py)."""
 
-    def __init__(self, master):
+    def __init__(self, master, model_dir):
+        kv_heads = ModelArch.from_model_dir(model_dir).num_kv_heads
+        self.objects = PageObjects(head_groups(kv_heads), range(head_groups(kv_heads)), 1)
         self.client = MooncakeDistributedStore()
         rc = self.client.setup("127.0.0.1", master.metadata_url, 0, 16 << 20, "tcp", "", master.master_address)
         assert rc == 0, f"store setup failed: {rc}"
 
     def present(self, keys) -> list[bool]:
-        return [c == 1 for c in self.client.batch_is_exist(list(keys))]
+        """Per page: every object of it in the store."""
+        codes = self.client.batch_is_exist(self.objects.all_keys(keys))
+        n = self.objects.groups
+        return [all(c == 1 for c in codes[i:i + n]) for i in range(0, len(codes), n)]
 
     def remove(self, key: str) -> None:
+        """Remove the page's last group object only: the page is then a hole, as if evicted."""
+        obj = self.objects.object_key(key, self.objects.groups - 1)
         # NOTE: a key read within the lease TTL cannot be removed (-706); retry until it expires.
         deadline = time.monotonic() + 30
-        while (rc := self.client.remove(key)) != 0:
-            assert time.monotonic() < deadline, f"remove({key}) kept failing: {rc}"
+        while (rc := self.client.remove(obj)) != 0:
+            assert time.monotonic() < deadline, f"remove({obj}) kept failing: {rc}"
             time.sleep(0.5)
 
     def close(self) -> None:
@@ -63,7 +73,7 @@ def smol(tmp_path_factory, smollm2_dir):
                       # P's hole handling: D reads the stored pages itself but always calls P (and keeps
                       # no prefix cache, which would give P the pages instead of the store)
                       decode={"offload_generated_kv": False, "max_local_prefill_tokens": 0, "prefix_cache": False})
-    reader = StoreReader(c.master)
+    reader = StoreReader(c.master, smollm2_dir)
     yield c, reader
     reader.close()
     c.stop()
@@ -107,7 +117,7 @@ def tiny(tmp_path_factory, tiny_model_dir):
                       # P's pool pressure: every turn goes through P, which pushes every page
                       decode={"offload_generated_kv": True, "max_running_requests": 16,
                               "load_prefix_from_store": False, "max_local_prefill_tokens": 0})
-    reader = StoreReader(c.master)
+    reader = StoreReader(c.master, tiny_model_dir)
     yield c, reader
     reader.close()
     c.stop()

@@ -23,6 +23,7 @@ from store_client.evictor import StoreEvictor, master_eviction_counters, master_
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics
 from store_client.page_hash import model_fingerprint, page_hashes, store_keys
+from store_client.page_objects import PageObjects
 from store_client.store import KVStore
 from tests.fixtures.store import store_config
 
@@ -40,8 +41,11 @@ def chain_keys(c: int) -> list[str]:
 
 
 def present(store: KVStore, keys: list[str]) -> list[bool]:
-    """Per key: in the store. NOTE: batch_is_exist leases what it finds; call it at the end only."""
-    return [c == 1 for c in store._connector.client().batch_is_exist(keys)]
+    """Per page: each of its objects in the store. NOTE: batch_is_exist leases what it finds; call it
+    at the end only."""
+    codes = store._connector.client().batch_is_exist(store.objects.all_keys(keys))
+    n = store.objects.groups
+    return [all(c == 1 for c in codes[i:i + n]) for i in range(0, len(codes), n)]
 
 
 class Run:
@@ -54,7 +58,8 @@ class Run:
         self.cfg = store_config(self.master, global_segment_size_mb=SEGMENT_MB, eviction=eviction,
                                 master_metrics_port=self.master.metrics_port, evict_depth_weight_s=1.0)
         self.registry = CollectorRegistry()
-        self.store = KVStore(self.cfg, PAGE, StoreMetrics(self.registry))
+        # a page as two objects (two groups of KV heads), as a worker keeps a model's pages
+        self.store = KVStore(self.cfg, PAGE, StoreMetrics(self.registry), objects=PageObjects(2, range(2), PAGE // 2))
         self.pages = np.random.default_rng(0).integers(0, 256, size=(ROUNDS * GROW, PAGE), dtype=np.uint8)
         self.store.register_buffer(self.pages.ctypes.data, self.pages.nbytes)
         self.index = ChainIndex(self.cfg.evict_index_pages, self.cfg.evict_depth_weight_s)

@@ -23,7 +23,7 @@ from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.metrics import StoreMetrics
 from store_client.page_hash import page_hashes, store_key
 from store_client.store import KVStore
-from tests.fixtures.store import store_config
+from tests.fixtures.store import model_page_objects, store_config
 from tests.fixtures.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
@@ -50,8 +50,10 @@ def cluster(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def store(cluster):
-    kv = KVStore(store_config(cluster.master, global_segment_size_mb=0), 4096, StoreMetrics(CollectorRegistry()))
+def store(cluster, tiny_model_dir):
+    objects = model_page_objects(tiny_model_dir)  # present(): every object of each page
+    kv = KVStore(store_config(cluster.master, global_segment_size_mb=0), objects.page_nbytes,
+                 StoreMetrics(CollectorRegistry()), objects=objects)
     assert kv.wait_enabled(60), "the test's store client did not connect"
     yield kv
     kv.close()

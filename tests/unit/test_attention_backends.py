@@ -71,6 +71,6 @@ def test_kv_rows_address_the_page_slot_of_each_token(tiny):
     batch = build_batch([Chunk([5, 2], 0, [1] * 6), Chunk([7, 3], 5, [1])], pool, torch.device("cpu"))
     pool.rows[batch.kv_rows + 1 * pool.layer_row_stride] = 1.0  # layer 1
     for tok, (page, slot) in enumerate([(5, 0), (5, 1), (5, 2), (5, 3), (2, 0), (2, 1), (3, 1)]):
-        assert bool((pool.tensor[page, 1, :, :, slot] == 1).all()), tok
+        assert bool((pool.layer_view(1)[page, :, :, slot] == 1).all()), tok
     assert float(pool.tensor.sum()) == 7 * 2 * arch.num_kv_heads * arch.head_dim
     assert batch.decode_table.tolist() == [[7, 3]] and batch.decode_lens.tolist() == [6]

@@ -83,7 +83,7 @@ class KVSpy:
 
         def kv(req):
             n = len(req.token_ids) - 1
-            t = rt.pool.tensor[req.page_ids]  # [pages, layers, 2, heads, page_size, head_dim]
+            t = rt.pool.tensor[req.page_ids]  # [pages, heads, layers, 2, page_size, head_dim]
             return t.permute(1, 2, 3, 0, 4, 5).flatten(3, 4)[:, :, :, :n].clone()
 
         def spy_preempt(req, now):

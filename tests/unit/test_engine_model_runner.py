@@ -30,7 +30,7 @@ def one_shot(runner, toks):
 
 def test_pool_layout_and_addresses(runner):
     pool, arch = runner.pool, runner.arch
-    assert pool.tensor.shape == (64, arch.num_layers, 2, arch.num_kv_heads, PAGE, arch.head_dim)
+    assert pool.tensor.shape == (64, arch.num_kv_heads, arch.num_layers, 2, PAGE, arch.head_dim)
     assert pool.page_nbytes == arch.kv_values_per_token * PAGE * 4
     assert pool.page_addr(3) - pool.page_addr(2) == pool.page_nbytes
     assert pool.page_addrs([0, 5]) == [pool.base_ptr, pool.base_ptr + 5 * pool.page_nbytes]

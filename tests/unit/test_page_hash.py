@@ -88,17 +88,16 @@ def test_page_size_changes_keys():
 
 @pytest.mark.parametrize("change", [
     {"weights_digest": "w2"}, {"kv_dtype": "bfloat16"}, {"page_size": 32},
-    {"layout_version": KV_LAYOUT_VERSION + 1}, {"tp_rank": 1},
+    {"layout_version": KV_LAYOUT_VERSION + 1},
 ])
 def test_every_fingerprint_field_changes_the_key(change):
-    base = {"weights_digest": "w1", "kv_dtype": "float32", "page_size": 16, "layout_version": KV_LAYOUT_VERSION,
-                "tp_rank": 0}
+    base = {"weights_digest": "w1", "kv_dtype": "float32", "page_size": 16, "layout_version": KV_LAYOUT_VERSION}
     h = page_hashes(list(range(16)), 16)[0]
     assert store_key(model_fingerprint(**base), h) != store_key(model_fingerprint(**{**base, **change}), h)
 
 
 def test_store_key_format():
-    fp = model_fingerprint("digest", "float16", 16, 1, 0)
+    fp = model_fingerprint("digest", "float16", 16, 1)
     h = page_hashes(list(range(16)), 16)[0]
     assert store_key(fp, h) == f"{fp}/{h}"
     assert "/" not in fp and len(fp) == 16
@@ -112,7 +111,7 @@ def test_store_key_format():
     ({"weights_digest": "", "kv_dtype": "float32", "page_size": 16}, "weights_digest"),
     ({"weights_digest": "w", "kv_dtype": "int8", "page_size": 16}, "kv_dtype"),
     ({"weights_digest": "w", "kv_dtype": "float32", "page_size": 0}, "page_size"),
-    ({"weights_digest": "w", "kv_dtype": "float32", "page_size": 16, "tp_rank": -1}, "tp_rank"),
+    ({"weights_digest": "w", "kv_dtype": "float32", "page_size": 16, "layout_version": -1}, "layout_version"),
 ])
 def test_fingerprint_rejects_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -122,7 +121,7 @@ def test_fingerprint_rejects_bad_input(kwargs, name):
 _CHILD = """
 import json
 from store_client.page_hash import model_fingerprint, page_hashes, store_keys
-fp = model_fingerprint("weights-abc", "float32", 16, 1, 0)
+fp = model_fingerprint("weights-abc", "float32", 16, 1)
 print(json.dumps(store_keys(fp, page_hashes(list(range(1000, 1100)), 16))))
 """
 
@@ -137,5 +136,5 @@ def test_same_keys_in_two_processes_with_different_hash_seeds():
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert results[0] == results[1]
     assert len(results[0]) == 6
-    fp = model_fingerprint("weights-abc", "float32", 16, 1, 0)
+    fp = model_fingerprint("weights-abc", "float32", 16, 1)
     assert results[0] == store_keys(fp, page_hashes(list(range(1000, 1100)), 16))

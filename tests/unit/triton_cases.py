@@ -38,7 +38,7 @@ def attention64(q, pool, layer, table, start, end):
     P, H = pool.page_size, pool.arch.num_kv_heads
     G = q.shape[1] // H
     t = torch.arange(end)
-    kv = pool.tensor[torch.as_tensor(table)[t // P], layer, :, :, t % P].double()   # [end, 2, H, D]
+    kv = pool.layer_view(layer)[torch.as_tensor(table)[t // P], :, :, t % P].double()   # [end, 2, H, D]
     k, v = kv[:, 0].repeat_interleave(G, 1), kv[:, 1].repeat_interleave(G, 1)      # [end, Hq, D]
     s = torch.einsum("nhd,thd->hnt", q.double(), k) / q.shape[-1] ** 0.5
     s = s.masked_fill(t[None, None, :] > torch.arange(start, end)[None, :, None], float("-inf"))
