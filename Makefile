@@ -40,7 +40,7 @@ test-integration:
 	$(PY) -m pytest -q tests/integration
 
 proto:  ## regenerate the committed gRPC stubs from proto/
-	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/pdorch/v1/worker.proto
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. proto/pdorch/v1/worker.proto proto/pdorch/v1/tp.proto
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -18,8 +18,9 @@ def build(cfg, worker_id: str):
     # NOTE: evict: every request passes a decode worker, so its chain index sees every prompt's whole
     # chain; its writes (offload, local prefill) make room through the same chain policy as P's.
     rt = build_runtime(cfg, cfg.decode.num_pages, use_store=uses_store(cfg.decode), registry=recorder.registry,
-                       evict=True, component=worker_id)
-    if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch:
+                       evict=True, component=worker_id, tp_size=cfg.decode.tp_size)
+    # NOTE: no CUDA graphs at tp_size > 1 yet: a captured step would have to replay the followers' too
+    if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch and cfg.decode.tp_size == 1:
         rt.runner.capture_decode_graphs(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
                                         rt.max_context)
     return DecodeWorker(rt, cfg.decode, cfg.store, cfg.grpc, worker_id, recorder), add_to_server

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from decode_node.request import DecodeRequest
 from decode_node.stopping import check_stop, make_stopper
+from pdorch.worker.tp_steps import copy_page
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,11 @@ def fork_sequences(req: DecodeRequest, more_first, tokenizer, max_context: int, 
     return out
 
 
-def place(fork: Fork, allocator, pool) -> None:
-    """Scheduler thread: the fork's pages (shared ones retained, its spare filled from the tail)."""
+def place(fork: Fork, allocator, runner) -> None:
+    """Scheduler thread: the fork's pages (shared ones retained, its spare filled from the tail, on
+    every TP rank)."""
     req = fork.req
     allocator.retain(fork.shared)
     spare = req.spare_pages.pop()
-    pool.tensor[spare].copy_(pool.tensor[fork.tail])
+    copy_page(runner, fork.tail, spare)
     req.page_ids = [*fork.shared, spare]

@@ -182,7 +182,7 @@ class DecodeScheduler:
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Fork):
-            place(msg, self._rt.allocator, self._rt.pool)
+            place(msg, self._rt.allocator, self._rt.runner)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):

@@ -311,7 +311,8 @@ class DecodeWorker:
                          timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
                          page_hashes=tuple(req.page_hashes),
                          decode_loaded_pages=plan.not_from_prefill(),
-                         decode_cached_pages=plan.held)
+                         decode_cached_pages=plan.held,
+                         decode_ranks=tuple(self.rt.tp_ranks) if self.rt.tp_size > 1 else ())
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:

@@ -82,7 +82,8 @@ def _ssd_volume(role: str) -> dict[str, Any]:
 
 def _worker(role: str) -> dict[str, Any]:
     return _pod(f"{role} worker Deployment",
-                gpus=COUNT, shmSize=QUANTITY, podDisruptionBudget=_budget(f"{role} PDB"),
+                gpus=COUNT, tpSize={"enum": [1, 2, 4, 8]}, shmSize=QUANTITY,
+                podDisruptionBudget=_budget(f"{role} PDB"),
                 ssdVolume=_ssd_volume(role),
                 rdma=obj("RDMA device and IPC_LOCK", enabled=BOOL, resourceName=STR,
                          count={"type": "integer", "minimum": 1}),

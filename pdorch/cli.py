@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
                        "model.source=PATH, served under its directory's name (both overridable with --set)")
     serve.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill workers (default 1)")
     serve.add_argument("--decode", type=int, default=1, metavar="M", help="decode workers (default 1)")
+    serve.add_argument("--prefill-tp", type=int, metavar="N", help="tensor-parallel ranks of each prefill worker "
+                       "(prefill.tp_size; one GPU each on CUDA)")
+    serve.add_argument("--decode-tp", type=int, metavar="N", help="tensor-parallel ranks of each decode worker "
+                       "(decode.tp_size; one GPU each on CUDA)")
     serve.add_argument("--routers", type=int, default=1, metavar="R",
                        help="router replicas on router.port + i, all routing to the same workers, as a Kubernetes "
                        "Service spreads clients over a router Deployment's pods (default 1)")
@@ -120,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "model", None):  # before the user's own --set, which win; the children get them too
         args.config_overrides = [f"model.source={os.path.abspath(args.model)}", "model.name=",
                                  *args.config_overrides]
+    for flag, key in (("prefill_tp", "prefill.tp_size"), ("decode_tp", "decode.tp_size")):
+        if getattr(args, flag, None) is not None:  # as --set, which the children get too (the user's own win)
+            args.config_overrides = [f"{key}={getattr(args, flag)}", *args.config_overrides]
     try:
         cfg = config_from_args(args, default_path=default_config_path())
     except ConfigError as e:

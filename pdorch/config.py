@@ -45,7 +45,6 @@ class ModelConfig:
                           min=1, max=1024)
     max_context_tokens: int = _key(0, "Longest prompt + output in tokens; 0 = the model's own limit", min=0)
     torch_threads: int = _key(0, "torch threads per worker; 0 = cores divided among local workers", min=0)
-    tp_rank: int = _key(0, "Tensor-parallel rank (part of the store key fingerprint)", min=0)
     attention_backend: str = _key("auto", "Attention over the paged KV pool: paged (K/V read in place through page "
                                   "tables by Triton kernels on CUDA), torch (the reference: pages copied out, SDPA); "
                                   "auto = paged on CUDA, torch on CPU", choices=["auto", "paged", "torch"])
@@ -64,6 +63,10 @@ class ModelConfig:
                                  "reasoning_content (docs/api.md): qwen3 (<think>...</think>), deepseek_r1 (the "
                                  "template opens <think>), none; auto = from the model's family (Qwen3: qwen3)",
                                  choices=["auto", "none", "qwen3", "deepseek_r1"])
+    tp_timeout_s: float = _key(60.0, "Tensor-parallel workers (prefill.tp_size / decode.tp_size > 1): a collective "
+                               "between a worker's ranks (each step's broadcast, the model's all-reduces) that takes "
+                               "longer fails, and the worker exits to be restarted as a group; idle ranks exchange a "
+                               "heartbeat every tp_timeout_s / 4", min=2.0, max=3600.0)
     local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "
                                           "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
                                           "one visible GPU each (shared round-robin when there are fewer)",
@@ -90,6 +93,10 @@ class PrefillConfig:
     num_pages: int = _key(512, "KV pool pages (L1 prefix cache lives in the same pool); auto (stored as 0) = "
                           "what the GPU's memory holds after the weights (model.gpu_memory_utilization)", min=2, auto=0)
     chunk_tokens: int = _key(512, "Prefill token budget per scheduler step (chunked prefill)", min=1)
+    tp_size: int = _key(1, "Tensor-parallel ranks of each prefill worker: processes of one worker, each holding its "
+                        "share of the heads and ffn columns (one GPU each on CUDA); must divide the model's attention "
+                        "heads and divide or be a multiple of its KV heads (docs/workers.md, \"Tensor parallelism\")",
+                        choices=[1, 2, 4, 8])
     max_queued_requests: int = _key(256, "Requests waiting before new ones are rejected", min=1)
     prefix_cache: bool = _key(True, "Keep computed pages in the L1 prefix cache")
     persist_wait_s: float = _key(0.5, "Under pool pressure a request waits up to this long for store writes "
@@ -119,6 +126,10 @@ class DecodeConfig:
     metrics_port: int = _key(9171, "Prometheus /metrics port; 0 = disabled", min=0, max=65535)
     num_pages: int = _key(1024, "KV pool pages; auto (stored as 0) = what the GPU's memory holds after the weights "
                           "(model.gpu_memory_utilization)", min=2, auto=0)
+    tp_size: int = _key(1, "Tensor-parallel ranks of each decode worker: processes of one worker, each holding its "
+                        "share of the heads and ffn columns (one GPU each on CUDA); must divide the model's attention "
+                        "heads and divide or be a multiple of its KV heads (docs/workers.md, \"Tensor parallelism\")",
+                        choices=[1, 2, 4, 8])
     cuda_graph_max_batch: int = _key(128, "CUDA only: decode steps of up to this many requests replay a CUDA graph "
                                      "captured at start-up for their batch-size bucket; 0 = off", min=0, max=1024)
     max_running_requests: int = _key(32, "Sequences decoded together in one batch", min=1)

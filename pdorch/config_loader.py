@@ -239,11 +239,12 @@ def _suggest(word: str, options) -> str:
 
 
 def _suggest_key(section: str, key: str, fields) -> str:
-    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean {section}.{close[0]}?"
+    # NOTE: the exact key in another section first (decode.page_size is model.page_size, not decode.tp_size)
     elsewhere = [s for s, cls in SECTIONS.items()
                  if s != section and key in {f.name for f in dataclasses.fields(cls)}]
     if elsewhere:
         return f"; {key} belongs in section {elsewhere[0]}"
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {section}.{close[0]}?"
     return f"; {section} keys: {', '.join(fields)}"

@@ -75,6 +75,8 @@ def describe(kind: type | str, meta: typing.Mapping) -> str:
         return describe(kind, {k: v for k, v in meta.items() if k != "auto"}) + " or auto"
     if kind is bool:
         return "true or false"
+    if kind in (int, float) and "choices" in meta:
+        return "one of " + ", ".join(map(str, meta["choices"]))
     if kind in (int, float):
         noun = "an integer" if kind is int else "a number"
         lo, hi = meta.get("min"), meta.get("max")
@@ -86,7 +88,7 @@ def describe(kind: type | str, meta: typing.Mapping) -> str:
             return f"{noun} <= {hi}"
         return noun
     if "choices" in meta:
-        return "one of " + ", ".join(meta["choices"])
+        return "one of " + ", ".join(map(str, meta["choices"]))
     _, one, many = FORMATS.get(meta.get("format", ""), _PLAIN)
     return many if kind == "list" else one
 
@@ -176,6 +178,8 @@ def _check_number(value: Any, kind: type, meta: typing.Mapping, expected: str) -
             raise BadValue(expected)
     lo, hi = meta.get("min"), meta.get("max")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise BadValue(expected)
+    if "choices" in meta and value not in meta["choices"]:
         raise BadValue(expected)
     return value
 

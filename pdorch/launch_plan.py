@@ -10,7 +10,9 @@ Ports of N prefill and M decode workers on loopback (worker i = base + i):
 
 Devices: with `model.local_devices` each worker takes the next one of that list in turn; else with
 `model.device: cuda` (no index) worker k takes visible GPU k (round-robin when there are fewer GPUs
-than workers); else every worker gets model.device as it is (cpu, or one pinned cuda:N).
+than workers); else every worker gets model.device as it is (cpu, or one pinned cuda:N). A worker at
+tp_size N takes N GPUs: its model.device is the first, its ranks r take the next ones (cuda:i + r),
+so the next worker starts N GPUs further.
 
 Children get the user's config file (or the embedded default) plus the user's `--set` flags, then
 the launcher's own `--set` flags (ports, static discovery lists, torch threads) last, because
@@ -101,17 +103,19 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.version.cuda else 0
 
 
-def worker_devices(cfg: Config, num_workers: int, gpu_count: int | None = None) -> list[str]:
-    """model.device of each local worker, in start order (see the module docstring)."""
+def worker_devices(cfg: Config, widths: list[int], gpu_count: int | None = None) -> list[str]:
+    """model.device of each local worker, in start order, worker k taking widths[k] devices (its TP
+    ranks; see the module docstring)."""
     m = cfg.model
+    starts = [sum(widths[:k]) for k in range(len(widths))]
     if m.local_devices:
-        return [m.local_devices[i % len(m.local_devices)] for i in range(num_workers)]
+        return [m.local_devices[i % len(m.local_devices)] for i in starts]
     if m.device != "cuda":
-        return [m.device] * num_workers
+        return [m.device] * len(widths)
     count = visible_gpu_count() if gpu_count is None else gpu_count
     if count < 1:  # the workers' start-up check names what is missing
-        return [m.device] * num_workers
-    return [f"cuda:{i % count}" for i in range(num_workers)]
+        return [m.device] * len(widths)
+    return [f"cuda:{i % count}" for i in starts]
 
 
 def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_path: str,
@@ -130,7 +134,8 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     if num_routers < 1:
         raise PlanError(f"--routers must be >= 1, got {num_routers}")
     threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
-    devices = iter(worker_devices(cfg, num_prefill + num_decode, gpu_count))
+    widths = [cfg.prefill.tp_size] * num_prefill + [cfg.decode.tp_size] * num_decode
+    devices = iter(worker_devices(cfg, widths, gpu_count))
     public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
     base = ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
     children: list[ChildSpec] = []

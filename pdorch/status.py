@@ -176,12 +176,13 @@ def _preempted(role: str, info: dict) -> str:
 
 
 def render_status(status: dict[str, Any]) -> str:
-    rows = [("role", "address", "health", "circuit", "in flight", "routed", "errors", "queued", "running",
+    rows = [("role", "address", "tp", "health", "circuit", "in flight", "routed", "errors", "queued", "running",
              "free pages", "preempted", "kv events")]
     for w in sorted(status["workers"], key=lambda w: (w.get("role", ""), w.get("address", ""))):
         info = w.get("info") or {}
         pages = f"{info['free_pages']}/{info['total_pages']}" if "total_pages" in info else "-"
-        rows.append((w.get("role", "?"), w.get("address", "?"), "ok" if w.get("healthy") else "DOWN",
+        rows.append((w.get("role", "?"), w.get("address", "?"), str(info.get("tp_size", "-")),
+                     "ok" if w.get("healthy") else "DOWN",
                      str(w.get("circuit", "-")), str(w.get("in_flight", "-")), str(w.get("routed", "-")),
                      str(w.get("errors", "-")), str(info.get("queued_requests", "-")),
                      str(info.get("running_requests", "-")), pages, _preempted(w.get("role", ""), info),

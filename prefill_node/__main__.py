@@ -11,7 +11,7 @@ def build(cfg, worker_id: str):
 
     recorder = WorkerRecorder("prefill")
     rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry, evict=True,
-                       component=worker_id)
+                       component=worker_id, tp_size=cfg.prefill.tp_size)
     return PrefillWorker(rt, cfg.prefill, cfg.store, worker_id, recorder), add_to_server
 
 

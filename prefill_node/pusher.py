@@ -1,7 +1,7 @@
 """KVPusher: writes a finished prompt's pages into the decode worker's pages, off the scheduler thread
 (and reads the prefix pages the decode worker's pool holds, when this worker lacks them).
 
-One `KVTransfer.write` per request, of the pages D did not read from the store itself (it merges contiguous runs into one batch call and releases
+One transfer per request (`GroupTransfer`: with TP on either side, one per pair of ranks sharing heads), of the pages D did not read from the store itself (it merges contiguous runs into one batch call and releases
 the GIL), on a small thread pool so a slow or dead decode worker never stalls the scheduler.
 A dead peer fails in well under a second (the transfer engine reports it), and the task's pages
 are released by the scheduler once the callback reports back.
@@ -37,7 +37,8 @@ class KVPusher:
             if not task.push.begin():  # aborted or timed out while waiting for a pusher thread
                 raise RuntimeError("request already answered; transfer skipped")
             try:
-                self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
+                self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes,
+                                     task.job.decode_ranks)
             finally:
                 task.push.end()  # before on_done: a success answer implies the write is over
         except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task
@@ -61,7 +62,8 @@ class KVPusher:
             if not task.push.begin():
                 raise RuntimeError("request already answered; read skipped")
             try:
-                self._transfer.read(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes)
+                self._transfer.read(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes,
+                                    task.job.decode_ranks)
             finally:
                 task.push.end(last=False)
         except Exception as e:  # noqa: BLE001 - the pages become holes: computed here instead

@@ -10,6 +10,7 @@ from engine.sampler import TokenLogprob
 from engine.sampling_params import GrammarSpec, SamplingParams
 from pdorch.worker.errors import InvalidRequest
 from pdorch.worker.prefill_rpc import CachedTokens, FirstToken, PrefillJob, PrefillResult
+from pdorch.worker.tp_transfer import PoolRank
 from proto.pdorch.v1 import worker_pb2 as pb
 
 
@@ -80,6 +81,18 @@ def cached_from_proto(msg: pb.CachedTokens) -> CachedTokens:
     return CachedTokens(device=msg.device, host=msg.host, store=msg.store, ssd=msg.ssd)
 
 
+def rank_to_proto(r: PoolRank) -> pb.PoolRank:
+    return pb.PoolRank(segment=r.segment, pool_base=r.pool_base, page_nbytes=r.page_nbytes,
+                       kv_head_start=r.heads.start, kv_head_count=len(r.heads))
+
+
+def rank_from_proto(m: pb.PoolRank) -> PoolRank:
+    if m.kv_head_count < 1 or m.page_nbytes < 1:
+        raise InvalidRequest(f"decode_ranks: a rank ({m.segment!r}) with {m.kv_head_count} KV heads and "
+                             f"{m.page_nbytes}-byte pages")
+    return PoolRank(m.segment, m.pool_base, m.page_nbytes, range(m.kv_head_start, m.kv_head_start + m.kv_head_count))
+
+
 def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:
     return PrefillJob(
         request_id=msg.request_id, token_ids=tuple(msg.token_ids), params=sampling_from_proto(msg.sampling),
@@ -87,6 +100,7 @@ def job_from_proto(msg: pb.PrefillRequest) -> PrefillJob:
         timeout_s=float(msg.timeout_s), page_size=int(msg.page_size), model_fingerprint=msg.model_fingerprint,
         page_hashes=tuple(msg.page_hashes), decode_loaded_pages=tuple(msg.decode_loaded_pages),
         decode_cached_pages=tuple(msg.decode_cached_pages),
+        decode_ranks=tuple(rank_from_proto(r) for r in msg.decode_ranks),
     )
 
 
@@ -96,6 +110,7 @@ def job_to_proto(job: PrefillJob) -> pb.PrefillRequest:
         decode_segment=job.decode_segment, dest_page_addrs=list(job.dest_page_addrs), timeout_s=job.timeout_s,
         page_size=job.page_size, model_fingerprint=job.model_fingerprint, page_hashes=list(job.page_hashes),
         decode_loaded_pages=list(job.decode_loaded_pages), decode_cached_pages=list(job.decode_cached_pages),
+        decode_ranks=[rank_to_proto(r) for r in job.decode_ranks],
     )
 
 

@@ -151,6 +151,7 @@ def _register(cfg, role: str, worker, worker_id: str, advertised: str, metrics_p
     info = worker.info()
     registration = WorkerRegistration(cfg.discovery, role, worker_id, advertised, {
         "address": advertised, "model": cfg.model.served_name, "model_fingerprint": info.model_fingerprint,
-        "page_size": info.page_size, "transfer_segment": info.transfer_segment, "metrics_port": metrics_port})
+        "page_size": info.page_size, "transfer_segment": info.transfer_segment, "metrics_port": metrics_port,
+        "tp_size": info.tp_size})
     registration.start()
     return registration

@@ -48,6 +48,7 @@ class PrefillJob:
     page_hashes: tuple[str, ...] = ()  # the prompt's full pages, hashed once by D; () = P hashes them
     decode_loaded_pages: tuple[int, ...] = ()  # pages D holds or reads from the store itself: P does not push them
     decode_cached_pages: tuple[int, ...] = ()  # of those, pages already in D's pool: P may read them from it
+    decode_ranks: tuple = ()  # D's TP ranks (tp_transfer.PoolRank), rank 0 first; () = D is one rank
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker
     from engine.page_allocator import PageAllocator
     from engine.sampler import Sampler
     from engine.tokenizer import Tokenizer
+    from pdorch.worker.tp_group import TPState
+    from pdorch.worker.tp_io import GroupTransfer
+    from pdorch.worker.tp_transfer import PoolRank
     from store_client.chain_index import ChainIndex
     from store_client.evictor import StoreEvictor
     from store_client.io_thread import StoreIO
@@ -59,6 +62,13 @@ class WorkerRuntime:
     evictor: StoreEvictor | None = None  # StoreEvictor thread, started here
     grammars: Grammars | None = None  # structured outputs (compiles on the first grammar; None in unit fakes)
     tokenizer: Tokenizer | None = None  # loaded once per worker (D detokenizes; both read the EOS ids)
+    tp: TPState | None = None  # rank 0 of a tensor-parallel worker: its followers (tp_group.py)
+    tp_ranks: list[PoolRank] = field(default_factory=list)  # every rank's pool, rank 0 first (D sends them to P)
+    peer_transfer: GroupTransfer | None = None  # KV transfers to / from other workers, any TP sizes
+
+    @property
+    def tp_size(self) -> int:
+        return 1 if self.tp is None else self.tp.size
 
     @property
     def page_size(self) -> int:
@@ -82,6 +92,8 @@ class WorkerRuntime:
         return self.cfg.model.max_context_tokens or self.arch.max_position_embeddings
 
     def close(self) -> None:
+        if self.tp is not None:  # first: the followers stop their loops and close their own store and engine
+            self.tp.close()
         if self.grammars is not None:
             self.grammars.close()
         if self.evictor is not None:  # first: it removes through the store closed below
@@ -123,76 +135,132 @@ def max_forward_tokens(cfg: Config) -> int:
 
 
 def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False,
-                  component: str = "") -> WorkerRuntime:
+                  component: str = "", tp_size: int = 1) -> WorkerRuntime:
     """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
 
     `evict`: run the chain evictor here, so this worker's store writes make room through the chain
     policy (both roles: each touches the whole chain of every prompt it sees).
+    `tp_size` > 1: this process is rank 0 of a tensor-parallel worker; it starts the other ranks
+    (pdorch/worker/tp_group.py) and its runner, store and transfers drive theirs too.
     """
-    from engine.arch import ModelArch
-    from engine.cuda_graphs import graph_memory_bytes
-    from engine.dtypes import resolve_dtypes
     from engine.grammar import Grammars
-    from engine.kv_pool import KVPool
-    from engine.loader import load_model
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
-    from engine.pool_sizing import profile_activation_bytes, size_pool
-    from engine.prepare import prepare_model, weights_digest
     from engine.sampler import Sampler
+    from engine.tensor_parallel import TPShard
     from engine.tokenizer import Tokenizer
     from pdorch.worker.startup_checks import check_startup
-    from store_client.page_hash import KV_LAYOUT_VERSION, model_fingerprint
-    from store_client.transfer import KVTransfer
+    from pdorch.worker.tp_io import GroupTransfer
+    from pdorch.worker.tp_transfer import PoolRank
 
     check_startup(cfg)  # one line per misconfiguration, before anything loads
     m = cfg.model
+    model_dir, dtypes = prepare(cfg, tp_size)
+    tp = None
+    if tp_size > 1:
+        from pdorch.worker.tp_group import FollowerProcesses, TPState
+
+        procs = FollowerProcesses(cfg, tp_size, num_pages, use_store, component)
+        tp = TPState(procs, procs.join(m.device, m.tp_timeout_s), m.tp_timeout_s)
+    shard = TPShard(0, tp_size)
+    arch, model, pool, fingerprint = load_shard(cfg, model_dir, dtypes, num_pages, shard, tp and tp.group)
+    transfer, segment = start_transfer(cfg, pool)
+    mine = PoolRank(segment, pool.base_ptr, pool.page_nbytes, shard.kv_heads(arch))
+    ranks, runner = [mine], ModelRunner(model, model.local_arch, pool, m.attention_backend)
+    if tp is not None:
+        ranks, runner = tp.connect(mine, model, pool, m.attention_backend)
+    store = store_io = chain_index = evictor = None
+    if use_store and cfg.store.enabled:
+        store, store_io, chain_index, evictor = _store_tier(cfg, pool, registry, evict, component or segment,
+                                                            arch.num_kv_heads, mine.heads, tp)
+    log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s, tp_size %d), %d pages of %d bytes, segment %s, "
+             "fingerprint %s, store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, tp_size, pool.num_pages,
+             pool.page_nbytes, segment, fingerprint, "on" if store else "off")
+    rt = WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=runner, pool=pool,
+                       allocator=PageAllocator(pool.num_pages), sampler=Sampler(model.device), fingerprint=fingerprint,
+                       dtypes=dtypes, transfer=transfer, segment=segment, store=store, store_io=store_io,
+                       chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
+                       tokenizer=Tokenizer.from_dir(model_dir), tp=tp, tp_ranks=ranks,
+                       peer_transfer=GroupTransfer(transfer, ranks, arch.num_kv_heads, tp and tp.followers))
+    if tp is not None:
+        tp.channel.start_heartbeat()
+    return rt
+
+
+def prepare(cfg: Config, tp_size: int):
+    """(the prepared model directory, its resolved dtypes); StartupError when tp_size cannot split it."""
+    from engine.arch import ModelArch
+    from engine.dtypes import resolve_dtypes
+    from engine.prepare import prepare_model
+    from engine.tensor_parallel import TPShard
+    from pdorch.worker.startup_checks import StartupError
+
+    m = cfg.model
     model_dir = prepare_model(m.source, os.path.expanduser(m.cache_dir), progress=log.info)
-    dtypes = resolve_dtypes(m.dtype, m.kv_dtype, m.device, ModelArch.from_model_dir(model_dir).checkpoint_dtype)
-    arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, dtypes.compute))
+    arch = ModelArch.from_model_dir(model_dir)
+    try:
+        TPShard(0, tp_size).check(arch)
+        if tp_size > 1:
+            from store_client.page_objects import PageObjects
+
+            for r in range(tp_size):
+                PageObjects.for_heads(arch.num_kv_heads, TPShard(r, tp_size).kv_heads(arch), 1)
+    except ValueError as e:
+        raise StartupError(f"prefill.tp_size / decode.tp_size: {e}") from None
+    return model_dir, resolve_dtypes(m.dtype, m.kv_dtype, m.device, arch.checkpoint_dtype)
+
+
+def load_shard(cfg: Config, model_dir, dtypes, num_pages: int, shard, group):
+    """(whole-model arch, this rank's model, its KV pool, the fingerprint): the part every TP rank
+    builds alike (rank 0 and the followers, in lockstep: pool sizing may run a forward)."""
+    from engine.cuda_graphs import graph_memory_bytes
+    from engine.kv_pool import KVPool
+    from engine.loader import load_model
+    from engine.pool_sizing import profile_activation_bytes, size_pool
+    from engine.prepare import weights_digest
+    from pdorch.worker.tp_group import agree_pages
+    from store_client.page_hash import KV_LAYOUT_VERSION, model_fingerprint
+
+    m = cfg.model
+    arch, model = load_model(model_dir, device=m.device, dtype=getattr(torch, dtypes.compute), shard=shard,
+                             group=group)
+    local = model.local_arch
     kv_dtype, on_gpu = getattr(torch, dtypes.kv), m.device.startswith("cuda")
-    size = size_pool(num_pages, arch.kv_values_per_token * m.page_size * kv_dtype.itemsize, m.page_size, m.device,
+    size = size_pool(num_pages, local.kv_values_per_token * m.page_size * kv_dtype.itemsize, m.page_size, m.device,
                      m.gpu_memory_utilization, lambda: profile_activation_bytes(
-                         model, arch, m.page_size, kv_dtype, max_forward_tokens(cfg), m.attention_backend)
+                         model, local, m.page_size, kv_dtype, max_forward_tokens(cfg), m.attention_backend)
                      + graph_memory_bytes(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
                                           arch.vocab_size))
     log.info(size.describe())
-    num_pages = size.num_pages
-    pool = KVPool(arch, num_pages, m.page_size, kv_dtype, m.device, scratch_page=on_gpu)  # scratch: CUDA graphs
+    pages = agree_pages(group, size.num_pages)
+    pool = KVPool(local, pages, m.page_size, kv_dtype, m.device, scratch_page=on_gpu)  # scratch: CUDA graphs
     fingerprint = model_fingerprint(weights_digest(model_dir), dtypes.kv, m.page_size, KV_LAYOUT_VERSION)
+    return arch, model, pool, fingerprint
+
+
+def start_transfer(cfg: Config, pool):
+    """(the started transfer engine with the pool registered, its segment name)."""
+    from store_client.transfer import KVTransfer
+
     transfer = KVTransfer(cfg.store.local_hostname, cfg.store.protocol, cfg.store.device_name)
     segment = transfer.start()
     transfer.register(pool.base_ptr, pool.nbytes)
-    store = store_io = chain_index = evictor = None
-    if use_store and cfg.store.enabled:
-        store, store_io, chain_index, evictor = _store_tier(cfg, pool, registry, evict, component or segment)
-    log.info("runtime ready: %s (%s, dtype %s, kv_dtype %s), %d pages of %d bytes, segment %s, fingerprint %s, "
-             "store %s", model_dir, arch.family, dtypes.compute, dtypes.kv, num_pages, pool.page_nbytes, segment,
-             fingerprint, "on" if store else "off")
-    return WorkerRuntime(cfg=cfg, model_dir=model_dir, arch=arch, runner=ModelRunner(model, arch, pool, m.attention_backend),
-                         pool=pool,
-                         allocator=PageAllocator(num_pages), sampler=Sampler(model.device), fingerprint=fingerprint, dtypes=dtypes,
-                         transfer=transfer, segment=segment, store=store, store_io=store_io,
-                         chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
-                         tokenizer=Tokenizer.from_dir(model_dir))
+    return transfer, segment
 
 
-def _store_tier(cfg: Config, pool, registry, evict: bool, component: str):
-    """(KVStore, StoreIO, ChainIndex | None, StoreEvictor | None) over this worker's pool."""
+def _store_tier(cfg: Config, pool, registry, evict: bool, component: str, model_kv_heads: int, heads: range,
+                tp=None):
+    """(KVStore, StoreIO, ChainIndex | None, StoreEvictor | None) over this worker's pool (of a TP
+    worker: a GroupStore, whose loads and saves every rank does on its own pool)."""
     from prometheus_client import CollectorRegistry
 
     from store_client.io_thread import StoreIO
     from store_client.metrics import StoreMetrics
-    from store_client.page_objects import PageObjects
-    from store_client.store import KVStore
 
     # NOTE: a private registry when none is given (tests): the metrics exist but are not served.
     # component (the worker id: role, host, port) names this worker's SSD directory: distinct per
     # worker and the same after a restart, which then reads its files again (docs/workers.md).
-    # one store object per group of KV heads (TP-independent); this pool holds every head (TP 1)
-    heads = range(pool.arch.num_kv_heads)
-    objects = PageObjects.for_heads(pool.arch.num_kv_heads, heads, pool.head_nbytes)
-    store = KVStore(cfg.store, pool.page_nbytes, StoreMetrics(registry or CollectorRegistry()), component, objects)
+    store = make_store(cfg, pool, StoreMetrics(registry or CollectorRegistry()), component, model_kv_heads, heads, tp)
     store.register_buffer(pool.base_ptr, pool.nbytes)
     if registry is not None:
         from store_client.ssd_metrics import register_ssd_metrics
@@ -213,3 +281,18 @@ def _store_tier(cfg: Config, pool, registry, evict: bool, component: str):
                            lambda: master_metrics_url(cfg.store, store.master_leader)).start()
     store.before_write = evictor.make_room  # bursts of writes make room first
     return store, store_io, chain_index, evictor
+
+
+def make_store(cfg: Config, pool, metrics, component: str, model_kv_heads: int, heads: range, tp=None):
+    """The store client of a pool holding the model's KV heads `heads`: one object per group of them
+    (store_client/page_objects.py); rank 0 of a TP worker gets a GroupStore driving its followers'."""
+    from store_client.page_objects import PageObjects
+    from store_client.store import KVStore
+
+    objects = PageObjects.for_heads(model_kv_heads, heads, pool.head_nbytes)
+    if tp is None:
+        return KVStore(cfg.store, pool.page_nbytes, metrics, component, objects)
+    from pdorch.worker.tp_io import GroupStore
+
+    return GroupStore(cfg.store, pool.page_nbytes, metrics, component, objects, pool_base=pool.base_ptr,
+                      followers=tp.followers)

@@ -25,6 +25,7 @@ def worker_info(rt, role: str, worker_id: str, load: WorkerLoad) -> pb.WorkerInf
         store_enabled=bool(rt.store is not None and rt.store.enabled), max_context_tokens=rt.max_context,
         kv_dtype=rt.dtypes.kv, dtype=rt.dtypes.compute, model_family=arch.family,
         store_evicted_pages=rt.evictor.removed_total if rt.evictor is not None else 0,
+        tp_size=getattr(rt, "tp_size", 1),
     )
 
 

@@ -90,7 +90,8 @@ class Worker:
                 "running_requests": info.running_requests, "store_enabled": info.store_enabled,
                 "max_context_tokens": info.max_context_tokens, "kv_dtype": info.kv_dtype, "dtype": info.dtype,
                 "model_family": info.model_family, "store_evicted_pages": info.store_evicted_pages,
-                "preemptions": info.preemptions, "preempted_requests": info.preempted_requests},
+                "preemptions": info.preemptions, "preempted_requests": info.preempted_requests,
+                "tp_size": info.tp_size or 1},
         }
 
 

@@ -53,3 +53,28 @@ def test_serve_rejects_abbreviated_flags(capsys):
         main(["serve", "--prefil", "2", "--set", "router.port=0"])
     assert e.value.code == 2
     assert "unrecognized arguments: --prefil 2" in capsys.readouterr().err
+
+
+def test_serve_tp_flags_set_the_workers_tp_size_for_every_child(monkeypatch):
+    import pdorch.launcher
+
+    seen = {}
+
+    class Captured:  # in place of the cluster: what serve would launch with
+        def __init__(self, cfg, config_path, overrides, opts):
+            seen.update(cfg=cfg, overrides=overrides)
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr(pdorch.launcher, "LocalCluster", Captured)
+    assert main(["serve", "--prefill-tp", "2", "--decode-tp", "4"]) == 0
+    assert (seen["cfg"].prefill.tp_size, seen["cfg"].decode.tp_size) == (2, 4)
+    assert {"prefill.tp_size=2", "decode.tp_size=4"} <= set(seen["overrides"])  # the children's --set
+
+
+def test_serve_refuses_a_tp_size_it_cannot_run(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--prefill-tp", "3"])
+    assert e.value.code == 2
+    assert 'prefill.tp_size: expected one of 1, 2, 4, 8, got "3" (--set)' in capsys.readouterr().err

@@ -159,7 +159,15 @@ def test_each_local_worker_gets_its_own_gpu():
     ({"model.device": "cuda", "model.local_devices": "cuda:6,cuda:7"}, 8, ["cuda:6", "cuda:7", "cuda:6"]),
 ])
 def test_device_placement(overrides, gpus, expected):
-    assert worker_devices(local(**overrides), 3, gpu_count=gpus) == expected
+    assert worker_devices(local(**overrides), [1, 1, 1], gpu_count=gpus) == expected
+
+
+def test_a_tp_worker_takes_as_many_gpus_as_it_has_ranks():
+    cfg = local(**{"model.device": "cuda", "prefill.tp_size": "2", "decode.tp_size": "4"})
+    plan = plan_local_cluster(cfg, 2, 1, "/c.yaml", master_argv=MASTER, cpu_count=8, gpu_count=8)
+    workers = plan.by_role("prefill") + plan.by_role("decode")
+    # prefill-0 on GPUs 0-1, prefill-1 on 2-3, decode-0 on 4-7 (each worker's ranks: its device + r)
+    assert [device_of(c) for c in workers] == ["cuda:0", "cuda:2", "cuda:4"]
 
 
 def test_three_routers_get_consecutive_ports_and_the_same_workers():

@@ -32,7 +32,7 @@ class GatedTransfer:
         self.returned_at: float | None = None
         self.writes = 0
 
-    def write(self, segment, local, remote, page_nbytes):
+    def write(self, segment, local, remote, page_nbytes, peer_ranks=()):
         self.writes += 1
         self.started.set()
         assert self.go.wait(30), "the test never let the push return"

@@ -43,7 +43,7 @@ class FakeTransfer:
     def __init__(self, fail=False):
         self.writes, self.fail = [], fail
 
-    def write(self, segment, local, remote, page_nbytes):
+    def write(self, segment, local, remote, page_nbytes, peer_ranks=()):
         if self.fail:
             raise RuntimeError("peer dead")
         self.writes.append((segment, list(local), list(remote)))

@@ -1,17 +1,18 @@
-"""The committed gRPC stubs must equal what `make proto` generates from worker.proto."""
+"""The committed gRPC stubs must equal what `make proto` generates from worker.proto and tp.proto."""
 
 import pathlib
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-GENERATED = ["worker_pb2.py", "worker_pb2_grpc.py", "worker_pb2.pyi"]
+PROTOS = ["worker", "tp"]
+GENERATED = [f"{p}{suffix}" for p in PROTOS for suffix in ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi")]
 
 
 def test_committed_stubs_are_fresh(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT}", f"--python_out={tmp_path}",
-         f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "proto/pdorch/v1/worker.proto"],
+         f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", *(f"proto/pdorch/v1/{p}.proto" for p in PROTOS)],
         check=True, cwd=ROOT,
     )
     for name in GENERATED:
@@ -21,12 +22,14 @@ def test_committed_stubs_are_fresh(tmp_path):
 
 
 def test_every_proto_field_is_documented():
-    lines = (ROOT / "proto/pdorch/v1/worker.proto").read_text().splitlines()
-    for i, line in enumerate(lines):
-        stripped = line.strip()
-        is_field = stripped.endswith(";") and "=" in stripped and not stripped.startswith(("syntax", "package", "option"))
-        if is_field:
-            assert lines[i - 1].strip().startswith("///"), f"worker.proto:{i + 1} field has no /// comment"
+    for proto in PROTOS:
+        lines = (ROOT / f"proto/pdorch/v1/{proto}.proto").read_text().splitlines()
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            is_field = stripped.endswith(";") and "=" in stripped and not stripped.startswith(
+                ("syntax", "package", "option"))
+            if is_field:
+                assert lines[i - 1].strip().startswith("///"), f"{proto}.proto:{i + 1} field has no /// comment"
 
 
 def test_the_cache_tiers_of_the_workers_and_the_router_are_the_protocol_s():

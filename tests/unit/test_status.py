@@ -31,15 +31,17 @@ def test_render_shows_workers_load_and_hit_rates():
                {"role": "decode", "address": "127.0.0.1:50172", "healthy": True, "circuit": "closed",
                 "in_flight": 3, "routed": 9, "errors": 0,
                 "info": {"free_pages": 0, "total_pages": 96, "queued_requests": 2, "running_requests": 3,
-                         "preemptions": 12, "preempted_requests": 2}}]
+                         "preemptions": 12, "preempted_requests": 2, "tp_size": 2}}]
     text = render_status({"url": "http://r", "workers": workers, "tokens": token_counters(metrics_text())})
     lines = text.splitlines()
     assert lines[0] == "router http://r: 3 workers"
-    assert lines[3].split() == ["decode", "127.0.0.1:50171", "DOWN", "-", "-", "-", "-", "-", "-", "-", "-", "-"]
+    assert lines[3].split() == ["decode", "127.0.0.1:50171", "-", "DOWN", "-", "-", "-", "-", "-", "-", "-", "-",
+                                "-"]
     # 12 preemptions since it started, 2 requests waiting to resume now
-    assert lines[4].split() == ["decode", "127.0.0.1:50172", "ok", "closed", "3", "9", "0", "2", "3", "0/96",
+    # a decode worker of two tensor-parallel ranks
+    assert lines[4].split() == ["decode", "127.0.0.1:50172", "2", "ok", "closed", "3", "9", "0", "2", "3", "0/96",
                                 "12", "(2", "paused)", "-"]
-    assert lines[5].split() == ["prefill", "127.0.0.1:50161", "ok", "closed", "2", "7", "0", "1", "2", "500/512",
+    assert lines[5].split() == ["prefill", "127.0.0.1:50161", "-", "ok", "closed", "2", "7", "0", "1", "2", "500/512",
                                 "-", "-"]
     assert "cache hit rate 74.0% (device 48.0%, host 0.0%, store 16.0%, ssd 10.0%)" in text
 

@@ -11,8 +11,8 @@ them from env (the Secret).
 {{- define "pdorch.config" -}}
 {{- $cfg := deepCopy .Values.config }}
 {{- $derived := dict
-  "prefill" (dict "host" "0.0.0.0")
-  "decode" (dict "host" "0.0.0.0")
+  "prefill" (dict "host" "0.0.0.0" "tp_size" (int (default 1 .Values.prefill.tpSize)))
+  "decode" (dict "host" "0.0.0.0" "tp_size" (int (default 1 .Values.decode.tpSize)))
   "router" (dict "host" "0.0.0.0" "api_key" "" "admin_key" "" "previous_api_key" "")
   "grpc" (dict "token" "" "previous_token" "")
   "discovery" (dict "mode" "etcd" "etcd_endpoints" (include "pdorch.etcdEndpoints" . | fromJsonArray)) }}
@@ -37,6 +37,13 @@ them from env (the Secret).
 {{- $_ := set $derived.grpc "tls_key" "/etc/pdorch-tls/tls.key" }}
 {{- $_ := set $derived.grpc "tls_ca" "/etc/pdorch-tls/ca.crt" }}
 {{- $_ := set $derived.grpc "tls_server_name" .Values.grpcTls.serverName }}
+{{- end }}
+{{- range $role := list "prefill" "decode" }}
+{{- $set := int (dig $role "tp_size" 0 $cfg) }}
+{{- $tp := int (default 1 (index $.Values $role).tpSize) }}
+{{- if and $set (ne $set $tp) }}
+{{- fail (printf "config.%s.tp_size (%d) differs from %s.tpSize (%d): set %s.tpSize only (it also sizes the pod's GPUs)" $role $set $role $tp $role) }}
+{{- end }}
 {{- end }}
 {{- $cfg = mustMergeOverwrite $cfg $derived }}
 {{- if and (or .Values.prefill.rdma.enabled .Values.decode.rdma.enabled) (ne (dig "store" "protocol" "tcp" $cfg) "rdma") }}

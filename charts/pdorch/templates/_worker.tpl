@@ -17,7 +17,7 @@ streams left to the others) and exits: terminationGracePeriodSeconds must cover 
 {{- end }}
 {{- $res := deepCopy $v.resources }}
 {{- $extra := dict }}
-{{- if gt (int $v.gpus) 0 }}{{ $_ := set $extra "nvidia.com/gpu" (int $v.gpus) }}{{ end }}
+{{- if gt (int $v.gpus) 0 }}{{ $_ := set $extra "nvidia.com/gpu" (mul (int $v.gpus) (int (default 1 $v.tpSize))) }}{{ end }}
 {{- if $v.rdma.enabled }}{{ $_ := set $extra $v.rdma.resourceName (int $v.rdma.count) }}{{ end }}
 {{- if $v.hugepages.enabled }}{{ $_ := set $extra (printf "hugepages-%s" $v.hugepages.pageSize) $v.hugepages.size }}{{ end }}
 {{- if $extra }}

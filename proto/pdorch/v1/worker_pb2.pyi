@@ -86,7 +86,7 @@ class CachedTokens(_message.Message):
     def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ..., ssd: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages")
+    __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages", "decode_ranks")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class PrefillRequest(_message.Message):
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     DECODE_LOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
     DECODE_CACHED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_RANKS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -109,7 +110,22 @@ class PrefillRequest(_message.Message):
     page_hashes: _containers.RepeatedScalarFieldContainer[str]
     decode_loaded_pages: _containers.RepeatedScalarFieldContainer[int]
     decode_cached_pages: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ..., decode_cached_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+    decode_ranks: _containers.RepeatedCompositeFieldContainer[PoolRank]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_segment: _Optional[str] = ..., dest_page_addrs: _Optional[_Iterable[int]] = ..., timeout_s: _Optional[float] = ..., page_size: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., page_hashes: _Optional[_Iterable[str]] = ..., decode_loaded_pages: _Optional[_Iterable[int]] = ..., decode_cached_pages: _Optional[_Iterable[int]] = ..., decode_ranks: _Optional[_Iterable[_Union[PoolRank, _Mapping]]] = ...) -> None: ...
+
+class PoolRank(_message.Message):
+    __slots__ = ("segment", "pool_base", "page_nbytes", "kv_head_start", "kv_head_count")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    POOL_BASE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_NBYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_HEAD_START_FIELD_NUMBER: _ClassVar[int]
+    KV_HEAD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    pool_base: int
+    page_nbytes: int
+    kv_head_start: int
+    kv_head_count: int
+    def __init__(self, segment: _Optional[str] = ..., pool_base: _Optional[int] = ..., page_nbytes: _Optional[int] = ..., kv_head_start: _Optional[int] = ..., kv_head_count: _Optional[int] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("request_id", "first_token_id", "prompt_tokens", "cached", "transfer_bytes", "transfer_s", "compute_s", "sampler_state", "unstored_pages", "first_logprob", "more_first", "prompt_logprobs")
@@ -176,7 +192,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "kv_dtype", "dtype", "model_family", "store_evicted_pages", "preemptions", "preempted_requests")
+    __slots__ = ("role", "worker_id", "model", "model_fingerprint", "page_size", "total_pages", "free_pages", "queued_requests", "running_requests", "transfer_segment", "store_enabled", "max_context_tokens", "kv_dtype", "dtype", "model_family", "store_evicted_pages", "preemptions", "preempted_requests", "tp_size")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +211,7 @@ class WorkerInfo(_message.Message):
     STORE_EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     role: str
     worker_id: str
     model: str
@@ -213,7 +230,8 @@ class WorkerInfo(_message.Message):
     store_evicted_pages: int
     preemptions: int
     preempted_requests: int
-    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., dtype: _Optional[str] = ..., model_family: _Optional[str] = ..., store_evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., preempted_requests: _Optional[int] = ...) -> None: ...
+    tp_size: int
+    def __init__(self, role: _Optional[str] = ..., worker_id: _Optional[str] = ..., model: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., page_size: _Optional[int] = ..., total_pages: _Optional[int] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., transfer_segment: _Optional[str] = ..., store_enabled: _Optional[bool] = ..., max_context_tokens: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., dtype: _Optional[str] = ..., model_family: _Optional[str] = ..., store_evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., preempted_requests: _Optional[int] = ..., tp_size: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
