@@ -36,9 +36,9 @@ class KVPusher:
             # would answer D while the write still goes on (D would reuse the pages under it).
             if not task.push.begin():  # aborted or timed out while waiting for a pusher thread
                 raise RuntimeError("request already answered; transfer skipped")
-            try:
-                self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes,
-                                     task.job.decode_ranks)
+            try:  # the bytes every rank moved (a TP worker's followers' included)
+                nbytes = self._transfer.write(task.job.decode_segment, local_addrs, remote_addrs, self._page_nbytes,
+                                              task.job.decode_ranks)
             finally:
                 task.push.end()  # before on_done: a success answer implies the write is over
         except Exception as e:  # noqa: BLE001 - reported to the scheduler, which fails the task

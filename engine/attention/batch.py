@@ -86,10 +86,25 @@ def kv_rows_of(pages: torch.Tensor, slots: torch.Tensor, pool) -> torch.Tensor:
     return base[:, None, None] + offs                                       # [T, 2, H]
 
 
-def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardBatch:
-    """The batch layout of `chunks`; raises ValueError for a chunk the pool cannot hold."""
+def check_chunks(chunks: Sequence[Chunk], pool) -> None:
+    """ValueError for a batch the pool cannot hold (what build_batch refuses), before any work."""
     if not chunks:
         raise ValueError("forward() needs at least one chunk")
+    for c in chunks:
+        n = len(c.token_ids)
+        if n == 0 or c.start_pos < 0:
+            raise ValueError(f"bad chunk: {n} tokens at start_pos {c.start_pos}")
+        need = pages_for(c.end, pool.page_size)
+        if len(c.page_ids) < need:
+            raise ValueError(f"chunk ending at position {c.end} needs {need} pages, got {len(c.page_ids)}")
+        table = c.page_ids[:need]
+        if min(table) < 0 or max(table) >= pool.num_pages:
+            raise ValueError(f"page ids {list(table)} outside the pool (0..{pool.num_pages - 1})")
+
+
+def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardBatch:
+    """The batch layout of `chunks`; raises ValueError for a chunk the pool cannot hold."""
+    check_chunks(chunks, pool)
     S = pool.page_size
     ids: list[int] = []
     pos: list[int] = []
@@ -101,14 +116,7 @@ def build_batch(chunks: Sequence[Chunk], pool, device: torch.device) -> ForwardB
     prefill_specs = []
     for c in chunks:
         n = len(c.token_ids)
-        if n == 0 or c.start_pos < 0:
-            raise ValueError(f"bad chunk: {n} tokens at start_pos {c.start_pos}")
-        need = pages_for(c.end, S)
-        if len(c.page_ids) < need:
-            raise ValueError(f"chunk ending at position {c.end} needs {need} pages, got {len(c.page_ids)}")
-        table = list(c.page_ids[:need])
-        if min(table) < 0 or max(table) >= pool.num_pages:
-            raise ValueError(f"page ids {table} outside the pool (0..{pool.num_pages - 1})")
+        table = list(c.page_ids[:pages_for(c.end, S)])
         row = len(ids)
         ids.extend(c.token_ids)
         pos.extend(range(c.start_pos, c.end))

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.attention.batch import Chunk
+from engine.attention.batch import Chunk, check_chunks
 from engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,11 @@ class GroupRunner(ModelRunner):
         self.channel = channel
 
     def forward(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        check_chunks(chunks, self.pool)  # a bad batch fails its requests here, as at TP 1, not the group
         return self._step(("forward", list(chunks)), lambda: super(GroupRunner, self).forward(chunks))
 
     def forward_every_row(self, chunks, every_row):
+        check_chunks(chunks, self.pool)
         return self._step(("forward_every_row", list(chunks), list(every_row)),
                           lambda: super(GroupRunner, self).forward_every_row(chunks, every_row))
 

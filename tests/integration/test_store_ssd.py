@@ -21,7 +21,7 @@ from store_client.metrics import StoreMetrics
 from store_client.results import OK
 from store_client.ssd_metrics import register_ssd_metrics
 from store_client.store import KVStore
-from tests.fixtures.store import page_pattern, store_config
+from tests.fixtures.store import model_page_objects, page_pattern, store_config
 
 PAGES, PAGE_NBYTES, SEGMENT_MB = 96, 256 << 10, 16
 
@@ -133,13 +133,15 @@ def test_workers_write_to_their_own_ssd_directories(tmp_path, tiny_model_dir):
 
         # NOTE: a page's file lands in the directory of the worker whose DRAM segment the master put
         # it in (that client offloads it), not always the writer's: count both.
+        # a file per store object: one per group of KV heads of each page (store_client/page_objects.py)
+        objects = written * model_page_objects(tiny_model_dir).groups
         deadline = time.monotonic() + 30  # the offload heartbeat (1 s) copies them
-        while time.monotonic() < deadline and files(p_dir) + files(d_dir) < written:
+        while time.monotonic() < deadline and files(p_dir) + files(d_dir) < objects:
             time.sleep(0.2)
         assert sorted(os.listdir(ssd)) == sorted([p_dir.name, d_dir.name])
-        assert files(p_dir) + files(d_dir) == written, (files(p_dir), files(d_dir), written)
+        assert files(p_dir) + files(d_dir) == objects, (files(p_dir), files(d_dir), written, objects)
         time.sleep(10.5)  # the metrics' directory walk runs at most every 10 s
-        assert sum(worker_metric(w, "pdorch_store_ssd_files") for w in (prefill, decode)) == written
+        assert sum(worker_metric(w, "pdorch_store_ssd_files") for w in (prefill, decode)) == objects
     finally:
         cluster.stop()
 

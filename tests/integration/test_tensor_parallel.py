@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from engine.tokenizer import Tokenizer
+from pdorch.worker.prompt_pages import reusable_pages
+from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.hf_checkpoints import build_checkpoint
 from tests.fixtures.workers import start_cluster
 
@@ -95,8 +97,18 @@ def test_greedy_output_equals_transformers_and_turn_two_reads_the_store(tpc, p, 
     p2, d2 = 3 - p, d if p == 2 else 2
     second = serve(tpc, turn2, p2, d2)
     assert second.token_ids == transformers_greedy(tpc.hf, turn2)
-    assert second.cached.store + second.cached.device >= (len(turn1) // PAGE) * PAGE > 0, second.cached
+    # cached = the page-aligned prefix the two turns share (turn 1 and its output, D's offloaded pages)
+    shared = min((len(turn1) + len(first.token_ids)) // PAGE, reusable_pages(len(turn2), PAGE)) * PAGE
+    assert second.cached.store + second.cached.device == shared >= len(turn1) // PAGE * PAGE, second.cached
     assert second.cached.store > 0
+    # turn 3 on the same pair with only P's L1 flushed: D's own cache holds the prefix, so P reads the
+    # pages it attends to from D's pool (every D rank's heads, into every P rank's) instead of the store
+    turn3 = turn2 + second.token_ids + tpc.tok.encode(" And the nails?", add_special_tokens=False)
+    tpc.cluster.wait_idle("prefill", wp=tpc.prefill[p2])
+    tpc.cluster.prefill_stub(tpc.prefill[p2]).Flush(pb.FlushRequest(), timeout=30)
+    third = serve(tpc, turn3, p2, d2)
+    assert third.token_ids == transformers_greedy(tpc.hf, turn3)
+    assert third.cached.device >= (len(turn2) // PAGE) * PAGE, third.cached
 
 
 def test_workers_report_their_tp_size(tpc):
