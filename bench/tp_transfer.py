@@ -5,7 +5,7 @@ per request, real workers (ranks as processes, the real transfer engine over TCP
 
 For each (P, D) TP pair in (1, 1), (2, 1), (1, 2): a cluster of one prefill and one decode worker
 (no store, no local prefill on D: every prompt page is pushed), a random Llama-3-shaped checkpoint
-(8 layers, 8 KV heads of 64, fp32: 1 MiB of KV per 16-token page), `--requests` prompts of 1,024
+(8 layers, 8 KV heads of 64, fp32: 512 KiB of KV per 16-token page), `--requests` prompts of 1,024
 tokens sent one after another. From P's metrics: bytes pushed per request (every rank's share) and
 the push time per request (pdorch_prefill_transfer_seconds: from the push's start until every rank's
 share has landed). At (2, 1) each P rank writes its 4 heads (half of each page) to D's one pool; at
