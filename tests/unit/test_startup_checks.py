@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from pdorch.config import Config, ModelConfig
 from pdorch.worker.startup_checks import MachineFacts, probe, problems
 from store_client.config import StoreConfig
@@ -67,3 +69,22 @@ def test_worker_refuses_cuda_here_with_one_line_and_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
     assert lines[-2].startswith("python -m decode_node: model.device cuda: this torch")
     assert "mooncake-transfer-engine-non-cuda cannot register GPU memory" in lines[-1]
+
+
+@pytest.mark.parametrize("tp_size, words", [
+    (8, "tp_size=8 must divide num_attention_heads"),  # the tiny model: 4 query heads, 2 KV heads
+])
+def test_a_tp_size_the_model_cannot_be_split_by_is_refused_naming_the_keys(tiny_model_dir, tmp_path, tp_size,
+                                                                          words):
+    from dataclasses import replace
+
+    from pdorch.config_loader import load_config
+    from pdorch.worker.runtime import prepare
+    from pdorch.worker.startup_checks import StartupError
+
+    config = load_config(None)
+    config = replace(config, model=replace(config.model, source=str(tiny_model_dir), cache_dir=str(tmp_path)))
+    with pytest.raises(StartupError, match=rf"prefill.tp_size / decode.tp_size: {words}"):
+        prepare(config, tp_size)
+    model_dir, _ = prepare(config, 4)  # 4 ranks of 4 query heads, the 2 KV heads replicated: fine
+    assert model_dir.exists()
