@@ -55,6 +55,11 @@ stops start-up instead of being ignored.
 to match. With `discovery.mode: etcd` (see `configs/etcd.yaml`; start etcd first) the workers
 register themselves and the router watches etcd instead.
 
+Tensor parallelism: `prefill.tp_size` / `decode.tp_size` (or `pdorch serve --prefill-tp N
+--decode-tp N`) run each worker as N rank processes; on CUDA a worker's ranks take consecutive GPUs
+from its `model.device`, and `pdorch serve` gives each worker as many GPUs as it has ranks
+([workers.md](workers.md), "Tensor parallelism").
+
 The SSD tier (Mooncake's offload under the store) is on when `store.ssd_path` is set: an
 absolute directory on local disk (created if missing). Each worker writes under its own
 subdirectory, named after its worker id (`<ssd_path>/<role>-<host>-<port>`, e.g. `prefill-127.0.0.1-50161`):
