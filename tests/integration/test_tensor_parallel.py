@@ -1,17 +1,19 @@
-"""Tensor-parallel workers through the whole P/D path (D -> P with the real master, transfer engine and
-store; ranks are real processes over gloo), on random checkpoints built by transformers: a Qwen2 with
-2 KV heads (D at TP 4 replicates them) and a Llama-3 with 8.
+"""Tensor-parallel workers through the whole P/D path (router -> D -> P, with the real master, transfer
+engine and store; ranks are real processes over gloo), on random checkpoints built by transformers: a
+Qwen2 with 2 KV heads (D at TP 4 replicates them) and a Llama-3 with 8.
 
-One cluster per model holds prefill workers at TP 1 and 2 and decode workers at TP 1, 2 and 4; each
-(P, D) pair serves a conversation whose greedy output must equal transformers' `generate`, and whose
-second turn (every L1 flushed) reads its prefix from the store, written by workers of other TP sizes
-than the ones that read it.
+One cluster per model holds prefill workers at TP 1 and 2 and decode workers at TP 1, 2 and 4; a router
+per (P, D) pair routes to that pair only. Each pair serves a conversation whose greedy output must equal
+transformers' `generate`, and whose second turn (every L1 flushed) reads its prefix from the store,
+written by workers of other TP sizes than the ones that read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
+import httpx
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from engine.tokenizer import Tokenizer
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.hf_checkpoints import build_checkpoint
+from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.workers import start_cluster
 
 PAGE = 16
@@ -37,6 +40,15 @@ class TPCluster:
     decode: dict
     tok: Tokenizer
     hf: object
+    model_dir: object
+    routers: dict = dataclasses.field(default_factory=dict)  # (P tp, D tp) -> RouterThread over that pair
+
+    def router(self, p: int, d: int) -> RouterThread:
+        if (p, d) not in self.routers:
+            base = router_config([self.prefill[p].address], [self.decode[d].address])
+            cfg = dataclasses.replace(self.cluster.cfg, router=base.router, discovery=base.discovery)
+            self.routers[p, d] = RouterThread(cfg, self.tok, self.model_dir).start()
+        return self.routers[p, d]
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -50,6 +62,7 @@ def tpc(request, tmp_path_factory):
     # D still reads the prefix the store holds itself (its own loads across its ranks)
     cluster = start_cluster(tmp, model_dir, with_store=True, model={"page_size": PAGE},
                             decode={"offload_generated_kv": True, "max_local_prefill_tokens": 0})
+    tpc = None
     try:
         with cluster.stopped_on_failure():
             prefill = {1: cluster.prefill, 2: cluster.spawn_worker("prefill", tp_size=2)}
@@ -59,8 +72,11 @@ def tpc(request, tmp_path_factory):
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-        yield TPCluster(cluster, prefill, decode, Tokenizer.from_dir(model_dir), hf)
+        tpc = TPCluster(cluster, prefill, decode, Tokenizer.from_dir(model_dir), hf, model_dir)
+        yield tpc
     finally:
+        for r in tpc.routers.values() if tpc is not None else ():
+            r.stop()
         cluster.stop()
 
 
@@ -77,9 +93,20 @@ def prompt(tok: Tokenizer, i: int) -> list[int]:
     return tok.encode_chat([{"role": "user", "content": f"Conversation {i}. {text} Which crates hold maps?"}])
 
 
-def serve(t: TPCluster, ids: list[int], p: int, d: int):
-    return t.cluster.generate(ids, max_tokens=MAX_TOKENS, ignore_eos=True, prefill_address=t.prefill[p].address,
-                              decode=t.decode[d])
+@dataclasses.dataclass
+class Served:
+    token_ids: list[int]
+    cached: dict  # meta_info.cached_tokens_details: device, host, store, ssd
+
+
+def serve(t: TPCluster, ids: list[int], p: int, d: int) -> Served:
+    """One greedy /generate through the router of the (P, D) pair."""
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_TOKENS,
+                                                  "ignore_eos": True}}
+    resp = httpx.post(t.router(p, d).url + "/generate", json=body, timeout=180)
+    assert resp.status_code == 200, resp.text
+    meta = resp.json()["meta_info"]
+    return Served(resp.json()["output_ids"], meta["cached_tokens_details"])
 
 
 @pytest.mark.parametrize("p, d", PAIRS)
@@ -99,8 +126,8 @@ def test_greedy_output_equals_transformers_and_turn_two_reads_the_store(tpc, p, 
     assert second.token_ids == transformers_greedy(tpc.hf, turn2)
     # cached = the page-aligned prefix the two turns share (turn 1 and its output, D's offloaded pages)
     shared = min((len(turn1) + len(first.token_ids)) // PAGE, reusable_pages(len(turn2), PAGE)) * PAGE
-    assert second.cached.store + second.cached.device == shared >= len(turn1) // PAGE * PAGE, second.cached
-    assert second.cached.store > 0
+    assert second.cached["store"] + second.cached["device"] == shared >= len(turn1) // PAGE * PAGE, second.cached
+    assert second.cached["store"] > 0
     # turn 3 on the same pair with only P's L1 flushed: D's own cache holds the prefix, so P reads the
     # pages it attends to from D's pool (every D rank's heads, into every P rank's) instead of the store
     turn3 = turn2 + second.token_ids + tpc.tok.encode(" And the nails?", add_special_tokens=False)
@@ -108,10 +135,17 @@ def test_greedy_output_equals_transformers_and_turn_two_reads_the_store(tpc, p, 
     tpc.cluster.prefill_stub(tpc.prefill[p2]).Flush(pb.FlushRequest(), timeout=30)
     third = serve(tpc, turn3, p2, d2)
     assert third.token_ids == transformers_greedy(tpc.hf, turn3)
-    assert third.cached.device >= (len(turn2) // PAGE) * PAGE, third.cached
+    assert third.cached["device"] >= (len(turn2) // PAGE) * PAGE, third.cached
 
 
 def test_workers_report_their_tp_size(tpc):
     for role, workers in (("prefill", tpc.prefill), ("decode", tpc.decode)):
         for size, wp in workers.items():
             assert tpc.cluster.stats(role, wp).info.tp_size == size
+    # the router learns it too (pdorch status shows it): its /workers over the (2, 4) pair
+    url = tpc.router(2, 4).url + "/workers"
+    deadline = time.monotonic() + 10
+    while None in (infos := [w["info"] for w in httpx.get(url, timeout=30).json()["workers"]]):
+        assert time.monotonic() < deadline, infos
+        time.sleep(0.2)
+    assert sorted(i["tp_size"] for i in infos) == [2, 4]

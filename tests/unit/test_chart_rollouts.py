@@ -19,7 +19,7 @@ COMPONENTS = {"router", "prefill", "decode", "master", "etcd"}
 WORKERS = {"prefill", "decode"}
 # Keys the chart sets itself (listen hosts, addresses, discovery, secrets from env): a value there
 # is overwritten, so changing it changes nothing.
-DERIVED = {"prefill.host", "decode.host", "router.host", "router.api_key", "router.admin_key",
+DERIVED = {"prefill.host", "decode.host", "prefill.tp_size", "decode.tp_size", "router.host", "router.api_key", "router.admin_key",
            "router.previous_api_key", "grpc.token", "grpc.previous_token", "discovery.mode",
            "discovery.etcd_endpoints", "store.master_address", "store.metadata_server", "store.master_metrics_port",
            "store.local_hostname", "grpc.tls", "grpc.tls_cert", "grpc.tls_key", "grpc.tls_ca", "grpc.tls_server_name"}
@@ -124,6 +124,9 @@ def test_the_examples_of_the_issue():
     assert _rolled({"config": {"prefill": {"chunk_tokens": 256}}}) == {"prefill"}
     # the pool's own values roll only that pool
     assert _rolled({"decode": {"extraEnv": [{"name": "X", "value": "1"}]}}) == {"decode"}
+    # tensor-parallel ranks (the chart sets config.<role>.tp_size from them): only that pool
+    assert _rolled({"prefill": {"tpSize": 2}}) == {"prefill"}
+    assert _rolled({"decode": {"tpSize": 4}}) == {"decode"}
     assert _rolled({"master": {"extraArgs": ["--offloading_queue_limit=100"]}}) == {"master"}
 
 
