@@ -41,8 +41,8 @@ class ModelConfig:
     kv_dtype: str = _key("auto", "KV cache dtype (store and transfer bytes scale with it); auto = the same as dtype. "
                          "Every prefill and decode worker of a cluster must agree on it (checked at registration)",
                          choices=["auto", "float32", "bfloat16", "float16"])
-    page_size: int = _key(16, "Tokens per KV page (one page = one store object = one transfer unit)",
-                          min=1, max=1024)
+    page_size: int = _key(16, "Tokens per KV page (the unit of caching, store I/O and P -> D transfer; "
+                          "in the store one object per group of KV heads)", min=1, max=1024)
     max_context_tokens: int = _key(0, "Longest prompt + output in tokens; 0 = the model's own limit", min=0)
     torch_threads: int = _key(0, "torch threads per worker; 0 = cores divided among local workers", min=0)
     attention_backend: str = _key("auto", "Attention over the paged KV pool: paged (K/V read in place through page "

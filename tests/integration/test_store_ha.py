@@ -213,7 +213,11 @@ def test_pages_a_leader_switch_lost_are_written_again_from_l1(cluster):
     turn1 = prompt(40)
     out = cluster.generate(turn1, max_tokens=8, temperature=0, ignore_eos=True).token_ids
     prompt_pages = len(turn1) // PAGE
-    time.sleep(2)  # P's write-through of turn 1's pages completes
+    # P's write-through of turn 1's pages has completed: none of them is still PENDING (a page in flight
+    # is not written again from L1) nor lands after the removal below. NOTE: a fixed 2 s was not always
+    # enough on a loaded machine once a page became one store object per KV-head group.
+    cluster.wait_idle("prefill", timeout_s=60, wp=prefill)
+    cluster.wait_idle("decode", timeout_s=60)
     removed = subprocess.run([sys.executable, "-c", _REMOVE_ALL, "etcd://" + masters.etcd.endpoint],
                              capture_output=True, text=True, timeout=60, check=True)
     assert int(removed.stdout.strip().splitlines()[-1]) >= prompt_pages, removed
@@ -221,7 +225,11 @@ def test_pages_a_leader_switch_lost_are_written_again_from_l1(cluster):
     leader.kill()
     masters.leader(LEAD_TIMEOUT_S)
     lost = wait_metric(prefill, "pdorch_store_lost_on_leader_change_pages_total", lost_before + prompt_pages, 60)
-    restored = wait_metric(prefill, "pdorch_prefill_store_policy_written_pages_total", prompt_pages, 30,
+    # NOTE: at least one, not all: the decode worker audits its own writes too and writes again the
+    # pages its L1 holds; a turn-1 page it also wrote may be back before P's second look, so P finds it
+    # present (seen under load, before and after layout v2). The next turn's read below is the proof
+    # that every page is back.
+    restored = wait_metric(prefill, "pdorch_prefill_store_policy_written_pages_total", 1, 30,
                            reason="restore")
     print(f"audit after the switch: {lost - lost_before:.0f} pages lost, {restored:.0f} written again from L1")
     cluster.flush_l1()
