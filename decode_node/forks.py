@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 
 from decode_node.request import DecodeRequest
 from decode_node.stopping import check_stop, make_stopper
-from pdorch.worker.tp_steps import copy_page
 
 
 @dataclass(frozen=True)
@@ -65,5 +64,5 @@ def place(fork: Fork, allocator, runner) -> None:
     req = fork.req
     allocator.retain(fork.shared)
     spare = req.spare_pages.pop()
-    copy_page(runner, fork.tail, spare)
+    runner.copy_page(fork.tail, spare)
     req.page_ids = [*fork.shared, spare]

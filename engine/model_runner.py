@@ -56,6 +56,10 @@ class ModelRunner:
         self.attention.begin(batch)
         return self.model(batch.input_ids, batch.positions, batch.logit_rows, self.attention.attend, batch.max_pos)
 
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy pool page src into dst (a TP worker's GroupRunner does it on every rank)."""
+        self.pool.tensor[dst].copy_(self.pool.tensor[src])
+
     def forward_every_row(self, chunks: Sequence[Chunk], every_row: Sequence[bool]
                           ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """As forward(), plus the logits at every token of the chunks marked in `every_row` (prompt

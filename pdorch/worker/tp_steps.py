@@ -97,7 +97,7 @@ class GroupRunner(ModelRunner):
                           lambda: super(GroupRunner, self).forward_every_row(chunks, every_row))
 
     def copy_page(self, src: int, dst: int) -> None:
-        self._step(("copy_page", src, dst), lambda: self.pool.tensor[dst].copy_(self.pool.tensor[src]))
+        self._step(("copy_page", src, dst), lambda: super(GroupRunner, self).copy_page(src, dst))
 
     def _step(self, op: tuple, run):
         try:
@@ -119,16 +119,8 @@ def follow(channel: StepChannel, runner: ModelRunner) -> None:
         elif kind == "forward_every_row":
             runner.forward_every_row(op[1], op[2])
         elif kind == "copy_page":
-            runner.pool.tensor[op[2]].copy_(runner.pool.tensor[op[1]])
+            runner.copy_page(op[1], op[2])
         elif kind == "stop":
             return
         elif kind != "noop":
             raise RuntimeError(f"unknown TP step {kind!r}")
-
-
-def copy_page(runner: ModelRunner, src: int, dst: int) -> None:
-    """Copy one pool page to another on every rank (a TP worker's runner broadcasts it)."""
-    if isinstance(runner, GroupRunner):
-        runner.copy_page(src, dst)
-    else:
-        runner.pool.tensor[dst].copy_(runner.pool.tensor[src])

@@ -13,6 +13,7 @@ import signal
 
 import httpx
 
+from pdorch.child_process import pid_alive
 from pdorch.ports import free_port_run
 from tests.fixtures.processes import free_port
 from tests.integration.test_serve import children_of, pdorch_command
@@ -54,7 +55,7 @@ def test_tp_workers_serve_report_their_size_and_restart_as_a_group(tmp_path, tin
 
         old_prefill = workers["prefill_node"]
         os.kill(next(iter(followers_of(old_prefill))), signal.SIGKILL)
-        wait_for(lambda: not os.path.exists(f"/proc/{old_prefill}") or _exited(old_prefill), 30,
+        wait_for(lambda: not pid_alive(old_prefill), 30,
                  "the prefill worker to exit after its rank died")
 
         def restarted() -> bool:
@@ -67,11 +68,3 @@ def test_tp_workers_serve_report_their_size_and_restart_as_a_group(tmp_path, tin
                          and r, 120, "a request served by the restarted group")
         assert again.json()["output_ids"] == first.json()["output_ids"]
         assert "restart" in out_path.read_text(errors="replace").lower()
-
-
-def _exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] in ("Z", "X")
-    except OSError:
-        return True

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
+from pdorch.child_process import pid_alive
 from tests.fixtures.hf_checkpoints import build_checkpoint
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.threads import in_thread
@@ -84,19 +85,12 @@ def requests_survive_a_broken_prefill_group(c, victim: str, sig: int, within_s: 
             assert not t.is_alive() and "result" in box, box
             assert box["result"].status_code == 200, box["result"].text
             assert box["result"].json()["meta_info"]["completion_tokens"] == 3
-        assert not os.path.exists(f"/proc/{followers[0]}") or _zombie(followers[0])
+        assert not pid_alive(followers[0])
         print(f"{victim}: rank 0 exited {exited_after:.2f} s after signal {sig} to its follower")
         assert router_workers(router)[c.named["p1"].address]["healthy"]
     finally:
         router.stop()
 
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_a_killed_prefill_rank_takes_its_group_down_and_fails_no_request(tp):
