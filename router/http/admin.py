@@ -108,7 +108,9 @@ def _add_admin_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth,
         for w in pool.workers():
             d = w.describe()
             if watcher is not None:  # its KV event stream (router/kv/watch.py)
-                d["kv_events"] = watcher.describe(w.address)
+                d["kv_events"] = ev = watcher.describe(w.address)
+                if ev is not None:  # the router weighs published_load + this, at least in_flight
+                    ev["routed_since_batch"] = w.routed - w.kv_routed_mark
             out.append(d)
         return json_response({"workers": out})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import httpx
 import openai
@@ -103,6 +104,19 @@ def test_generate_stream_schema_and_cached_tokens_on_the_second_turn(router):
     assert second[-1]["output_ids"] == first[-1]["output_ids"] and second[-1]["text"] == first[-1]["text"]
 
 
+def _wait_prefill_idle(router, timeout_s: float = 20.0) -> None:
+    """Until the router weighs every prefill worker at load 0 (what it routed has been published back)."""
+    def idle(w):
+        ev = w.get("kv_events") or {}
+        return w["in_flight"] == 0 and ev.get("published_load") == 0 and ev.get("routed_since_batch") == 0
+
+    deadline = time.monotonic() + timeout_s
+    while not all(idle(w) for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]
+                  if w["role"] == "prefill"):
+        assert time.monotonic() < deadline, f"prefill workers' load back to 0 within {timeout_s} s"
+        time.sleep(0.02)
+
+
 def _routed(router) -> dict[str, int]:
     ws = httpx.get(router.url + "/workers", timeout=30).json()["workers"]
     return {w["address"]: w["routed"] for w in ws if w["role"] == "prefill"}
@@ -113,6 +127,9 @@ def test_cache_aware_sends_a_repeated_prefix_to_the_same_prefill_worker(router):
     before = _routed(router)
     cached = []
     for turn in range(3):
+        # NOTE: a request that ended counts in its worker's load until the worker's next KV event batch;
+        # a busier holder of a prefix the store also holds loses to an idle worker at once (store_covered).
+        _wait_prefill_idle(router)
         out = httpx.post(router.url + "/generate", timeout=120, json={
             "input_ids": prefix + prompt(8, seed=100 + turn),
             "sampling_params": {"temperature": 0.0, "max_new_tokens": 2}}).json()
