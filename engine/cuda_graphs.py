@@ -2,14 +2,14 @@
 
 A decode step of a small batch is launch-bound (~45 kernels a layer); replaying a captured graph
 launches them all at once. Inputs live in static device buffers that each step refills with ONE
-host-to-device copy from a pinned staging buffer (int32), laid out per bucket size b and width W
-(pages per sequence at the longest context):
-
-    [ ids b | positions b | write pages b | lengths b | page table b x W ]
+host-to-device copy from a pinned staging buffer (engine/decode_staging.py: ids, positions, write
+pages, lengths, and only the page-table cells that changed; the table itself stays on the device,
+[max_batch, W] with W pages per sequence at the longest context). A CUDA event recorded after the
+copy guards the pinned buffer: the next step writes it only once the copy has read it.
 
 A batch of n < b rows is padded: id 0, position 0, length 1, its K/V written into the pool's
 scratch page (KVPool(scratch_page=True)), never into a page a sequence owns. Off on CPU; the
-staging layout and the bucket choice are plain functions, unit-tested on CPU.
+staging and the bucket choice are plain code, unit-tested on CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.attention.batch import ForwardBatch, kv_rows_of
+from engine.decode_staging import DecodeStaging
 from engine.page_allocator import pages_for
 
 log = logging.getLogger(__name__)
@@ -42,37 +43,6 @@ def graph_memory_bytes(max_batch: int, vocab_size: int) -> int:
     return sum(batch_buckets(max_batch)) * vocab_size * (4 + 2) if max_batch > 0 else 0
 
 
-def staging_size(bucket: int, width: int) -> int:
-    return 4 * bucket + bucket * width
-
-
-def stage_decode(host: torch.Tensor, chunks, bucket: int, width: int, page_size: int, scratch_page: int) -> None:
-    """Write n <= bucket decode chunks (1 token each) into the int32 buffer `host` (layout above).
-
-    NOTE: entries of the table past a row's own pages keep stale ids: the kernels read the table
-    only below the row's length.
-    """
-    n = len(chunks)
-    ids, pos, pages, lens = (host[i * bucket:(i + 1) * bucket] for i in range(4))
-    table = host[4 * bucket:staging_size(bucket, width)].view(bucket, width)
-    id_list, pos_list, page_list = [], [], []
-    for i, c in enumerate(chunks):
-        p = c.start_pos
-        need = p // page_size + 1
-        if len(c.token_ids) != 1 or need > width or len(c.page_ids) < need:
-            raise ValueError(f"decode chunk at position {p} does not fit a graph of {width} pages per row")
-        table[i, :need] = torch.tensor(c.page_ids[:need], dtype=torch.int32)
-        id_list.append(c.token_ids[0])
-        pos_list.append(p)
-        page_list.append(c.page_ids[p // page_size])
-    pad = bucket - n
-    ids.copy_(torch.tensor(id_list + [0] * pad, dtype=torch.int32))
-    pos.copy_(torch.tensor(pos_list + [0] * pad, dtype=torch.int32))
-    pages.copy_(torch.tensor(page_list + [scratch_page] * pad, dtype=torch.int32))
-    lens.copy_(pos + 1)
-    table[n:, 0] = scratch_page
-
-
 class DecodeGraphs:
     """Captured decode steps of one ModelRunner (CUDA)."""
 
@@ -84,9 +54,10 @@ class DecodeGraphs:
         self.buckets = batch_buckets(max_batch)
         self.width = pages_for(max_context, pool.page_size)
         dev = runner.device
-        size = staging_size(self.buckets[-1], self.width)
-        self.host = torch.zeros(size, dtype=torch.int32).pin_memory()
-        self.device_buf = torch.zeros(size, dtype=torch.int32, device=dev)
+        self.staging = DecodeStaging(self.buckets[-1], self.width, pool.page_size, pool.scratch_page, pin=True)
+        self.device_buf = torch.zeros(self.staging.host.numel(), dtype=torch.int32, device=dev)
+        self.table = torch.zeros(self.buckets[-1], self.width, dtype=torch.int32, device=dev)
+        self._copied = torch.cuda.Event()  # the last copy out of the pinned buffer
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         # NOTE: the RoPE table must not grow inside a graph (a new tensor the graph would not see).
         runner.model.rope.cos_sin(torch.zeros(1, dtype=torch.long, device=dev), max_context, runner.model.dtype)
@@ -99,7 +70,7 @@ class DecodeGraphs:
     def _views(self, b: int):
         buf = self.device_buf
         ids, pos, pages, lens = (buf[i * b:(i + 1) * b] for i in range(4))
-        return ids, pos, pages, lens, buf[4 * b:staging_size(b, self.width)].view(b, self.width)
+        return ids, pos, pages, lens, self.table[:b]
 
     def _forward(self, b: int) -> torch.Tensor:
         ids, pos, pages, lens, table = self._views(b)
@@ -114,7 +85,7 @@ class DecodeGraphs:
         return self.runner.model(batch.input_ids, batch.positions, batch.logit_rows, backend.attend, 0)
 
     def _capture(self, b: int):
-        self._stage([], b)  # all padding rows: every write goes to the scratch page
+        self.stage([], b)  # all padding rows: every write goes to the scratch page
         torch.cuda.synchronize()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -127,23 +98,26 @@ class DecodeGraphs:
             logits = self._forward(b)
         return graph, logits
 
-    def _stage(self, chunks, b: int) -> None:
-        n = staging_size(b, self.width)
-        stage_decode(self.host[:n], chunks, b, self.width, self.pool.page_size, self.pool.scratch_page)
-        self.device_buf[:n].copy_(self.host[:n], non_blocking=True)
+    def stage(self, chunks, b: int | None = None) -> int:
+        """The inputs of `chunks` on the device for bucket b (default: the smallest that holds them); b."""
+        b = b or bucket_for(len(chunks), self.buckets)
+        self._copied.synchronize()  # NOTE: the previous step's copy has read the pinned buffer
+        n, updates = self.staging.stage(chunks, b)
+        self.device_buf[:n].copy_(self.staging.host[:n], non_blocking=True)
+        self._copied.record()
+        self.staging.apply(self.table, self.device_buf, b, updates)
+        return b
+
+    def replay(self, b: int, n: int) -> torch.Tensor:
+        """Logits [n, vocab] of the rows staged for bucket b."""
+        graph, logits = self.graphs[b]
+        graph.replay()
+        return logits[:n]
 
     def can_run(self, chunks) -> bool:
         return (len(chunks) <= self.buckets[-1] and all(len(c.token_ids) == 1 for c in chunks)
                 and all(c.start_pos // self.pool.page_size < self.width for c in chunks))
 
     def run(self, chunks) -> torch.Tensor:
-        """Logits [n, vocab] of n decode chunks, by replaying the smallest bucket's graph.
-
-        NOTE: the pinned buffer is refilled only after the previous step's logits reached the host
-        (the sampler's sync), so its asynchronous copy has finished reading it.
-        """
-        b = bucket_for(len(chunks), self.buckets)
-        graph, logits = self.graphs[b]
-        self._stage(chunks, b)
-        graph.replay()
-        return logits[:len(chunks)]
+        """Logits [n, vocab] of n decode chunks, by replaying the smallest bucket's graph."""
+        return self.replay(self.stage(chunks), len(chunks))

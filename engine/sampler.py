@@ -9,7 +9,8 @@
 The noise E of a seeded row comes from that request's own generator, V values a step, whatever
 else is in the batch, so a seeded request draws the same tokens alone or in any batch; the
 unseeded rows share one draw from the device's default generator. Everything stays on the
-logits' device and the batch costs ONE host sync (the final `.tolist()`).
+logits' device and the batch costs ONE host sync (the final `.tolist()`); the rows' parameters are
+copied to the device once per change of the batch's parameters (SampledRows), not every step.
 
 NOTE: generators must live on the logits' device (torch refuses a CPU generator for CUDA
 noise): make them with `Sampler.make_generator`, which uses the sampler's device.
@@ -53,12 +54,60 @@ def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | No
     return g
 
 
+@dataclass(frozen=True)
+class SampledRows:
+    """The rows of a batch that sample (not greedy) and their parameters, on the logits' device.
+    Built once per change of the batch's parameters (Sampler keeps the last), so a steady decode
+    batch copies nothing to the device to sample: two copies when its composition changes."""
+
+    rows: torch.Tensor          # [n] long: which rows of the batch sample
+    temperature: torch.Tensor   # [n, 1]
+    top_p: torch.Tensor | None  # [n, 1]; None: no row below 1
+    min_p: torch.Tensor | None  # [n, 1]; None: no row above 0
+    kmax: int                   # the largest top-k below the vocabulary; 0: no row has one
+    kth: torch.Tensor | None    # [n, 1] long: min(k, kmax) - 1, the column of each row's k-th largest logit
+    has_k: torch.Tensor | None  # [n, 1] bool: the row has a top-k below the vocabulary
+    unseeded: torch.Tensor | None  # [u] long: the rows (of the n) without a seed; None: every row or none
+    unseeded_rows: tuple[int, ...] = ()  # the same on the host
+
+    @staticmethod
+    def build(params_list: Sequence[SamplingParams], vocab: int, device: torch.device) -> SampledRows | None:
+        rows = [i for i, p in enumerate(params_list) if not p.greedy]
+        if not rows:
+            return None
+        ps = [params_list[i] for i in rows]
+        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in ps]
+        kmax = max((k for k in ks if k < vocab), default=0)
+        unseeded = [j for j, p in enumerate(ps) if p.seed is None]
+        n = len(ps)
+        floats = torch.tensor([[p.temperature for p in ps], [p.top_p for p in ps], [p.min_p for p in ps]],
+                              dtype=torch.float32).to(device).unsqueeze(-1)      # [3, n, 1]: one copy
+        ints = torch.tensor([rows, [min(k, kmax) - 1 for k in ks], [k < vocab for k in ks],
+                             unseeded + [0] * (n - len(unseeded))], dtype=torch.long).to(device)  # one copy
+        return SampledRows(rows=ints[0], temperature=floats[0],
+                           top_p=floats[1] if min(p.top_p for p in ps) < 1.0 else None,
+                           min_p=floats[2] if max(p.min_p for p in ps) > 0.0 else None,
+                           kmax=kmax, kth=ints[1][:, None] if kmax else None,
+                           has_k=ints[2][:, None].bool() if kmax else None,
+                           unseeded=ints[3][:len(unseeded)] if 0 < len(unseeded) < n else None,
+                           unseeded_rows=tuple(unseeded))
+
+
 class Sampler:
     def __init__(self, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
+        self._staged: tuple = (None, None)  # (the last batch's (params, vocab, device), its SampledRows)
 
     def make_generator(self, params: SamplingParams) -> torch.Generator | None:
         return make_generator(params, self.device)
+
+    def sampled_rows(self, params_list: Sequence[SamplingParams], vocab: int, device: torch.device
+                     ) -> SampledRows | None:
+        """The batch's SampledRows: the last ones while the parameters are the same (a steady batch)."""
+        key = (tuple(params_list), vocab, device)
+        if self._staged[0] != key:
+            self._staged = (key, SampledRows.build(params_list, vocab, device))
+        return self._staged[1]
 
     def sample(self, logits: torch.Tensor, params_list: Sequence[SamplingParams],
                generators: Sequence[torch.Generator | None] | None = None,
@@ -79,12 +128,11 @@ class Sampler:
             mask_rows(logits, grammars)
         logits = apply_controls(logits, params_list, histories)
         tokens = logits.argmax(dim=-1)
-        rows = [i for i, p in enumerate(params_list) if not p.greedy]
-        if rows:
-            picked = self._sample_rows(logits[rows].float(), [params_list[i] for i in rows],
-                                       [generators[i] for i in rows])
-            tokens[torch.as_tensor(rows, device=logits.device)] = picked
-        out = tokens.tolist()
+        sampled = self.sampled_rows(params_list, logits.shape[-1], logits.device)
+        if sampled is not None:
+            gens = [generators[i] for i, p in enumerate(params_list) if not p.greedy]
+            tokens[sampled.rows] = self._sample_rows(logits[sampled.rows].float(), sampled, gens)
+        out = tokens.tolist()  # the one host sync of a step
         for g, t in zip(grammars or (), out):
             if g is not None:
                 g.accept(t)
@@ -112,38 +160,31 @@ class Sampler:
         return out
 
     @staticmethod
-    def _sample_rows(x: torch.Tensor, params: list[SamplingParams], gens: list) -> torch.Tensor:
-        dev, (n, vocab) = x.device, x.shape
-
-        def column(values, dtype=torch.float32):
-            return torch.tensor(values, dtype=dtype, device=dev)[:, None]
-
-        x = x / column([p.temperature for p in params])
-        ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        if min(ks) < vocab:
-            kmax = max(k for k in ks if k < vocab)
-            top = torch.topk(x, kmax, dim=-1).values                         # [n, kmax], descending
-            kth = top.gather(1, column([min(k, kmax) - 1 for k in ks], torch.long))
-            kth = torch.where(column([k < vocab for k in ks], torch.bool), kth, float("-inf"))
+    def _sample_rows(x: torch.Tensor, sr: SampledRows, gens: list) -> torch.Tensor:
+        n, vocab = x.shape
+        dev = x.device
+        x = x / sr.temperature
+        if sr.kmax:
+            top = torch.topk(x, sr.kmax, dim=-1).values                      # [n, kmax], descending
+            kth = torch.where(sr.has_k, top.gather(1, sr.kth), float("-inf"))
             x = x.masked_fill(x < kth, float("-inf"))
-        top_p = [p.top_p for p in params]
-        if min(top_p) < 1.0:
+        if sr.top_p is not None:
             probs, idx = torch.sort(torch.softmax(x, dim=-1), dim=-1, descending=True)
             # Keep the smallest set whose mass reaches top_p: drop a token when the mass before it
             # already does (the top token always stays).
-            drop_sorted = (probs.cumsum(-1) - probs) >= column(top_p)
+            drop_sorted = (probs.cumsum(-1) - probs) >= sr.top_p
             x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted), float("-inf"))
         probs = torch.softmax(x, dim=-1)
-        min_p = [p.min_p for p in params]
-        if max(min_p) > 0.0:  # drop tokens below min_p x the row's top probability
-            probs = probs.masked_fill(probs < column(min_p) * probs.amax(-1, keepdim=True), 0.0)
+        if sr.min_p is not None:  # drop tokens below min_p x the row's top probability
+            probs = probs.masked_fill(probs < sr.min_p * probs.amax(-1, keepdim=True), 0.0)
         noise = torch.empty_like(probs)
-        unseeded = [i for i, g in enumerate(gens) if g is None]
+        unseeded = tuple(i for i, g in enumerate(gens) if g is None)  # a caller may pass no generator
         if len(unseeded) == n:
             noise.exponential_()
         else:
             if unseeded:
-                noise[unseeded] = torch.empty(len(unseeded), vocab, device=dev).exponential_()
+                index = sr.unseeded if unseeded == sr.unseeded_rows else torch.as_tensor(unseeded, device=dev)
+                noise[index] = torch.empty(len(unseeded), vocab, device=dev).exponential_()
             for i, g in enumerate(gens):
                 if g is not None:
                     noise[i].exponential_(generator=g)

@@ -143,6 +143,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     `tp_size` > 1: this process is rank 0 of a tensor-parallel worker; it starts the other ranks
     (pdorch/worker/tp_group.py) and its runner, store and transfers drive theirs too.
     """
+    from engine.device import use_device
     from engine.grammar import Grammars
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
@@ -155,6 +156,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
 
     check_startup(cfg)  # one line per misconfiguration, before anything loads
     m = cfg.model
+    use_device(m.device)  # before any kernel, graph or stream (engine/device.py)
     model_dir, dtypes = prepare(cfg, tp_size)
     tp = None
     if tp_size > 1:

@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args) -> None:
     import grpc
-    import torch
 
+    from engine.device import use_device
     from engine.model_runner import ModelRunner
     from engine.tensor_parallel import TPShard, init_tp_group
     from pdorch.worker.runtime import configure_torch, load_shard, make_store, prepare, start_transfer
@@ -68,8 +68,7 @@ def run(args) -> None:
     cfg = load_config(args.config)
     device = rank_device(cfg.model.device, args.rank)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, device=device))
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
+    use_device(device)  # before any kernel, graph or stream (engine/device.py)
     configure_torch(cfg.model.torch_threads)
     group = init_tp_group(args.rank, args.size, args.init, backend_for(device), cfg.model.tp_timeout_s)
     model_dir, dtypes = prepare(cfg, args.size)

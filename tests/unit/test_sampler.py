@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.sampler import Sampler, make_generator
+from engine.sampler import SampledRows, Sampler, make_generator
 from engine.sampling_params import SamplingParams
 
 LOGITS = torch.log(torch.tensor([[0.5, 0.3, 0.2, 1e-9]]))
@@ -156,3 +156,32 @@ def test_one_host_sync_per_batch(monkeypatch):
     s = Sampler()
     out = s.sample(torch.randn(3, 50), ps, [s.make_generator(p) for p in ps])
     assert calls == ["tolist"] and len(out) == 3
+
+
+def test_a_steady_batch_copies_its_parameters_to_the_device_once(monkeypatch):
+    """The sampled rows' parameters are built (and copied) when the batch's parameters change, not every
+    step: a decode batch that keeps its requests samples with no host-to-device copy."""
+    builds = []
+    real = SampledRows.build
+    monkeypatch.setattr(SampledRows, "build", staticmethod(lambda *a: builds.append(1) or real(*a)))
+    s = Sampler()
+    ps = [SamplingParams(temperature=0), SamplingParams(top_k=5, top_p=0.9), SamplingParams(seed=1, min_p=0.1)]
+    gens = [s.make_generator(p) for p in ps]
+    for _ in range(5):
+        out = s.sample(torch.randn(3, 50), ps, gens)
+        assert len(out) == 3 and all(0 <= t < 50 for t in out)
+    assert len(builds) == 1
+    s.sample(torch.randn(2, 50), ps[1:], gens[1:])  # a request left: new rows, rebuilt once
+    s.sample(torch.randn(2, 50), list(ps[1:]), gens[1:])
+    assert len(builds) == 2
+
+
+def test_a_seeded_row_given_no_generator_still_samples_within_its_support():
+    """A caller that passes no generator for a seeded row gets the default generator's draw there (as
+    an unseeded row), never uninitialised noise."""
+    logits = torch.log(PROBS).float()[None].expand(3, -1)
+    ps = [SamplingParams(seed=3, top_k=2), SamplingParams(top_k=1), SamplingParams(seed=4, top_k=2)]
+    s = Sampler()
+    for _ in range(30):
+        a, b, c = s.sample(logits, ps, [None, None, s.make_generator(ps[2])])
+        assert a in (0, 1) and b == 0 and c in (0, 1)
