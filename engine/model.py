@@ -26,17 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.arch import ModelArch
+from engine.fused_ops import TorchOps, rms_norm
 from engine.rope import RotaryTable, apply_rotary
 from engine.tensor_parallel import NO_TP, TPGroup, TPShard
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as HF's LlamaRMSNorm / Qwen3RMSNorm (fp32 statistics, weight applied in the input dtype).
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 def _param(*shape, **kw) -> nn.Parameter:
@@ -92,6 +86,7 @@ class DecoderModel(nn.Module):
             self.embed[len(self.vocab):].zero_()
             self.lm_head[len(self.vocab):].zero_()
         self.rope = RotaryTable(arch, self.device)
+        self.ops = TorchOps  # engine/fused_ops.py: the residual adds, norms and SwiGLU (TritonOps: fused, CUDA)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
@@ -100,20 +95,23 @@ class DecoderModel(nn.Module):
         a = self.local_arch
         eps, hq, hkv, d = a.rms_norm_eps, a.num_heads, a.num_kv_heads, a.head_dim
         cos, sin = self.rope.cos_sin(positions, max_pos, self.dtype)
-        x = self._embed(input_ids)
+        x, ops = self._embed(input_ids), self.ops
+        delta = None  # the last sub-layer's output, added into x together with the norm that follows it
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, eps)
+            if delta is None:
+                h = rms_norm(x, layer.input_norm, eps)
+            else:
+                h, x = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             q, k, v = torch.split(F.linear(h, layer.qkv, layer.qkv_bias), layer.sizes, dim=-1)
             q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
             if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's D, before RoPE
                 q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
             attn = attend(i, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.view(-1, hkv, d))
-            x = x + self._row_parallel(attn, layer.o, layer.o_bias)            # attn: [T, Hq * D]
-            h = rms_norm(x, layer.post_norm, eps)
-            gate, up = torch.split(F.linear(h, layer.gate_up, layer.gate_up_bias), layer.ffn, dim=-1)
-            x = x + self._row_parallel(F.silu(gate) * up, layer.down, layer.down_bias)
-        x = rms_norm(x[logit_rows], self.norm, eps)
-        return self._logits(x)
+            h, x = ops.add_rms_norm(x, self._row_parallel(attn, layer.o, layer.o_bias), layer.post_norm, eps)
+            gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
+            delta = self._row_parallel(ops.silu_mul(gate_up, layer.ffn), layer.down, layer.down_bias)
+        x = x[logit_rows] + delta[logit_rows]  # NOTE: only the rows whose logits are asked for
+        return self._logits(rms_norm(x, self.norm, eps))
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.group.size == 1:

@@ -1,5 +1,6 @@
-"""The Triton kernels of the paged backend on the CPU, run by Triton's interpreter in a child
-process (tests/unit/triton_cases.py): each equals float64 attention over the same pages."""
+"""The Triton kernels on the CPU, run by Triton's interpreter in a child process (tests/unit/triton_cases.py):
+the paged backend's each equal float64 attention over the same pages; the fused elementwise ones equal
+the torch ops they replace."""
 
 import json
 import os
@@ -30,6 +31,24 @@ def test_kernel_equals_float64(results, case):
     err = results[case]
     assert isinstance(err, float), err  # a traceback from the child
     assert err <= next((t for k, t in TOLERANCE.items() if k in case), 1e-5), err
+
+
+def test_the_gpu_checks_kernel_grid_passes_in_the_interpreter(results):
+    """bench/gpu_check.py's grid (shapes shrunk to what the interpreter runs in seconds), fp32: every case
+    within its tolerance, every kernel and page size of the grid present."""
+    grid = results["grid_smoke"]
+    assert isinstance(grid, list), grid
+    assert [e for e in grid if not e["ok"]] == []
+    assert {(e["kernel"], e["page"]) for e in grid} == {(k, p) for k in ("paged_decode", "paged_extend") for p in (16, 64)}
+    assert max(e["rel_err"] for e in grid) <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["fused_add_rms_norm", "fused_silu_mul", "fused_model_logits"])
+def test_fused_kernels_equal_the_torch_ops(results, case):
+    """engine/fused_kernels.py (TritonOps) against TorchOps, fp32: each op, and a tiny model's logits."""
+    err = results[case]
+    assert isinstance(err, float), err
+    assert err <= 1e-5, err
 
 
 @pytest.mark.parametrize("batch, kv_heads, blocks, sms, want", [

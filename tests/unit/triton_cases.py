@@ -24,25 +24,9 @@ def _patch_index(tensor, scope):
 
 
 _interp._patch_lang_tensor = _patch_index
+from bench.gpu_check_kernels import PoolArch as Arch
+from bench.gpu_check_kernels import attention64, run_kernels
 from engine.kv_pool import KVPool
-
-
-class Arch:  # the pool's geometry only
-    def __init__(self, layers, kv_heads, heads, head_dim):
-        self.num_layers, self.num_kv_heads, self.num_heads, self.head_dim = layers, kv_heads, heads, head_dim
-        self.kv_values_per_token = layers * 2 * kv_heads * head_dim
-
-
-def attention64(q, pool, layer, table, start, end):
-    """float64 causal attention of q [n, Hq, D] (positions start..end-1) over positions 0..end-1."""
-    P, H = pool.page_size, pool.arch.num_kv_heads
-    G = q.shape[1] // H
-    t = torch.arange(end)
-    kv = pool.layer_view(layer)[torch.as_tensor(table)[t // P], :, :, t % P].double()   # [end, 2, H, D]
-    k, v = kv[:, 0].repeat_interleave(G, 1), kv[:, 1].repeat_interleave(G, 1)      # [end, Hq, D]
-    s = torch.einsum("nhd,thd->hnt", q.double(), k) / q.shape[-1] ** 0.5
-    s = s.masked_fill(t[None, None, :] > torch.arange(start, end)[None, :, None], float("-inf"))
-    return torch.einsum("hnt,thd->nhd", torch.softmax(s, -1), v)
 
 
 def decode_case(page, heads, kv_heads, head_dim, dtype, splits) -> float:
@@ -79,6 +63,44 @@ def extend_case(start, end, page) -> float:
     return float((out.double() - attention64(q, pool, 2, table.tolist(), start, end)).abs().max())
 
 
+def fused_case(op: str) -> float:
+    """Largest error of a fused kernel (engine/fused_kernels.py) against TorchOps, relative to the largest |value|."""
+    from engine.fused_ops import TorchOps, TritonOps
+
+    torch.manual_seed(3)
+    if op == "add_rms_norm":
+        x, delta, w = torch.randn(5, 100), torch.randn(5, 100), torch.randn(100)
+        (y, s), (ry, rs) = TritonOps.add_rms_norm(x, delta, w, 1e-5), TorchOps.add_rms_norm(x, delta, w, 1e-5)
+        return max(float((y - ry).abs().max() / ry.abs().max()), float((s - rs).abs().max() / rs.abs().max()))
+    gate_up = torch.randn(3, 2 * 1500) * 4
+    y, ref = TritonOps.silu_mul(gate_up, 1500), TorchOps.silu_mul(gate_up, 1500)
+    return float((y - ref).abs().max() / ref.abs().max())
+
+
+def fused_model_case() -> float:
+    """A tiny random Llama's logits with TritonOps against TorchOps (a prefill, then a decode step on it)."""
+    from engine.arch import ModelArch
+    from engine.fused_ops import TorchOps, TritonOps
+    from engine.model import DecoderModel
+    from engine.model_runner import Chunk, ModelRunner
+
+    arch = ModelArch.from_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 128, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+                                  "tie_word_embeddings": False})
+    torch.manual_seed(4)
+    model = DecoderModel(arch)
+    for p in model.parameters():
+        p.normal_(1.0 if p.dim() == 1 else 0.0, 0.2)
+    out = {}
+    for ops in (TorchOps, TritonOps):
+        model.ops = ops
+        runner = ModelRunner(model, arch, KVPool(arch, 8, 16), "torch")
+        first = runner.forward([Chunk([0, 1], 0, list(range(3, 20)))])
+        out[ops.name] = torch.cat([first, runner.forward([Chunk([0, 1], 17, [9])])])
+    return float((out["triton"] - out["torch"]).abs().max() / out["torch"].abs().max())
+
+
 CASES = {
     "decode_p4_fp32_1split": lambda: decode_case(4, 4, 2, 16, torch.float32, 1),
     "decode_p16_fp32_4splits": lambda: decode_case(16, 6, 2, 32, torch.float32, 4),
@@ -87,6 +109,11 @@ CASES = {
     "extend_on_prefix": lambda: extend_case(13, 40, 4),
     "extend_one_token": lambda: extend_case(32, 33, 16),
     "extend_long_prefix": lambda: extend_case(50, 90, 8),
+    # bench/gpu_check.py's kernel grid at small sizes (its GPU run covers it whole, fp32 and bf16)
+    "grid_smoke": lambda: run_kernels("cpu", ("float32",), smoke=True),
+    "fused_add_rms_norm": lambda: fused_case("add_rms_norm"),
+    "fused_silu_mul": lambda: fused_case("silu_mul"),
+    "fused_model_logits": fused_model_case,
 }
 
 

@@ -1,0 +1,63 @@
+"""Triton kernels of engine/fused_ops.py's TritonOps: one program per token row.
+
+    add_rms_norm   s = x + delta (input dtype), y = (s_fp32 * rsqrt(mean(s_fp32^2) + eps)) cast, times weight
+    silu_mul       y = silu(gate_fp32) cast, times up (input dtype)
+
+NOTE: rows of up to BLOCK = next power of two of the hidden size (or a block of the ffn width) per
+program: the hidden sizes served (<= 16k) fit one block. Tested against TorchOps in Triton's
+interpreter on CPU (tests/unit/test_fused_ops.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add_rms_norm_kernel(X, DELTA, W, Y, S, stride_x, stride_d, stride_y, stride_s, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+    d = tl.load(DELTA + row * stride_d + cols, mask=mask, other=0.0)
+    s = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)  # rounded to the input dtype, as torch's add
+    tl.store(S + row * stride_s + cols, s, mask=mask)
+    sf = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / n + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0)
+    y = w.to(tl.float32) * (sf * rstd).to(x.dtype).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, y.to(x.dtype), mask=mask)
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Y, stride_gu, stride_y, ffn, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < ffn
+    g = tl.load(GU + row * stride_gu + cols, mask=mask, other=0.0)
+    u = tl.load(GU + row * stride_gu + ffn + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu: fp32 inside, rounded to the input dtype
+    tl.store(Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(rms_norm(x + delta) * weight, x + delta) for x, delta [T, h] (rows contiguous in the last dim)."""
+    t, n = x.shape
+    y, s = torch.empty_like(x), torch.empty_like(x)
+    if t:
+        _add_rms_norm_kernel[(t,)](x, delta, weight, y, s, x.stride(0), delta.stride(0), y.stride(0), s.stride(0),
+                                   n, eps, BLOCK=triton.next_power_of_2(n))
+    return y, s
+
+
+def silu_mul(gate_up: torch.Tensor, ffn: int, block: int = 1024) -> torch.Tensor:
+    """silu(gate_up[:, :ffn]) * gate_up[:, ffn:] -> [T, ffn]."""
+    t = gate_up.shape[0]
+    y = torch.empty(t, ffn, dtype=gate_up.dtype, device=gate_up.device)
+    if t:
+        block = min(block, triton.next_power_of_2(ffn))
+        _silu_mul_kernel[(t, triton.cdiv(ffn, block))](gate_up, y, gate_up.stride(0), y.stride(0), ffn, BLOCK=block)
+    return y
