@@ -1,15 +1,18 @@
-"""bench/gpu_check.py, part 1: the engine against transformers on tiny random checkpoints.
+"""bench/gpu_check.py, part 2: the engine against transformers on tiny random checkpoints.
 
 Per family (Llama 3, Qwen2; tests/fixtures/hf_checkpoints.py's build_checkpoint) and dtype (fp32, bf16):
 
     logits    the engine's last-token logits of 3 prompts, each prefilled in two chunks (the second on
               top of the first's cached pages: the extend path), against HF's forward of the whole
-              prompt: |diff|max / |ref|max within LOGIT_TOLERANCE
+              prompt in the same dtype: |diff|max / |ref|max within LOGIT_TOLERANCE (a gate in fp32);
+              bf16 also against HF in fp32: our RMS error over HF bf16's own, at most BF16_ERROR_OVER_HF
     greedy    24 greedy tokens of the 3 prompts decoded in one batch (paged decode, and CUDA graphs
               on a GPU) equal HF `generate` run per prompt: required in fp32, reported in bf16
-    seeded    a seeded request draws the same tokens twice, alone and inside a batch mixing greedy,
-              seeded and unseeded rows, and after its generator state is moved to a new generator
-              mid-stream (the prefill -> decode hand-off); the batch's greedy rows equal greedy alone
+    seeded    a seeded request draws the same tokens twice, and after its generator state is moved to a
+              new generator mid-stream (the prefill -> decode hand-off)
+    batch     the same prompts inside a batch mixing greedy, seeded and unseeded rows: the same tokens
+              (a gate in fp32), prompt 1's logits against those of the first batch (reported in bf16:
+              cuBLAS promises no bitwise equality across batch shapes)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tempfile
 import torch
 
 from engine.attention.batch import Chunk
+from engine.fused_ops import OPS
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
@@ -27,6 +31,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 
 LOGIT_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}  # relative to the largest |logit| of the reference
+BF16_ERROR_OVER_HF = 1.25  # bf16: our error against HF fp32 over HF's own bf16 error against it
 FAMILIES = ("llama3", "qwen2")
 PAGE = 16
 STEPS = 24
@@ -43,8 +48,9 @@ def build_tiny(family: str, root: pathlib.Path) -> pathlib.Path:
 class Engine:
     """The engine's parts driven directly: contiguous pages per sequence, two-chunk prefill, decode."""
 
-    def __init__(self, model_dir, device, dtype, graphs: bool):
+    def __init__(self, model_dir, device, dtype, graphs: bool, ops: str = "torch"):
         self.arch, self.model = load_model(model_dir, device=device, dtype=dtype)
+        self.model.ops = OPS[ops]  # engine/fused_ops.py: torch, or the fused Triton kernels
         self.pool = KVPool(self.arch, 256, PAGE, dtype, device, scratch_page=True)
         self.runner = ModelRunner(self.model, self.arch, self.pool, "paged")
         self.graph_error = None
@@ -104,41 +110,75 @@ def hf_reference(model_dir, device, dtype, prompts):
     return torch.stack(logits), greedy
 
 
-def check_family(family: str, dtype_name: str, device: str, root: pathlib.Path, graphs: bool) -> dict:
+def check_family(family: str, dtype_name: str, device: str, model_dir: pathlib.Path, prompts, hf32, graphs: bool,
+                 ops: str = "torch", hf_same=None) -> dict:
+    """One (family, dtype, ops) entry; `hf32`: HF's fp32 (logits, greedy ids), the reference of every dtype;
+    `hf_same`: HF's in this dtype, if already computed."""
     dtype = getattr(torch, dtype_name)
-    model_dir = build_tiny(family, root)
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, 2000, (n,), generator=g).tolist() for n in (37, 100, 260)]
-    ref_logits, ref_greedy = hf_reference(model_dir, device, dtype, prompts)
-    eng = Engine(model_dir, device, dtype, graphs)
+    if hf_same is None:
+        hf_same = hf32 if dtype_name == "float32" else hf_reference(model_dir, device, dtype, prompts)
+    ref_logits, ref_greedy = hf_same
+    eng = Engine(model_dir, device, dtype, graphs, ops)
     greedy = SamplingParams(temperature=0)
     logits, ours = eng.run(prompts, [greedy] * len(prompts))
-    rel = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
+    rel = relative(logits, ref_logits)
     seeded = SamplingParams(seed=1234, temperature=0.8, top_p=0.9, top_k=50, min_p=0.02)
     _, alone = eng.run(prompts[:1], [seeded])
     _, again = eng.run(prompts[:1], [seeded])
     _, handoff = eng.run(prompts[:1], [seeded], handoff_at=1)
     mixed_params = [greedy, seeded, SamplingParams(temperature=1.0), SamplingParams(seed=99, top_p=0.8)]
-    _, mixed = eng.run([prompts[1], prompts[0], prompts[2], prompts[1]], mixed_params)
+    mixed_logits, mixed = eng.run([prompts[1], prompts[0], prompts[2], prompts[1]], mixed_params)
     vocab = eng.arch.vocab_size
-    return {
-        "family": family, "dtype": dtype_name, "logits_rel_diff": rel, "logits_tolerance": LOGIT_TOLERANCE[dtype_name],
+    batch_diff = relative(mixed_logits[0], logits[1])  # prompt 1's logits in a batch of 4 vs of 3
+    entry = {
+        "family": family, "dtype": dtype_name, "ops": ops, "logits_rel_diff": rel, "logits_tolerance": LOGIT_TOLERANCE[dtype_name],
         "logits_ok": rel <= LOGIT_TOLERANCE[dtype_name],
         "greedy_equal": ours == ref_greedy,
         "greedy_token_match": sum(a == b for o, r in zip(ours, ref_greedy) for a, b in zip(o, r)) / (3 * STEPS),
         "seeded_reproducible": alone == again == handoff,
-        "mixed_batch_ok": mixed[1] == alone[0] and mixed[0] == ours[1] and all(0 <= t < vocab for t in mixed[2]),
+        "batch_tokens_equal": mixed[1] == alone[0] and mixed[0] == ours[1] and all(0 <= t < vocab for t in mixed[2]),
+        "batch_logits_rel_diff": batch_diff, "batch_logits_ok": batch_diff <= LOGIT_TOLERANCE[dtype_name],
         "cuda_graphs": graphs and eng.graph_error is None, "cuda_graph_error": eng.graph_error,
     }
+    if dtype_name != "float32":  # our bf16 error against HF fp32, over HF's own bf16 error against it
+        ours_err, hf_err = rms_error(logits, hf32[0]), rms_error(ref_logits, hf32[0])
+        entry.update(error_vs_fp32=ours_err, hf_error_vs_fp32=hf_err, error_over_hf=ours_err / max(hf_err, 1e-12),
+                     max_error_over_hf=relative(logits, hf32[0]) / max(relative(ref_logits, hf32[0]), 1e-12))
+    return entry
+
+
+def relative(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref|."""
+    return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def rms_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """root-mean-square of x - ref over root-mean-square of ref (every logit of every prompt)."""
+    ref = ref.float()
+    return float((x.float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt())
 
 
 def run_correctness(device: str, dtypes=("float32", "bfloat16")) -> list[dict]:
+    """Every family and dtype with the torch ops; on CUDA also with the fused Triton kernels (TritonOps)."""
     graphs = device.startswith("cuda")
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 2000, (n,), generator=g).tolist() for n in (37, 100, 260)]
+    out = []
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        return [check_family(f, d, device, pathlib.Path(tmp), graphs) for f in FAMILIES for d in dtypes]
+        for family in FAMILIES:
+            model_dir = build_tiny(family, pathlib.Path(tmp))
+            hf32 = hf_reference(model_dir, device, torch.float32, prompts)
+            for d in dtypes:
+                hf_same = hf32 if d == "float32" else hf_reference(model_dir, device, getattr(torch, d), prompts)
+                for ops in ("torch", "triton") if graphs else ("torch",):
+                    out.append(check_family(family, d, device, model_dir, prompts, hf32, graphs, ops, hf_same))
+    return out
 
 
 def passed(entry: dict) -> bool:
-    """fp32 must match HF token for token; bf16 only within its logit tolerance."""
-    ok = entry["logits_ok"] and entry["seeded_reproducible"] and entry["mixed_batch_ok"]
-    return ok and (entry["greedy_equal"] or entry["dtype"] != "float32")
+    """fp32: logits within 1e-4 of HF, greedy tokens equal, batch composition changes no token. bf16: its
+    error against HF fp32 at most BF16_ERROR_OVER_HF x HF's own bf16 error; batch invariance is reported
+    only (cuBLAS promises no bitwise equality across batch shapes). Seeded sampling reproducible in both."""
+    if entry["dtype"] == "float32":
+        return entry["logits_ok"] and entry["greedy_equal"] and entry["batch_tokens_equal"] and entry["seeded_reproducible"]
+    return entry["error_over_hf"] <= BF16_ERROR_OVER_HF and entry["seeded_reproducible"]

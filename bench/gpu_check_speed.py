@@ -1,17 +1,24 @@
-"""bench/gpu_check.py, part 2: speed on random weights of Llama-3.1-8B's shape (bf16), same run, same weights.
+"""bench/gpu_check.py, part 3: speed on random weights of Llama-3.1-8B's shape (bf16), same run, same weights.
 
     copy       device-to-device copy bandwidth (bytes read + written / time): the memory ceiling
-    prefill    tokens/s of one prompt (2k, 8k) through our ModelRunner vs HF transformers (sdpa)
+    prefill    tokens/s of one prompt (2k, 8k) through our ModelRunner vs HF transformers (sdpa), and
+               which attention ops (SDPA backend) our prefill ran
     decode     one step at batch B x context C: our engine (CUDA graphs on, sampler included: the
                step a worker runs) vs (a) the roofline = (weights read + KV read) / copy bandwidth and
-               (b) HF's decode step with its DynamicCache holding C tokens; GPU time (events) and wall time
-    profile    torch.profiler top-10 by device time of eager decode steps at one (B, C)
+               (b) HF's decode step with its DynamicCache holding C tokens; GPU time (events) and wall
+               time, and the step's parts with graphs: host staging, graph replay (GPU), sampler
+    profile    torch.profiler top-10 by device time of eager decode steps at one (B, C); device ops per
+               step and their time against the step's wall time, eager and graph replay (idle gaps)
+    compile    the first call's extra time (Triton compiles) of a decode and an extend step; graph capture
+    fused      decode at batch 1, 32, 128 x 4k and the device ops per step again with the fused elementwise
+               kernels (engine/fused_ops.py TritonOps): the measurement that chooses them or not
 
 The engine's weights are HF's, copied in by the loader's own name map (engine/loader.destinations).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import statistics
@@ -22,6 +29,7 @@ import torch
 
 from engine.arch import ModelArch
 from engine.attention.batch import Chunk
+from engine.fused_ops import TorchOps, TritonOps
 from engine.kv_pool import KVPool
 from engine.loader import destinations
 from engine.model import DecoderModel
@@ -120,22 +128,92 @@ def prefill(runner, hf, clock, lengths, reps: int) -> list[dict]:
 
 
 def decode(runner, clock, arch, batches, contexts, copy_bps, reps: int) -> list[dict]:
+    """Per (B, C): the step a worker runs (CUDA graphs where captured, the sampler included), GPU and wall
+    time against the roofline; on CUDA with graphs also its parts (step_parts)."""
     sampler, greedy = Sampler(runner.device), SamplingParams(temperature=0)
     per_token = arch.kv_values_per_token * 2  # bf16 bytes of K and V of one token, all layers
     out = []
     for b in batches:
         for c in contexts:
-            width = c // PAGE + 1
-            chunks = [Chunk(list(range(i * width, (i + 1) * width)), c, [7]) for i in range(b)]
+            chunks, params = decode_chunks(b, c), [greedy] * b
 
-            def step(chunks=chunks, b=b):
-                return sampler.sample(runner.forward(chunks), [greedy] * b)
+            def step(chunks=chunks, params=params):
+                return sampler.sample(runner.forward(chunks), params)
 
             gpu, wall = clock.median(step, reps)
             roof = (weight_bytes_per_step(arch) + b * c * per_token) / copy_bps
-            out.append({"batch": b, "context": c, "ours_gpu_s": gpu, "ours_wall_s": wall, "roofline_s": roof,
-                        "over_roofline": wall / roof})
+            row = {"batch": b, "context": c, "ours_gpu_s": gpu, "ours_wall_s": wall, "roofline_s": roof,
+                   "over_roofline": wall / roof}
+            if runner.graphs is not None and runner.graphs.can_run(chunks):
+                row.update(step_parts(runner, sampler, chunks, params, reps))
+            out.append(row)
     return out
+
+
+def decode_chunks(batch: int, context: int) -> list[Chunk]:
+    width = context // PAGE + 1
+    return [Chunk(list(range(i * width, (i + 1) * width)), context, [7]) for i in range(batch)]
+
+
+def step_parts(runner, sampler, chunks, params, reps: int) -> dict:
+    """Medians of a graph step's parts: host staging (the rows into the pinned buffer, the copy and the
+    page-table cells enqueued), graph replay on the GPU (events), the sampler (GPU work and its one
+    sync, from the replay's end to the tokens on the host)."""
+    g, runs = runner.graphs, []
+    for i in range(reps + 2):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b = g.stage(chunks)
+        t1 = time.perf_counter()
+        ev[0].record()
+        logits = g.replay(b, len(chunks))
+        ev[1].record()
+        sampler.sample(logits, params)
+        ev[2].record()
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        if i >= 2:  # warm-up: the first staging of these rows sends the whole table
+            runs.append((t1 - t0, ev[0].elapsed_time(ev[1]) / 1e3, ev[1].elapsed_time(ev[2]) / 1e3, t2 - t0))
+    med = [statistics.median(r[k] for r in runs) for k in range(4)]
+    return {"staging_s": med[0], "replay_gpu_s": med[1], "sampler_s": med[2], "step_wall_s": med[3]}
+
+
+def first_call_extra(runner, clock, chunks) -> float:
+    """Seconds the first forward of these chunks took beyond a later one: Triton's compile of a new launch
+    shape (the kernels are cached on disk: a warm cache shows ~0)."""
+    first = clock.time(lambda: runner.forward(chunks))[1]
+    return first - clock.median(lambda: runner.forward(chunks), 3, warmup=0)[1]
+
+
+def device_ops(runner, chunks, steps: int = 5) -> dict:
+    """Device ops (kernels, copies) per step, their summed time and the step's wall time, from the
+    profiler: wall - device time = the GPU's idle gaps (launch overhead, host work)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.forward(chunks)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            runner.forward(chunks)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / steps
+    ops = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    busy = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0) for e in ops) / 1e6 / steps
+    return {"ops_per_step": len(ops) / steps, "device_s": busy, "wall_s": wall, "idle_fraction": max(0.0, 1 - busy / wall)}
+
+
+def sdpa_kernels(runner, n: int) -> list[str]:
+    """The attention ops a prefill of n tokens ran (which SDPA backend torch picked)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    chunk = Chunk(list(range(-(-n // PAGE))), 0, [7] * n)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.forward([chunk])
+    keys = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+    return sorted({e.key for e in prof.key_averages() if any(k in e.key for k in keys)})
 
 
 def hf_decode(hf, clock, arch, batches, contexts, reps: int, budget_bytes: int) -> dict[tuple[int, int], float]:
@@ -165,47 +243,86 @@ def hf_decode(hf, clock, arch, batches, contexts, reps: int, budget_bytes: int) 
     return out
 
 
+def fused_steps(runner, clock, arch, batches, contexts, copy_bps, reps: int, res: dict) -> None:
+    """Decode at 4k context with TritonOps (graphs captured again), and its device ops per step."""
+    model, at = runner.model, res["profile_at"]
+    try:
+        model.ops = TritonOps
+        if runner.graphs is not None:
+            runner.graphs = None
+            gc.collect()
+            runner.capture_decode_graphs(max(batches), max(contexts) + PAGE)
+        res["decode_fused"] = decode(runner, clock, arch, [b for b in batches if b in (1, 32, 128)], contexts[-1:],
+                                     copy_bps, reps)
+        with eager(runner):
+            res["device_ops"]["eager_fused"] = device_ops(runner, decode_chunks(*at))
+        if runner.graphs is not None:
+            res["device_ops"]["graph_fused"] = device_ops(runner, decode_chunks(*at))
+    except Exception:  # noqa: BLE001 - reported; the torch-ops numbers stand
+        res["fused_error"] = traceback.format_exc()[-2000:]
+    finally:
+        model.ops = TorchOps
+
+
 def profile_top10(runner, batch: int, context: int) -> list[dict]:
     """Top-10 ops by device time (CPU time on CPU) over 5 eager decode steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    width = context // PAGE + 1
-    chunks = [Chunk(list(range(i * width, (i + 1) * width)), context, [7]) for i in range(batch)]
-    graphs, runner.graphs = runner.graphs, None  # eager: the kernels, not one graph replay
+    chunks = decode_chunks(batch, context)
     cuda = runner.device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    try:
+    with eager(runner):
         runner.forward(chunks)
         with profile(activities=acts) as prof:
             for _ in range(5):
                 runner.forward(chunks)
             if cuda:
                 torch.cuda.synchronize()
-    finally:
-        runner.graphs = graphs
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:10]
     return [{"name": e.key[:60], "self_ms_per_step": getattr(e, key, 0) / 1e3 / 5, "calls_per_step": e.count / 5}
             for e in events]
 
 
-def run_speed(device: str, smoke: bool) -> dict:
+@contextlib.contextmanager
+def eager(runner):
+    """The runner without its CUDA graphs for a while: the kernels, not one graph replay."""
+    graphs, runner.graphs = runner.graphs, None
+    try:
+        yield
+    finally:
+        runner.graphs = graphs
+
+
+def run_speed(device: str, smoke: bool, res: dict | None = None, save=lambda: None) -> dict:
+    """Fills `res` step by step, calling save() after each (a run killed at its time limit keeps them)."""
+    res = {} if res is None else res
     dev = torch.device(device)
-    clock = Clock(dev)
+    clock, cuda = Clock(dev), dev.type == "cuda"
     shape = TINY if smoke else LLAMA31_8B
     lengths, batches, contexts = ((64, 128), (1, 2), (32, 64)) if smoke else ((2048, 8192), (1, 8, 32, 128),
                                                                            (1024, 4096))
     reps = 3 if smoke else 10
     copy_bps = copy_bandwidth(dev, (64 << 20) if smoke else (4 << 30))
     hf, ours, arch = build_models(shape, dev)
+    if cuda:  # NOTE: batch 128 x 4k is 68 GB of KV on 8B: on a smaller GPU than an H200 the largest batches go
+        fits = [b for b in batches if b * (max(contexts) // PAGE + 2) * PAGE * arch.kv_values_per_token * 2
+                < 0.8 * torch.cuda.mem_get_info(dev)[0]]
+        res["batches_left_out"], batches = [b for b in batches if b not in fits], tuple(fits)
     tokens = max(max(batches) * (max(contexts) // PAGE + 1) * PAGE, max(lengths) + PAGE)
     pool = KVPool(arch, tokens // PAGE + 1, PAGE, torch.bfloat16, dev, scratch_page=True)
     pool.tensor.normal_()  # never zeros: timing on zeros flatters
     runner = ModelRunner(ours, arch, pool, "paged")
-    res = {"shape": "tiny" if smoke else "Llama-3.1-8B", "copy_gbps": copy_bps / 1e9,
-           "weights_gb_per_step": weight_bytes_per_step(arch) / 1e9}
+    res.update(shape="tiny" if smoke else "Llama-3.1-8B", copy_gbps=copy_bps / 1e9,
+               weights_gb_per_step=weight_bytes_per_step(arch) / 1e9)
+    res["first_call_extra_s"] = {
+        "decode": first_call_extra(runner, clock, decode_chunks(batches[0], contexts[0])),
+        "extend": first_call_extra(runner, clock, [Chunk(list(range(-(-(contexts[0] + 64) // PAGE))), contexts[0],
+                                                         [7] * 64)])}
     res["prefill"] = prefill(runner, hf, clock, lengths, 2 if not smoke else 1)
-    if dev.type == "cuda":
+    res["prefill_attention_ops"] = sdpa_kernels(runner, lengths[-1])
+    save()
+    if cuda:
         t0 = time.perf_counter()
         try:  # NOTE: one run on a GPU machine: a failed capture is reported, the eager numbers still come
             runner.capture_decode_graphs(max(batches), max(contexts) + PAGE)
@@ -214,12 +331,22 @@ def run_speed(device: str, smoke: bool) -> dict:
             res["graph_capture_error"] = f"{type(e).__name__}: {e}"
             runner.graphs = None
     res["decode"] = decode(runner, clock, arch, batches, contexts, copy_bps, reps)
-    res["profile"] = profile_top10(runner, batches[min(2, len(batches) - 1)], contexts[-1])
-    res["profile_at"] = [batches[min(2, len(batches) - 1)], contexts[-1]]
+    save()
+    at = [batches[min(2, len(batches) - 1)], contexts[-1]]
+    res["profile"], res["profile_at"] = profile_top10(runner, *at), at
+    if cuda:
+        with eager(runner):
+            res["device_ops"] = {"eager": device_ops(runner, decode_chunks(*at))}
+        if runner.graphs is not None:
+            res["device_ops"]["graph"] = device_ops(runner, decode_chunks(*at))
+    save()
+    if cuda:  # the same steps with the fused elementwise kernels (engine/fused_ops.py): which one to use
+        fused_steps(runner, clock, arch, batches, contexts, copy_bps, reps, res)
+        save()
     runner.graphs = None  # NOTE: the graphs hold the runner (a cycle): break it, or the pool outlives `del`
     del runner, pool
     gc.collect()
-    if dev.type == "cuda":
+    if cuda:
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(dev)
         budget = int(free * 0.9)
