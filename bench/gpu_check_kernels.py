@@ -6,7 +6,7 @@
               fp32 accumulation). Each case: the worst error relative to the reference's largest |value|;
               in bf16 also torch's own SDPA in bf16 on the same K/V, so the tolerance is not a guess
               about bf16 rounding: ours passes within BF16_TOLERANCE or within 2x torch's error.
-    fused     engine/fused_kernels.py's add + RMSNorm and SwiGLU against the torch ops they replace
+    fused     engine/fused_kernels.py's add + RMSNorm, SwiGLU and RoPE against the torch ops they replace
     bandwidth the decode kernel alone at batch B x 4k tokens on Llama-3.1-8B's attention shape (32 q
               heads, 8 KV heads, 128 dims, bf16): K/V bytes read / time, with its split count.
 
@@ -176,8 +176,13 @@ def run_fused(device: str, dtypes=("float32", "bfloat16")) -> list[dict]:
         x, delta = (torch.randn(33, 4096, device=device).to(dtype) for _ in range(2))
         w = torch.randn(4096, device=device).to(dtype)
         gate_up = (torch.randn(33, 2 * 14336, device=device) * 4).to(dtype)
+        qkv = torch.randn(33, (32 + 2 * 8) * 128, device=device).to(dtype)
+        q, k = qkv[:, :4096].view(33, 32, 128), qkv[:, 4096:5120].view(33, 8, 128)
+        ang = torch.randn(33, 1, 128, device=device)
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
         pairs = {"add_rms_norm": (TritonOps.add_rms_norm(x, delta, w, 1e-5), TorchOps.add_rms_norm(x, delta, w, 1e-5)),
-                 "silu_mul": ((TritonOps.silu_mul(gate_up, 14336),), (TorchOps.silu_mul(gate_up, 14336),))}
+                 "silu_mul": ((TritonOps.silu_mul(gate_up, 14336),), (TorchOps.silu_mul(gate_up, 14336),)),
+                 "rotary": (TritonOps.rotary(q, k, cos, sin), TorchOps.rotary(q, k, cos, sin))}
         tol = FP32_TOLERANCE if name == "float32" else BF16_TOLERANCE
         for op, (ours, ref) in pairs.items():
             err = max(_relative(a, b.double()) for a, b in zip(ours, ref))

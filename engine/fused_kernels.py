@@ -2,6 +2,7 @@
 
     add_rms_norm   s = x + delta (input dtype), y = (s_fp32 * rsqrt(mean(s_fp32^2) + eps)) cast, times weight
     silu_mul       y = silu(gate_fp32) cast, times up (input dtype)
+    rotary         RoPE of q and k in one launch (one program per token and head), HF's half split
 
 NOTE: rows of up to BLOCK = next power of two of the hidden size (or a block of the ffn width) per
 program: the hidden sizes served (<= 16k) fit one block. Tested against TorchOps in Triton's
@@ -41,6 +42,47 @@ def _silu_mul_kernel(GU, Y, stride_gu, stride_y, ffn, BLOCK: tl.constexpr):
     gf = g.to(tl.float32)
     act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu: fp32 inside, rounded to the input dtype
     tl.store(Y + row * stride_y + cols, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(Q, K, COS, SIN, QO, KO, stride_q, stride_k, stride_c, stride_qo, stride_ko, hq,
+                   HALF: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)  # heads 0..hq-1 of q, then those of k
+    is_q = h < hq
+    src = tl.where(is_q, Q + t * stride_q + h * 2 * HALF, K + t * stride_k + (h - hq) * 2 * HALF)
+    dst = tl.where(is_q, QO + t * stride_qo + h * 2 * HALF, KO + t * stride_ko + (h - hq) * 2 * HALF)
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    x1 = tl.load(src + i, mask=m, other=0.0)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0)
+    c1 = tl.load(COS + t * stride_c + i, mask=m, other=0.0)
+    c2 = tl.load(COS + t * stride_c + HALF + i, mask=m, other=0.0)
+    s1 = tl.load(SIN + t * stride_c + i, mask=m, other=0.0)
+    s2 = tl.load(SIN + t * stride_c + HALF + i, mask=m, other=0.0)
+    dt = x1.dtype
+    # x * cos + cat(-x2, x1) * sin, each product rounded to the input dtype, then the sum (as torch)
+    a1 = (x1.to(tl.float32) * c1.to(tl.float32)).to(dt).to(tl.float32)
+    b1 = (-x2.to(tl.float32) * s1.to(tl.float32)).to(dt).to(tl.float32)
+    a2 = (x2.to(tl.float32) * c2.to(tl.float32)).to(dt).to(tl.float32)
+    b2 = (x1.to(tl.float32) * s2.to(tl.float32)).to(dt).to(tl.float32)
+    tl.store(dst + i, (a1 + b1).to(dt), mask=m)
+    tl.store(dst + HALF + i, (a2 + b2).to(dt), mask=m)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """RoPE of q [T, Hq, D] and k [T, Hkv, D] (heads contiguous in a token's row) in one launch;
+    cos / sin [T, 1, D] in their dtype."""
+    t, hq, d = q.shape
+    if d % 2 or any(x.stride(2) != 1 or x.stride(1) != d for x in (q, k)):
+        raise ValueError(f"rotary: heads must be contiguous in a token's row (q strides {q.stride()}, k {k.stride()})")
+    qo, ko = torch.empty(t, hq, d, dtype=q.dtype, device=q.device), torch.empty_like(k, memory_format=torch.contiguous_format)
+    if t:
+        cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+        _rotary_kernel[(t, hq + k.shape[1])](q, k, cos, sin, qo, ko, q.stride(0), k.stride(0), cos.stride(0),
+                                            qo.stride(0), ko.stride(0), hq, HALF=d // 2,
+                                            BLOCK=triton.next_power_of_2(d // 2))
+    return qo, ko
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):

@@ -2,13 +2,15 @@
 
     add_rms_norm(x, delta, weight, eps) -> (rms_norm(x + delta), x + delta)
     silu_mul(gate_up, ffn)              -> silu(gate) * up, gate_up = [gate | up] along the last dim
+    rotary(q, k, cos, sin)              -> RoPE of q and of k (engine/rope.py apply_rotary)
 
 DecoderModel (engine/model.py) adds each sub-layer's output into the residual stream through
 add_rms_norm with the norm that follows it (the next layer's input norm takes the MLP's output), so
-a layer runs 2 norm kernels and 1 SwiGLU kernel instead of ~20 small ops (RMSNorm alone is 8: cast,
-square, mean, add, rsqrt, mul, cast, mul). Both versions round where the torch code does: the sum in
+a layer runs 2 norm kernels, 1 SwiGLU and 1 RoPE kernel instead of ~30 small ops (RMSNorm alone is 8:
+cast, square, mean, add, rsqrt, mul, cast, mul; RoPE 5 for q and 5 for k). Both versions round where the torch code does: the sum in
 the input dtype, the norm's statistics in fp32, the normalised value cast to the input dtype and then
-multiplied by the weight in it (HF's LlamaRMSNorm); silu in fp32, cast, then times up in the input dtype.
+multiplied by the weight in it (HF's LlamaRMSNorm); silu in fp32, cast, then times up in the input dtype;
+RoPE's two products each rounded, then their sum.
 
 `TorchOps` is the reference and the CPU path; `TritonOps` runs on CUDA (and in Triton's interpreter
 on CPU: tests/unit/test_fused_ops.py). Which one a GPU worker uses is chosen by measurement
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from engine.rope import apply_rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,6 +45,10 @@ class TorchOps:
         gate, up = torch.split(gate_up, ffn, dim=-1)
         return F.silu(gate) * up
 
+    @staticmethod
+    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
 
 class TritonOps:
     name = "triton"
@@ -56,6 +64,12 @@ class TritonOps:
         from engine import fused_kernels
 
         return fused_kernels.silu_mul(gate_up, ffn)
+
+    @staticmethod
+    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        from engine import fused_kernels
+
+        return fused_kernels.rotary(q, k, cos, sin)
 
 
 OPS = {o.name: o for o in (TorchOps, TritonOps)}

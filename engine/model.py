@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.arch import ModelArch
 from engine.fused_ops import TorchOps, rms_norm
-from engine.rope import RotaryTable, apply_rotary
+from engine.rope import RotaryTable
 from engine.tensor_parallel import NO_TP, TPGroup, TPShard
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -106,7 +106,8 @@ class DecoderModel(nn.Module):
             q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
             if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's D, before RoPE
                 q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-            attn = attend(i, apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v.view(-1, hkv, d))
+            q, k = ops.rotary(q, k, cos, sin)
+            attn = attend(i, q, k, v.view(-1, hkv, d))
             h, x = ops.add_rms_norm(x, self._row_parallel(attn, layer.o, layer.o_bias), layer.post_norm, eps)
             gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
             delta = self._row_parallel(ops.silu_mul(gate_up, layer.ffn), layer.down, layer.down_bias)

@@ -72,6 +72,13 @@ def fused_case(op: str) -> float:
         x, delta, w = torch.randn(5, 100), torch.randn(5, 100), torch.randn(100)
         (y, s), (ry, rs) = TritonOps.add_rms_norm(x, delta, w, 1e-5), TorchOps.add_rms_norm(x, delta, w, 1e-5)
         return max(float((y - ry).abs().max() / ry.abs().max()), float((s - rs).abs().max() / rs.abs().max()))
+    if op == "rotary":  # q and k as the model has them: views of one qkv row per token
+        qkv = torch.randn(6, (4 + 2 * 2) * 32)
+        q, k = qkv[:, :128].view(6, 4, 32), qkv[:, 128:192].view(6, 2, 32)
+        ang = torch.randn(6, 1, 32)
+        cos, sin = ang.cos(), ang.sin()
+        ours, ref = TritonOps.rotary(q, k, cos, sin), TorchOps.rotary(q, k, cos, sin)
+        return max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(ours, ref))
     gate_up = torch.randn(3, 2 * 1500) * 4
     y, ref = TritonOps.silu_mul(gate_up, 1500), TorchOps.silu_mul(gate_up, 1500)
     return float((y - ref).abs().max() / ref.abs().max())
@@ -113,6 +120,7 @@ CASES = {
     "grid_smoke": lambda: run_kernels("cpu", ("float32",), smoke=True),
     "fused_add_rms_norm": lambda: fused_case("add_rms_norm"),
     "fused_silu_mul": lambda: fused_case("silu_mul"),
+    "fused_rotary": lambda: fused_case("rotary"),
     "fused_model_logits": fused_model_case,
 }
 
