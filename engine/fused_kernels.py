@@ -6,7 +6,7 @@
 
 NOTE: rows of up to BLOCK = next power of two of the hidden size (or a block of the ffn width) per
 program: the hidden sizes served (<= 16k) fit one block. Tested against TorchOps in Triton's
-interpreter on CPU (tests/unit/test_fused_ops.py).
+interpreter on CPU (tests/unit/test_triton_kernels.py).
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@
 
 DecoderModel (engine/model.py) adds each sub-layer's output into the residual stream through
 add_rms_norm with the norm that follows it (the next layer's input norm takes the MLP's output), so
-a layer runs 2 norm kernels, 1 SwiGLU and 1 RoPE kernel instead of ~30 small ops (RMSNorm alone is 8:
-cast, square, mean, add, rsqrt, mul, cast, mul; RoPE 5 for q and 5 for k). Both versions round where the torch code does: the sum in
-the input dtype, the norm's statistics in fp32, the normalised value cast to the input dtype and then
-multiplied by the weight in it (HF's LlamaRMSNorm); silu in fp32, cast, then times up in the input dtype;
-RoPE's two products each rounded, then their sum.
+a layer runs 2 norm kernels, 1 SwiGLU and 1 RoPE kernel instead of ~30 small ops (RMSNorm alone
+is 8: cast, square, mean, add, rsqrt, mul, cast, mul; RoPE 5 for q and 5 for k). Both versions round
+where the torch code does: the sum in the input dtype, the norm's statistics in fp32, the normalised
+value cast to the input dtype and then multiplied by the weight in it (HF's LlamaRMSNorm); silu in
+fp32, cast, then times up in the input dtype; RoPE's two products each rounded, then their sum.
 
 `TorchOps` is the reference and the CPU path; `TritonOps` runs on CUDA (and in Triton's interpreter
-on CPU: tests/unit/test_fused_ops.py). Which one a GPU worker uses is chosen by measurement
+on CPU: tests/unit/test_triton_kernels.py). Which one a GPU worker uses is chosen by measurement
 (bench/gpu_check.py times a decode step with each); until that measurement exists the torch ops are used.
 """
 

@@ -86,7 +86,7 @@ class DecoderModel(nn.Module):
             self.embed[len(self.vocab):].zero_()
             self.lm_head[len(self.vocab):].zero_()
         self.rope = RotaryTable(arch, self.device)
-        self.ops = TorchOps  # engine/fused_ops.py: the residual adds, norms and SwiGLU (TritonOps: fused, CUDA)
+        self.ops = TorchOps  # engine/fused_ops.py: residual adds + norms, SwiGLU, RoPE (TritonOps: fused, CUDA)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
