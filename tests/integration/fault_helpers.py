@@ -62,8 +62,13 @@ def router_workers(router) -> dict[str, dict]:
     return {w["address"]: w for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]}
 
 
+def iter_sse(lines):
+    """The JSON events of an SSE stream's lines, as they arrive (the [DONE] line and blanks skipped)."""
+    return (json.loads(ln[6:]) for ln in lines if ln.startswith("data: {"))
+
+
 def sse_events(lines) -> list[dict]:
-    return [json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")]
+    return list(iter_sse(lines))
 
 
 def worker_stats(cluster, wp) -> pb.WorkerStats:

@@ -21,6 +21,7 @@ from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
 from tests.fixtures.router import cluster_router, wait_until
 from tests.fixtures.workers import WorkerCluster, make_config
+from tests.integration.fault_helpers import iter_sse
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a killed decode worker's segment holds nothing
 WORDS = {"type": "array", "items": {"enum": ["alpha", "beta", "gamma"]}, "minItems": 24, "maxItems": 24}
@@ -264,10 +265,7 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
         pieces, killed = [], False
         with httpx.stream("POST", router.url + "/v1/chat/completions", json=body, timeout=120) as resp:
             assert resp.status_code == 200, resp.read()
-            for line in resp.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                ev = json.loads(line[6:])
+            for ev in iter_sse(resp.iter_lines()):
                 assert "error" not in ev, ev
                 pieces.append(ev["choices"][0]["delta"].get("content") or "")
                 logprobs[kill_after is not None] += [t["logprob"] for t in

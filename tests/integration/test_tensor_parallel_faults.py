@@ -10,7 +10,6 @@ master, transfer engine and store):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from tests.fixtures.hf_checkpoints import build_checkpoint
 from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.threads import in_thread
 from tests.fixtures.workers import start_cluster
-from tests.integration.fault_helpers import prompt, router_workers, wait_running
+from tests.integration.fault_helpers import iter_sse, prompt, router_workers, wait_running
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a dead D's segment takes no page with it
 HANG_TIMEOUT_S = 4.0  # model.tp_timeout_s of the prefill group whose rank is stopped
@@ -105,10 +104,7 @@ def stream(router, body: dict, on_token=None) -> list[int]:
     ids = []
     with httpx.stream("POST", router.url + "/generate", json=body, timeout=180) as resp:
         assert resp.status_code == 200, resp.read()
-        for line in resp.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            ev = json.loads(line[6:])
+        for ev in iter_sse(resp.iter_lines()):
             assert "error" not in ev, ev
             ids = ev["output_ids"]
             if on_token is not None:
