@@ -164,6 +164,23 @@ def run_kernels(device: str, dtypes=("float32", "bfloat16"), smoke: bool = False
     return out
 
 
+def rotary_store_errors(dtype, pool_dtype, device="cpu", tokens=6, hq=4, hkv=2, d=32) -> float:
+    """rotary_store, TritonOps against TorchOps: the rotated q and k, and the pool after the write
+    (k and v at scattered rows of one layer, cast to the pool's dtype; every other row untouched)."""
+    from engine.fused_ops import TorchOps, TritonOps
+
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device=device).to(dtype)
+    q, k, v = (qkv[:, a:b].view(tokens, -1, d) for a, b in ((0, hq * d), (hq * d, (hq + hkv) * d),
+                                                             ((hq + hkv) * d, (hq + 2 * hkv) * d)))
+    ang = torch.randn(tokens, 1, d, device=device)
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    rows = torch.randperm(4 * tokens * 2 * hkv, device=device)[:tokens * 2 * hkv].view(tokens, 2, hkv)
+    pools = [torch.full((8 * tokens * 2 * hkv, d), 7.0, device=device, dtype=pool_dtype) for _ in range(2)]
+    ours = TritonOps.rotary_store(q, k, v, cos, sin, pools[0], rows, 3 * tokens * 2 * hkv)
+    ref = TorchOps.rotary_store(q, k, v, cos, sin, pools[1], rows, 3 * tokens * 2 * hkv)
+    return max(_relative(a, b.double()) for a, b in zip((*ours, pools[0]), (*ref, pools[1])))
+
+
 def run_fused(device: str, dtypes=("float32", "bfloat16")) -> list[dict]:
     """engine/fused_kernels.py (TritonOps) against TorchOps on Llama-3.1-8B's widths, per dtype: the largest
     difference relative to the largest |value| (bf16: a rounding apart is 2^-8 of a value)."""
@@ -176,17 +193,14 @@ def run_fused(device: str, dtypes=("float32", "bfloat16")) -> list[dict]:
         x, delta = (torch.randn(33, 4096, device=device).to(dtype) for _ in range(2))
         w = torch.randn(4096, device=device).to(dtype)
         gate_up = (torch.randn(33, 2 * 14336, device=device) * 4).to(dtype)
-        qkv = torch.randn(33, (32 + 2 * 8) * 128, device=device).to(dtype)
-        q, k = qkv[:, :4096].view(33, 32, 128), qkv[:, 4096:5120].view(33, 8, 128)
-        ang = torch.randn(33, 1, 128, device=device)
-        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
         pairs = {"add_rms_norm": (TritonOps.add_rms_norm(x, delta, w, 1e-5), TorchOps.add_rms_norm(x, delta, w, 1e-5)),
-                 "silu_mul": ((TritonOps.silu_mul(gate_up, 14336),), (TorchOps.silu_mul(gate_up, 14336),)),
-                 "rotary": (TritonOps.rotary(q, k, cos, sin), TorchOps.rotary(q, k, cos, sin))}
+                 "silu_mul": ((TritonOps.silu_mul(gate_up, 14336),), (TorchOps.silu_mul(gate_up, 14336),))}
         tol = FP32_TOLERANCE if name == "float32" else BF16_TOLERANCE
         for op, (ours, ref) in pairs.items():
             err = max(_relative(a, b.double()) for a, b in zip(ours, ref))
             out.append({"op": op, "dtype": name, "rel_err": err, "ok": err <= tol})
+        err = rotary_store_errors(dtype, dtype, device, tokens=33, hq=32, hkv=8, d=128)  # the pool in the model's dtype
+        out.append({"op": "rotary_store", "dtype": name, "rel_err": err, "ok": err <= tol})
     return out
 
 

@@ -82,7 +82,7 @@ class DecodeGraphs:
             only_decode=True)
         backend = self.runner.attention
         backend.begin(batch)
-        return self.runner.model(batch.input_ids, batch.positions, batch.logit_rows, backend.attend, 0)
+        return self.runner.model(batch.input_ids, batch.positions, batch.logit_rows, backend, 0)
 
     def _capture(self, b: int):
         self.stage([], b)  # all padding rows: every write goes to the scratch page

@@ -2,7 +2,8 @@
 
     add_rms_norm   s = x + delta (input dtype), y = (s_fp32 * rsqrt(mean(s_fp32^2) + eps)) cast, times weight
     silu_mul       y = silu(gate_fp32) cast, times up (input dtype)
-    rotary         RoPE of q and k in one launch (one program per token and head), HF's half split
+    rotary_store   RoPE of q and k, and the new K (rotated) and V written into the KV pool, in one launch
+                   (one program per token and head of q, k and v), HF's half split
 
 NOTE: rows of up to BLOCK = next power of two of the hidden size (or a block of the ffn width) per
 program: the hidden sizes served (<= 16k) fit one block. Tested against TorchOps in Triton's
@@ -45,13 +46,9 @@ def _silu_mul_kernel(GU, Y, stride_gu, stride_y, ffn, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotary_kernel(Q, K, COS, SIN, QO, KO, stride_q, stride_k, stride_c, stride_qo, stride_ko, hq,
-                   HALF: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.program_id(1)  # heads 0..hq-1 of q, then those of k
-    is_q = h < hq
-    src = tl.where(is_q, Q + t * stride_q + h * 2 * HALF, K + t * stride_k + (h - hq) * 2 * HALF)
-    dst = tl.where(is_q, QO + t * stride_qo + h * 2 * HALF, KO + t * stride_ko + (h - hq) * 2 * HALF)
+def _rotate(src, COS, SIN, t, stride_c, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """RoPE of one head's row at src: x * cos + cat(-x2, x1) * sin, each product rounded to the input
+    dtype, then the sum (as torch's apply_rotary). Returns the two halves."""
     i = tl.arange(0, BLOCK)
     m = i < HALF
     x1 = tl.load(src + i, mask=m, other=0.0)
@@ -61,27 +58,60 @@ def _rotary_kernel(Q, K, COS, SIN, QO, KO, stride_q, stride_k, stride_c, stride_
     s1 = tl.load(SIN + t * stride_c + i, mask=m, other=0.0)
     s2 = tl.load(SIN + t * stride_c + HALF + i, mask=m, other=0.0)
     dt = x1.dtype
-    # x * cos + cat(-x2, x1) * sin, each product rounded to the input dtype, then the sum (as torch)
     a1 = (x1.to(tl.float32) * c1.to(tl.float32)).to(dt).to(tl.float32)
     b1 = (-x2.to(tl.float32) * s1.to(tl.float32)).to(dt).to(tl.float32)
     a2 = (x2.to(tl.float32) * c2.to(tl.float32)).to(dt).to(tl.float32)
     b2 = (x1.to(tl.float32) * s2.to(tl.float32)).to(dt).to(tl.float32)
-    tl.store(dst + i, (a1 + b1).to(dt), mask=m)
-    tl.store(dst + HALF + i, (a2 + b2).to(dt), mask=m)
+    return (a1 + b1).to(dt), (a2 + b2).to(dt)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """RoPE of q [T, Hq, D] and k [T, Hkv, D] (heads contiguous in a token's row) in one launch;
-    cos / sin [T, 1, D] in their dtype."""
+# NOTE: the layer's row offset changes every call: not specialised (one compile for every layer)
+@triton.jit(do_not_specialize=["layer_off"])
+def _rotary_store_kernel(Q, K, V, COS, SIN, QO, KO, DEST, ROWS, layer_off, stride_q, stride_k, stride_v, stride_c,
+                         stride_qo, stride_ko, stride_dest, stride_r0, stride_r1, stride_r2, hq, hkv,
+                         HALF: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)  # heads 0..hq-1 of q, then hkv of k, then hkv of v
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    if h < hq:
+        y1, y2 = _rotate(Q + t * stride_q + h * 2 * HALF, COS, SIN, t, stride_c, HALF, BLOCK)
+        tl.store(QO + t * stride_qo + h * 2 * HALF + i, y1, mask=m)
+        tl.store(QO + t * stride_qo + h * 2 * HALF + HALF + i, y2, mask=m)
+    elif h < hq + hkv:
+        j = h - hq
+        y1, y2 = _rotate(K + t * stride_k + j * 2 * HALF, COS, SIN, t, stride_c, HALF, BLOCK)
+        tl.store(KO + t * stride_ko + j * 2 * HALF + i, y1, mask=m)
+        tl.store(KO + t * stride_ko + j * 2 * HALF + HALF + i, y2, mask=m)
+        row = tl.load(ROWS + t * stride_r0 + j * stride_r2) + layer_off  # K's pool row (kv index 0)
+        tl.store(DEST + row * stride_dest + i, y1.to(DEST.dtype.element_ty), mask=m)
+        tl.store(DEST + row * stride_dest + HALF + i, y2.to(DEST.dtype.element_ty), mask=m)
+    else:
+        j = h - hq - hkv
+        row = tl.load(ROWS + t * stride_r0 + stride_r1 + j * stride_r2) + layer_off  # V's pool row (kv index 1)
+        x1 = tl.load(V + t * stride_v + j * 2 * HALF + i, mask=m, other=0.0)
+        x2 = tl.load(V + t * stride_v + j * 2 * HALF + HALF + i, mask=m, other=0.0)
+        tl.store(DEST + row * stride_dest + i, x1.to(DEST.dtype.element_ty), mask=m)
+        tl.store(DEST + row * stride_dest + HALF + i, x2.to(DEST.dtype.element_ty), mask=m)
+
+
+def rotary_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 dest: torch.Tensor, rows: torch.Tensor, layer_off: int):
+    """RoPE of q [T, Hq, D] and k [T, Hkv, D], and k (rotated) and v [T, Hkv, D] written into the pool's
+    rows `dest` [N, D] at rows[t, 0 | 1, head] + layer_off, cast to the pool's dtype: one launch.
+    Heads contiguous in a token's row; cos / sin [T, 1, D]; rows [T, 2, Hkv] (int64). Returns (q, k) rotated."""
     t, hq, d = q.shape
-    if d % 2 or any(x.stride(2) != 1 or x.stride(1) != d for x in (q, k)):
-        raise ValueError(f"rotary: heads must be contiguous in a token's row (q strides {q.stride()}, k {k.stride()})")
+    hkv = k.shape[1]
+    if d % 2 or any(x.stride(2) != 1 or x.stride(1) != d for x in (q, k, v)) or dest.stride(1) != 1:
+        raise ValueError(f"rotary_store: heads must be contiguous in a token's row (q strides {q.stride()}, "
+                         f"k {k.stride()}, v {v.stride()}, dest {dest.stride()})")
     qo, ko = torch.empty(t, hq, d, dtype=q.dtype, device=q.device), torch.empty_like(k, memory_format=torch.contiguous_format)
     if t:
         cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
-        _rotary_kernel[(t, hq + k.shape[1])](q, k, cos, sin, qo, ko, q.stride(0), k.stride(0), cos.stride(0),
-                                            qo.stride(0), ko.stride(0), hq, HALF=d // 2,
-                                            BLOCK=triton.next_power_of_2(d // 2))
+        _rotary_store_kernel[(t, hq + 2 * hkv)](
+            q, k, v, cos, sin, qo, ko, dest, rows, layer_off, q.stride(0), k.stride(0), v.stride(0), cos.stride(0),
+            qo.stride(0), ko.stride(0), dest.stride(0), *rows.stride(), hq, hkv, HALF=d // 2,
+            BLOCK=triton.next_power_of_2(d // 2))
     return qo, ko
 
 

@@ -2,12 +2,17 @@
 
     add_rms_norm(x, delta, weight, eps) -> (rms_norm(x + delta), x + delta)
     silu_mul(gate_up, ffn)              -> silu(gate) * up, gate_up = [gate | up] along the last dim
-    rotary(q, k, cos, sin)              -> RoPE of q and of k (engine/rope.py apply_rotary)
+    rotary_store(q, k, v, cos, sin, dest, rows, layer_off)
+                                        -> RoPE of q and of k (engine/rope.py apply_rotary), and the
+                                           rotated k and v written into the KV pool's rows `dest` at
+                                           rows[t, 0=K|1=V, head] + layer_off (the attention backend's
+                                           kv_target), cast to the pool's dtype; returns (q, k) rotated
 
 DecoderModel (engine/model.py) adds each sub-layer's output into the residual stream through
 add_rms_norm with the norm that follows it (the next layer's input norm takes the MLP's output), so
-a layer runs 2 norm kernels, 1 SwiGLU and 1 RoPE kernel instead of ~30 small ops (RMSNorm alone
-is 8: cast, square, mean, add, rsqrt, mul, cast, mul; RoPE 5 for q and 5 for k). Both versions round
+a layer runs 2 norm kernels, 1 SwiGLU and 1 RoPE-and-K/V-write kernel instead of ~30 small ops
+(RMSNorm alone is 8: cast, square, mean, add, rsqrt, mul, cast, mul; RoPE 5 for q and 5 for k; the
+K/V write 3: the layer's row offset, stack, index_put). Both versions round
 where the torch code does: the sum in the input dtype, the norm's statistics in fp32, the normalised
 value cast to the input dtype and then multiplied by the weight in it (HF's LlamaRMSNorm); silu in
 fp32, cast, then times up in the input dtype; RoPE's two products each rounded, then their sum.
@@ -46,8 +51,10 @@ class TorchOps:
         return F.silu(gate) * up
 
     @staticmethod
-    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    def rotary_store(q, k, v, cos, sin, dest: torch.Tensor, rows: torch.Tensor, layer_off: int):
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        dest[rows + layer_off] = torch.stack((k, v), dim=1).to(dest.dtype)  # one index_put of every K and V row
+        return q, k
 
 
 class TritonOps:
@@ -66,10 +73,10 @@ class TritonOps:
         return fused_kernels.silu_mul(gate_up, ffn)
 
     @staticmethod
-    def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def rotary_store(q, k, v, cos, sin, dest: torch.Tensor, rows: torch.Tensor, layer_off: int):
         from engine import fused_kernels
 
-        return fused_kernels.rotary(q, k, cos, sin)
+        return fused_kernels.rotary_store(q, k, v, cos, sin, dest, rows, layer_off)
 
 
 OPS = {o.name: o for o in (TorchOps, TritonOps)}

@@ -2,9 +2,10 @@
 RMSNorm, RoPE, GQA, a SwiGLU MLP, tied or untied embeddings, optional q/k/v, o and MLP biases and
 per-head q/k RMSNorm (Qwen3). The family's facts arrive in ModelArch; no if-chains on names here.
 
-The model owns weights and per-token math only. Attention over the KV cache is a callback
-(`attend(layer, q, k, v) -> out`) supplied by the ModelRunner, which owns the paged pool; so
-this file knows nothing about pages.
+The model owns weights and per-token math only. Attention over the KV cache is the ModelRunner's
+backend (engine/attention/base.py), which owns the paged pool: it names the rows where a layer's new
+K/V go (`kv_target`, written here together with RoPE: one fused kernel with TritonOps) and attends
+(`attend(layer, q, k, v) -> out`); so this file knows nothing about pages.
 
 Shapes: T = tokens in the flattened batch, Hq / Hkv = query / KV heads, D = head_dim.
 q/k/v and gate/up are fused into one matmul each (fewer, larger GEMMs: less Python per token);
@@ -19,7 +20,7 @@ At tp_size 1 every collective is skipped: the ops are those of the plain model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,13 @@ from engine.fused_ops import TorchOps, rms_norm
 from engine.rope import RotaryTable
 from engine.tensor_parallel import NO_TP, TPGroup, TPShard
 
-Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+class Attention(Protocol):
+    """engine/attention/base.py AttentionBackend, begun on the batch."""
+
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]: ...
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 def _param(*shape, **kw) -> nn.Parameter:
@@ -90,7 +97,7 @@ class DecoderModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, logit_rows: torch.Tensor,
-                attend: Attend, max_pos: int) -> torch.Tensor:
+                attention: Attention, max_pos: int) -> torch.Tensor:
         """input_ids/positions [T]; returns logits [len(logit_rows), vocab] (fp32) at those rows."""
         a = self.local_arch
         eps, hq, hkv, d = a.rms_norm_eps, a.num_heads, a.num_kv_heads, a.head_dim
@@ -106,8 +113,9 @@ class DecoderModel(nn.Module):
             q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
             if layer.q_norm is not None:  # Qwen3: RMSNorm over each head's D, before RoPE
                 q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-            q, k = ops.rotary(q, k, cos, sin)
-            attn = attend(i, q, k, v.view(-1, hkv, d))
+            v = v.view(-1, hkv, d)
+            q, k = ops.rotary_store(q, k, v, cos, sin, *attention.kv_target(i))
+            attn = attention.attend(i, q, k, v)
             h, x = ops.add_rms_norm(x, self._row_parallel(attn, layer.o, layer.o_bias), layer.post_norm, eps)
             gate_up = F.linear(h, layer.gate_up, layer.gate_up_bias)
             delta = self._row_parallel(ops.silu_mul(gate_up, layer.ffn), layer.down, layer.down_bias)

@@ -54,7 +54,7 @@ class ModelRunner:
             return self.graphs.run(chunks)
         batch = build_batch(chunks, self.pool, self.device)
         self.attention.begin(batch)
-        return self.model(batch.input_ids, batch.positions, batch.logit_rows, self.attention.attend, batch.max_pos)
+        return self.model(batch.input_ids, batch.positions, batch.logit_rows, self.attention, batch.max_pos)
 
     def copy_page(self, src: int, dst: int) -> None:
         """Copy pool page src into dst (a TP worker's GroupRunner does it on every rank)."""
@@ -78,5 +78,5 @@ class ModelRunner:
             start += n
         self.attention.begin(batch)
         logits = self.model(batch.input_ids, batch.positions, torch.tensor(rows, device=self.device),
-                            self.attention.attend, batch.max_pos)
+                            self.attention, batch.max_pos)
         return logits[last], {i: logits[s] for i, s in spans.items()}

@@ -1,12 +1,15 @@
-"""AttentionBackend: what the ModelRunner hands DecoderModel as its `attend(layer, q, k, v)` callback.
+"""AttentionBackend: what the ModelRunner hands DecoderModel as its `attention` (engine/model.py).
 
     begin(batch)                once per forward: whatever every layer shares (masks, indices, splits)
-    attend(layer, q, k, v)      write the new K/V into the pool, then attend: the prefill chunks one
-                                call each, the decode rows in one batched call -> [T, Hq * D]
+    kv_target(layer)            where the layer's new K/V go: (the pool's rows [N, D], layer-0 rows
+                                [T, 2, Hkv] of each token's K and V, the layer's row offset); the
+                                model writes them there together with RoPE (fused_ops.rotary_store)
+    attend(layer, q, k, v)      attend, the new K/V already in the pool: the prefill chunks one call
+                                each, the decode rows in one batched call -> [T, Hq * D]
 
 A backend implements `prefill(layer, i, q, k, v)` (chunk i of batch.prefills; q/k/v are its rows)
-and `decode(layer, q)` (the decode rows, [Bd, Hq, D] -> [Bd, Hq * D]). The K/V write is shared:
-one index_put of every token's K and V rows (engine/attention/batch.py has the row arithmetic).
+and `decode(layer, q)` (the decode rows, [Bd, Hq, D] -> [Bd, Hq * D]). engine/attention/batch.py
+has the row arithmetic.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ class AttentionBackend:
     def begin(self, batch: ForwardBatch) -> None:
         self.batch = batch
 
+    def kv_target(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self.pool.rows, self.batch.kv_rows, layer * self.pool.layer_row_stride
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]; the layer's new K/V are in the pool (kv_target)."""
         b = self.batch
-        rows = b.kv_rows + layer * self.pool.layer_row_stride
-        self.pool.rows[rows] = torch.stack((k, v), dim=1).to(self.pool.dtype)
         if b.only_decode:  # rows are 0..T-1 in order: no scatter needed
             return self.decode(layer, q)
         T, Hq, D = q.shape

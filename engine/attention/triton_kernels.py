@@ -7,8 +7,9 @@ any page size works and no K/V is copied or padded.
 
     decode   grid (B, Hkv, S): one program = one sequence, one KV head (its G query heads packed as
              the rows of one tl.dot), one of S splits of that sequence's blocks (flash-decoding);
-             the splits are merged in torch (log-sum-exp weights). Lengths are read on the device,
-             so one launch shape serves every step (CUDA graphs).
+             the splits are merged by a second kernel (one program per row and query head: the
+             splits' outputs weighted by their log-sum-exps). Lengths are read on the device, so
+             one launch shape serves every step (CUDA graphs).
     extend   grid (ceil(n / BLOCK_M), Hq): a chunk of n new tokens at positions start..end-1
              attending causally to positions 0..end-1 (the cached prefix and itself).
 
@@ -87,6 +88,25 @@ def _decode_split_kernel(Q, KV, Table, Lens, O, LSE, layer_off, stride_qb, strid
     tl.store(LSE + (b * (G * tl.num_programs(1)) + heads) * NUM_SPLITS + s, lse, mask=gmask)
 
 
+@triton.jit
+def _merge_splits_kernel(O, LSE, OUT, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, D: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    """One program per (row, query head): out = sum_s w_s * o_s with w = softmax(lse) over the splits
+    (an empty split has lse -inf: weight 0), in fp32, cast to OUT's dtype. Replaces torch's softmax,
+    product, sum and cast (4 kernels)."""
+    r = tl.program_id(0)  # row * Hq + head: O is [B * Hq, NUM_SPLITS, D], LSE [B * Hq, NUM_SPLITS]
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < NUM_SPLITS
+    lse = tl.load(LSE + r * NUM_SPLITS + s, mask=smask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp(lse - tl.where(m == float("-inf"), 0.0, m))
+    total = tl.sum(w, 0)
+    w = w / tl.where(total > 0, total, 1.0)  # every row has a split with keys (length >= 1); never 0 / 0
+    o = tl.load(O + (r * NUM_SPLITS + s)[:, None] * D + d[None, :], mask=smask[:, None] & (d < D)[None, :], other=0.0)
+    tl.store(OUT + r * D + d, tl.sum(w[:, None] * o, 0).to(OUT.dtype.element_ty), mask=d < D)
+
+
 @triton.jit(do_not_specialize=["layer_off", "start", "end", "n"])
 def _extend_kernel(Q, KV, Table, O, layer_off, start, end, n, stride_qt, stride_qh, stride_ot, stride_oh,
                    scale, G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -149,8 +169,10 @@ def paged_decode(q: torch.Tensor, pool, layer: int, table: torch.Tensor, lens: t
         V_OFF=v_off, IEEE=q.dtype == torch.float32)
     if splits == 1:
         return o[:, :, 0].to(q.dtype).reshape(B, Hq * D)
-    w = torch.softmax(lse, dim=-1)                           # empty splits have lse -inf: weight 0
-    return (w[..., None] * o).sum(2).to(q.dtype).reshape(B, Hq * D)
+    out = torch.empty(B, Hq * D, dtype=q.dtype, device=q.device)
+    _merge_splits_kernel[(B * Hq,)](o, lse, out, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), D=D,
+                                    BLOCK_D=block_d)
+    return out
 
 
 def paged_extend(q: torch.Tensor, pool, layer: int, table: torch.Tensor, start: int, end: int,

@@ -43,7 +43,7 @@ def test_the_gpu_checks_kernel_grid_passes_in_the_interpreter(results):
     assert max(e["rel_err"] for e in grid) <= 1e-5
 
 
-@pytest.mark.parametrize("case", ["fused_add_rms_norm", "fused_silu_mul", "fused_rotary", "fused_model_logits"])
+@pytest.mark.parametrize("case", ["fused_add_rms_norm", "fused_silu_mul", "fused_rotary_store", "fused_model_logits"])
 def test_fused_kernels_equal_the_torch_ops(results, case):
     """engine/fused_kernels.py (TritonOps) against TorchOps, fp32: each op, and a tiny model's logits."""
     err = results[case]
