@@ -1,6 +1,6 @@
 """The prepared device check of the GPU path, in one command of a few minutes on one H200:
 
-    set -o pipefail; PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --json --out KEPT/RESULT.json 2>&1 | tee KEPT/log
+    set -o pipefail; PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --json --commit SHA --out KEPT/RESULT.json 2>&1 | tee KEPT/log
     python bench/gpu_check.py --smoke --json  # on a CPU: tiny shapes, proves the script runs end to end
 
 It uses only torch, transformers, triton (CUDA) and the project's own source: no Mooncake, no
@@ -68,12 +68,17 @@ def report(res: dict) -> None:
     print(f"device {res['env'].get('gpu', res['env']['device'])}, torch {res['env']['torch']}, "
           f"transformers {res['env']['transformers']}, commit {res['commit']}, {res['elapsed_s']:.0f} s")
     for f in res.get("kernels", {}).get("fused", []):
-        print(f"fused {f['op']} {f['dtype']}: {f['rel_err']:.2e} {'ok' if f['ok'] else 'FAILED'}")
+        err = f"{f['rel_err']:.2e}" if "rel_err" in f else f"raised {f['error']}"
+        print(f"fused {f['op']} {f['dtype']}: {err} {'ok' if f['ok'] else 'FAILED'}")
     grid = res.get("kernels", {}).get("grid", [])
     if grid:
         failed = [e for e in grid if not e["ok"]]
         for name in sorted({e["dtype"] for e in grid}):
-            worst = max((e for e in grid if e["dtype"] == name and "rel_err" in e), key=lambda e: e["rel_err"])
+            worst = max((e for e in grid if e["dtype"] == name and "rel_err" in e), key=lambda e: e["rel_err"],
+                        default=None)
+            if worst is None:
+                print(f"kernel grid {name}: every case raised")
+                continue
             print(f"kernel grid {name}: {sum(e['dtype'] == name for e in grid)} cases, worst {worst['rel_err']:.2e} "
                   f"({worst['kernel']}, page {worst['page']}, {worst['heads']}/{worst['kv_heads']} heads, "
                   f"dim {worst['head_dim']})")
@@ -83,6 +88,9 @@ def report(res: dict) -> None:
     print(f"\n{'family':>8} {'dtype':>9} {'ops':>6} {'logit rel diff':>15} {'tol':>7} {'greedy = HF':>12} {'seeded':>7} "
           f"{'batch':>6} {'bf16/HF':>8} {'pass':>5}")
     for c in res["correctness"]:
+        if "error" in c:
+            print(f"{c['family']:>8} {c['dtype']:>9} {c['ops']:>6} raised: {c['error'].splitlines()[-1]}")
+            continue
         ratio = f"{c['error_over_hf']:>8.2f}" if "error_over_hf" in c else f"{'-':>8}"
         print(f"{c['family']:>8} {c['dtype']:>9} {c['ops']:>6} {c['logits_rel_diff']:>15.2e} {c['logits_tolerance']:>7.0e} "
               f"{c['greedy_token_match']:>12.2f} {c['seeded_reproducible']!s:>7} {c['batch_tokens_equal']!s:>6} "
@@ -111,7 +119,7 @@ def report(res: dict) -> None:
               f"{o['wall_s'] * 1e3:.2f} ms wall (idle {o['idle_fraction']:.0%})")
     b, c = s["profile_at"]
     print(f"\ntop-10 by device time, eager decode step, batch {b} x {c}:")
-    for e in s["profile"]:
+    for e in s.get("profile", []):
         print(f"  {e['self_ms_per_step']:>8.3f} ms  {e['calls_per_step']:>6.0f}x  {e['name']}")
     print("peak memory GiB per part: " + str(res.get("peak_memory_gib", {})))
     print("\ntargets: " + ", ".join(f"{k}={v}" for k, v in res["targets"].items()))
@@ -126,6 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="write the JSON object to this file after every part (a killed run keeps them)")
+    ap.add_argument("--commit", help="the commit of these files, recorded in the JSON (default: git's HEAD; a "
+                                     "machine given a copy of the files without the repository has none)")
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
     if args.device == "cpu":
@@ -136,9 +146,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     # Tensor parallelism needs two GPUs or more: its check is the gloo test on CPU
     # (tests/unit/test_engine_tensor_parallel.py), never this one-GPU run.
-    res = {"env": environment(args.device), "smoke": args.smoke, "commit": commit(),
+    res = {"env": environment(args.device), "smoke": args.smoke, "commit": args.commit or commit(),
            "tensor_parallel": "not measured: this check runs on one GPU (TP needs two or more)", "part_s": {}}
     dtypes = ("float32",) if args.smoke else ("float32", "bfloat16")
+    if cuda:
+        res["preflight_error"] = triton_preflight(args.device)
+        if res["preflight_error"]:  # NOTE: every part needs Triton: stop in seconds, not after minutes of failures
+            print(res["preflight_error"], flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps(res, default=float, indent=1))
+            return 2
 
     def save() -> None:
         res["elapsed_s"] = time.perf_counter() - t0
@@ -151,8 +168,15 @@ def main(argv=None) -> int:
         if not cuda:
             return {"skipped": "needs CUDA (on CPU the grid runs in Triton's interpreter: "
                                "tests/unit/test_triton_kernels.py)"}
-        return {"grid": run_kernels(args.device, dtypes), "fused": run_fused(args.device, dtypes),
-                "decode_bandwidth": decode_bandwidth(args.device)}
+        out = {}  # NOTE: each step kept as it ends: one that raises loses only itself
+        for step, fn in (("grid", lambda: run_kernels(args.device, dtypes)), ("fused", lambda: run_fused(args.device, dtypes)),
+                         ("decode_bandwidth", lambda: decode_bandwidth(args.device))):
+            try:
+                out[step] = fn()
+            except Exception:  # noqa: BLE001
+                out[f"{step}_error"] = traceback.format_exc()[-3000:]
+                print(out[f"{step}_error"], flush=True)
+        return out
 
     # NOTE: a part that raises is reported (traceback in the JSON) and the next part still runs: the
     # check gets one run on a GPU machine. Each part is saved as soon as it ends; speed also saves
@@ -175,7 +199,8 @@ def main(argv=None) -> int:
     res.setdefault("correctness", [])
     res["correctness_passed"] = bool(res["correctness"]) and all(passed(c) for c in res["correctness"])
     grid = res["kernels"].get("grid", []) + res["kernels"].get("fused", []) if "kernels" in res else []
-    res["kernels_passed"] = all(e["ok"] for e in grid) and "kernels_error" not in res
+    res["kernels_passed"] = (all(e["ok"] for e in grid) and "kernels_error" not in res
+                             and not any(k.endswith("_error") for k in res.get("kernels", {})))
     if "speed_error" not in res:
         res["targets"] = targets(res["speed"])
         if res["speed"].get("decode_fused"):
@@ -187,6 +212,23 @@ def main(argv=None) -> int:
         print(json.dumps(res, default=float))
     ok = res["correctness_passed"] and res["kernels_passed"] and "speed_error" not in res
     return 0 if ok else 1
+
+
+def triton_preflight(device: str) -> str | None:
+    """None when a Triton kernel compiles and runs here; else why not. Triton builds its launcher with
+    the host's C compiler against Python's headers at the first launch: a machine without them fails
+    every kernel."""
+    from engine import fused_kernels
+
+    try:
+        gate_up = torch.ones(2, 64, device=device)
+        y = fused_kernels.silu_mul(gate_up, 32)
+        torch.cuda.synchronize()
+        want = torch.nn.functional.silu(gate_up[:, :32]) * gate_up[:, 32:]
+        return None if torch.allclose(y, want) else f"Triton preflight: silu_mul gave {y[0, :4].tolist()}"
+    except Exception:  # noqa: BLE001
+        return "Triton preflight failed (a C compiler and Python.h are needed at the first launch):\n" + \
+            traceback.format_exc()[-2000:]
 
 
 def commit() -> str:

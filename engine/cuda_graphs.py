@@ -59,8 +59,12 @@ class DecodeGraphs:
         self.table = torch.zeros(self.buckets[-1], self.width, dtype=torch.int32, device=dev)
         self._copied = torch.cuda.Event()  # the last copy out of the pinned buffer
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        # NOTE: the RoPE table must not grow inside a graph (a new tensor the graph would not see).
-        runner.model.rope.cos_sin(torch.zeros(1, dtype=torch.long, device=dev), max_context, runner.model.dtype)
+        # NOTE: the RoPE table must not grow inside a graph (a new tensor the graph would not see): grown
+        # first to every position a graph can run. The graphs read the tables of the capture; kept here,
+        # so an eager forward that grows the model's table later does not free what they read.
+        rope = runner.model.rope
+        rope.cos_sin(torch.zeros(1, dtype=torch.long, device=dev), self.width * pool.page_size, runner.model.dtype)
+        self._rope_tables = (rope.cos, rope.sin)
         self._mempool = torch.cuda.graph_pool_handle()
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its memory
             self.graphs[b] = self._capture(b)

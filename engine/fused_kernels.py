@@ -19,7 +19,7 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(X, DELTA, W, Y, S, stride_x, stride_d, stride_y, stride_s, n, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # NOTE: row x stride passes 2^31 in long prefills
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
@@ -35,7 +35,7 @@ def _add_rms_norm_kernel(X, DELTA, W, Y, S, stride_x, stride_d, stride_y, stride
 
 @triton.jit
 def _silu_mul_kernel(GU, Y, stride_gu, stride_y, ffn, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # NOTE: row x stride passes 2^31 from ~75k tokens at ffn 14336
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < ffn
     g = tl.load(GU + row * stride_gu + cols, mask=mask, other=0.0)
@@ -70,7 +70,7 @@ def _rotate(src, COS, SIN, t, stride_c, HALF: tl.constexpr, BLOCK: tl.constexpr)
 def _rotary_store_kernel(Q, K, V, COS, SIN, QO, KO, DEST, ROWS, layer_off, stride_q, stride_k, stride_v, stride_c,
                          stride_qo, stride_ko, stride_dest, stride_r0, stride_r1, stride_r2, hq, hkv,
                          HALF: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # heads 0..hq-1 of q, then hkv of k, then hkv of v
     i = tl.arange(0, BLOCK)
     m = i < HALF

@@ -182,8 +182,12 @@ def paged_extend(q: torch.Tensor, pool, layer: int, table: torch.Tensor, start: 
     G = Hq // pool.arch.num_kv_heads
     page_rows, head_rows, v_off, block_d = _geometry(pool)
     out = torch.empty_like(q)
+    ieee = q.dtype == torch.float32
+    # NOTE: fp32 tiles of 64 x 128 with ieee dots at 4 warps take ~7 s each to compile (sm_90, measured
+    # with Triton's compiler on a CPU host); 8 warps ~2.5 s, and fewer registers per thread
+    warps = 8 if ieee and block_d >= 128 and block_m >= 64 else 4
     _extend_kernel[(triton.cdiv(n, block_m), Hq)](
         q, pool.rows, table, out, layer * pool.layer_row_stride, start, end, n, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), D ** -0.5, G=G, D=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        P=pool.page_size, PAGE_ROWS=page_rows, HEAD_ROWS=head_rows, V_OFF=v_off, IEEE=q.dtype == torch.float32)
+        P=pool.page_size, PAGE_ROWS=page_rows, HEAD_ROWS=head_rows, V_OFF=v_off, IEEE=ieee, num_warps=warps)
     return out
