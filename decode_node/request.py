@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field, replace
 
+from engine.sampler import TokenCounts
 from engine.sampling_params import SamplingParams
 from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens
@@ -103,6 +104,7 @@ class DecodeRequest:
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: object = None
     grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
+    token_counts: TokenCounts = field(default_factory=TokenCounts)  # what the penalties read (engine/sampler.py)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
     done: bool = False  # answered (finished, failed or aborted); pages go back once it holds no I/O lease

@@ -39,6 +39,7 @@ def draw_tokens(rt, batch: list[DecodeRequest], logits) -> tuple[list[int], list
     """The next token of each request of `batch` from its row of `logits`, each under its own
     sampling params, generator, grammar and token history (penalties); with their logprobs."""
     params = [r.job.params for r in batch]
-    histories = [token_history(rt.eos_token_ids, r.job.params, r.token_ids, r.prompt_len) for r in batch]
+    histories = [token_history(rt.eos_token_ids, r.job.params, r.token_ids, r.prompt_len, r.token_counts)
+                 for r in batch]
     tokens = rt.sampler.sample(logits, params, [r.generator for r in batch], [r.grammar for r in batch], histories)
     return tokens, rt.sampler.logprobs(logits, tokens, params)

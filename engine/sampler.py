@@ -27,14 +27,30 @@ from engine.grammar import OutputGrammar, mask_rows
 from engine.sampling_params import SamplingParams
 
 
+class TokenCounts:
+    """One request's token counts on the logits' device, [2, vocab] float32: row 0 over the prompt and
+    the output (the repetition penalty), row 1 over the output (frequency / presence), for its first
+    `length` tokens. A worker keeps one with each request and passes it in the TokenHistory, so a
+    step counts only the tokens since the last one instead of the whole history again (a host list
+    of thousands of ids turned into a tensor per row per step). It is trusted only for the same
+    `token_ids` object, grown, with the same output start; anything else is counted afresh."""
+
+    def __init__(self):
+        self.table: torch.Tensor | None = None
+        self.length = 0
+        self.of: tuple = ()  # (token_ids object, output_start, vocab, device) the table counts
+
+
 @dataclass(frozen=True)
 class TokenHistory:
     """What the sampling controls of one row read (SamplingParams.needs_history): its tokens so far
-    (prompt, then output from `output_start`) and the ids min_tokens keeps out (EOS, stop tokens)."""
+    (prompt, then output from `output_start`), the ids min_tokens keeps out (EOS, stop tokens) and
+    the request's TokenCounts (None: counted from the whole history)."""
 
     token_ids: Sequence[int]
     output_start: int
     stop_ids: tuple[int, ...] = ()
+    counts: TokenCounts | None = None
 
 
 @dataclass(frozen=True)
@@ -212,24 +228,16 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
     def column(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=dev)[:, None]
 
-    def counts(seqs: list[Sequence[int]]) -> torch.Tensor:
-        """[rows, vocab] occurrences: one scatter over the padded sequences (pad id = vocab)."""
-        width = max((len(s) for s in seqs), default=0)
-        ids = torch.full((len(seqs), width + 1), vocab, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-        out = torch.zeros(len(seqs), vocab + 1, device=dev)
-        return out.scatter_add_(1, ids.to(dev), torch.ones_like(ids, dtype=out.dtype, device=dev))[:, :vocab]
-
-    rep = [p.repetition_penalty for p in ps]
-    if any(r != 1.0 for r in rep):
-        seen = counts([h.token_ids for h in hs]) > 0
-        r = column(rep)
-        sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
-    freq, pres = [p.frequency_penalty for p in ps], [p.presence_penalty for p in ps]
-    if any(freq) or any(pres):
-        c = counts([h.token_ids[h.output_start:] for h in hs])
-        sub = sub - column(freq) * c - column(pres) * (c > 0).float()
+    rep, freq, pres = [p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps], [p.presence_penalty for p in ps]
+    need_rep, need_fp = any(r != 1.0 for r in rep), any(freq) or any(pres)
+    if need_rep or need_fp:
+        counts = history_counts(hs, vocab, dev)  # [rows, 2, vocab]: every token, the output's
+        if need_rep:
+            r = column(rep)
+            sub = torch.where(counts[:, 0] > 0, torch.where(sub > 0, sub / r, sub * r), sub)
+        if need_fp:
+            c = counts[:, 1]
+            sub = sub - column(freq) * c - column(pres) * (c > 0).float()
     for r, (p, h) in enumerate(zip(ps, hs)):
         if p.logit_bias:
             ids = torch.as_tensor([t for t, _ in p.logit_bias if 0 <= t < vocab], dtype=torch.long, device=dev)
@@ -239,3 +247,41 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
             sub[r, torch.as_tensor(h.stop_ids, dtype=torch.long, device=dev)] = float("-inf")
     x[index] = sub.to(x.dtype)
     return x
+
+
+def history_counts(hs: Sequence[TokenHistory], vocab: int, dev: torch.device) -> torch.Tensor:
+    """[rows, 2, vocab] float32: per row, how often each id occurs in its tokens and in its output.
+    Rows with a TokenCounts add only their tokens since its last step (and keep the result); one
+    index_put for the whole batch, one multi-tensor copy back into the requests' tables."""
+    kept, fresh, rs, kinds, ids = [], [], [], [], []  # (row, TokenCounts) with a table to update / to make
+    rows: list[TokenCounts] = []
+    taken: set[int] = set()
+    for r, h in enumerate(hs):
+        keep = h.counts is not None and id(h.counts) not in taken  # a table counts one row
+        c = h.counts if keep else TokenCounts()  # no TokenCounts of its own: counted, not kept
+        rows.append(c)
+        taken.add(id(c))
+        of = (h.token_ids, h.output_start, vocab, dev)
+        if c.table is None or c.length > len(h.token_ids) or c.of[0] is not h.token_ids or c.of[1:] != of[1:]:
+            c.table, c.length, c.of = None, 0, of  # not this history's counts: from its first token
+        new = h.token_ids[c.length:]
+        for pos, t in enumerate(new, c.length):
+            if 0 <= t < vocab:
+                rs.append(r), kinds.append(0), ids.append(t)
+                if pos >= h.output_start:
+                    rs.append(r), kinds.append(1), ids.append(t)
+        c.length = len(h.token_ids)
+        if c.table is not None:
+            kept.append((r, c))
+        elif keep:
+            fresh.append((r, c))
+    zeros = torch.zeros(2, vocab, device=dev)
+    tables = torch.stack([c.table if c.table is not None else zeros for c in rows])
+    if ids:
+        index = torch.tensor([rs, kinds, ids], dtype=torch.long).to(dev)  # one host-to-device copy
+        tables.index_put_((index[0], index[1], index[2]), torch.ones(len(ids), device=dev), accumulate=True)
+    if kept:  # NOTE: copied back, not views of `tables`: a request that leaves must not keep the batch's
+        torch._foreach_copy_([c.table for _, c in kept], [tables[r] for r, _ in kept])
+    for r, c in fresh:
+        c.table = tables[r].clone()
+    return tables

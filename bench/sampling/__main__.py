@@ -5,12 +5,14 @@ sub-command, each with its own flags (--help).
                                                                their cost per decode step (grammar_overhead.py)
     python -m bench.sampling parallel [--json] [...]           n > 1: the P -> D bytes and wall time of one
                                                                request of n against n of one (parallel.py)
+    python -m bench.sampling penalty-overhead [--json] [...]   penalties per decode step: counts kept per request
+                                                               against rebuilt from each history (penalty_overhead.py)
 """
 
 import importlib
 import sys
 
-STUDIES = {"grammar-overhead": "grammar_overhead", "parallel": "parallel"}
+STUDIES = {"grammar-overhead": "grammar_overhead", "parallel": "parallel", "penalty-overhead": "penalty_overhead"}
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import Sampler, TokenHistory, apply_controls
+from engine.sampler import Sampler, TokenCounts, TokenHistory, apply_controls
 from engine.sampling_params import SamplingParams
 from engine.stop import StopChecker
 
@@ -91,3 +91,41 @@ def test_the_stop_checker_ignores_eos_stop_ids_and_stop_strings_before_min_token
     assert c.append(9).finish_reason == "stop"  # the third token: eos ends it
     s = StopChecker(_Tok(), SamplingParams(min_tokens=2, stop=("xx",), max_tokens=10), eos_token_ids=(9,))
     assert s.append(1).finish_reason is None and s.append(1).finish_reason == "stop"
+
+
+def test_token_counts_follow_each_history_step_by_step():
+    """Rows keeping a TokenCounts give, every step, what counting their whole history gives: while
+    they grow, when a row's history is another list (a new request on the same counts), when its
+    output start moves, and when two rows pass the same counts (the second is counted, not kept)."""
+    gen = torch.Generator().manual_seed(3)
+    params = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2)] * 4
+    tokens = [[1, 2, 3], [4, 4], [5, 6, 7, 1], [2]]
+    counts = [TokenCounts(), TokenCounts(), None, None]
+    counts[3] = counts[0]  # shared by mistake: must not corrupt row 0's
+    starts = [1, 1, 2, 0]
+    for step in range(8):
+        if step == 4:
+            tokens[1] = [7, 7, 0, 1, 2, 3, 4, 5]  # another request reusing the counts object, longer than its last
+        if step == 6:
+            starts[0] = 2
+        logits = torch.randn(4, V, generator=gen)
+        kept = [TokenHistory(t, s, counts=c) for t, s, c in zip(tokens, starts, counts)]
+        fresh = [TokenHistory(list(t), s) for t, s in zip(tokens, starts)]
+        assert torch.equal(apply_controls(logits, params, kept), apply_controls(logits, params, fresh)), step
+        assert counts[0].length == len(tokens[0]) and counts[1].length == len(tokens[1])
+        for t in tokens:
+            t.append(int(torch.randint(V, (1,), generator=gen)))
+
+
+def test_token_counts_count_only_the_new_tokens():
+    """The kept counts are not recounted: a token changed in place behind them stays counted as it was
+    (histories only grow; this is what makes a step cost its new tokens, not its whole history)."""
+    params = [SamplingParams(frequency_penalty=1.0)]
+    tokens, c = [0, 3, 3], TokenCounts()
+    logits = torch.zeros(1, V)
+    apply_controls(logits, params, [TokenHistory(tokens, 0, counts=c)])
+    tokens[1] = 5
+    tokens.append(6)
+    out = apply_controls(logits, params, [TokenHistory(tokens, 0, counts=c)])
+    assert out[0, 3] == -2.0 and out[0, 5] == 0.0 and out[0, 6] == -1.0
+    assert c.table[1].tolist() == [1, 0, 0, 2, 0, 0, 1, 0]
