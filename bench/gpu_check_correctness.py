@@ -33,7 +33,7 @@ from engine.sampling_params import SamplingParams
 
 LOGIT_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}  # relative to the largest |logit| of the reference
 BF16_ERROR_OVER_HF = 1.25  # bf16: our error against HF fp32 over HF's own bf16 error against it
-FAMILIES = ("llama3", "qwen2")
+FAMILIES = ("llama3", "qwen2", "qwen3")  # qwen3: per-head q/k RMSNorm before RoPE
 PAGE = 16
 STEPS = 24
 

@@ -228,16 +228,24 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
     def column(values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=dev)[:, None]
 
-    rep, freq, pres = [p.repetition_penalty for p in ps], [p.frequency_penalty for p in ps], [p.presence_penalty for p in ps]
-    need_rep, need_fp = any(r != 1.0 for r in rep), any(freq) or any(pres)
-    if need_rep or need_fp:
-        counts = history_counts(hs, vocab, dev)  # [rows, 2, vocab]: every token, the output's
-        if need_rep:
+    # NOTE: only the rows with a penalty are counted (logit_bias / min_tokens rows need no counts)
+    pen = [j for j, p in enumerate(ps) if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty]
+    if pen:
+        pps = [ps[j] for j in pen]
+        rep, freq, pres = [p.repetition_penalty for p in pps], [p.frequency_penalty for p in pps], \
+            [p.presence_penalty for p in pps]
+        counts = history_counts([hs[j] for j in pen], vocab, dev)  # [pen, 2, vocab]: every token, the output's
+        s = sub if len(pen) == len(ps) else sub[torch.as_tensor(pen, device=dev)]
+        if any(r != 1.0 for r in rep):  # x / 1 and x * 1 are x: rows without one are unchanged
             r = column(rep)
-            sub = torch.where(counts[:, 0] > 0, torch.where(sub > 0, sub / r, sub * r), sub)
-        if need_fp:
+            s = torch.where(counts[:, 0] > 0, torch.where(s > 0, s / r, s * r), s)
+        if any(freq) or any(pres):
             c = counts[:, 1]
-            sub = sub - column(freq) * c - column(pres) * (c > 0).float()
+            s = s - column(freq) * c - column(pres) * (c > 0).float()
+        if len(pen) == len(ps):
+            sub = s
+        else:
+            sub[torch.as_tensor(pen, device=dev)] = s
     for r, (p, h) in enumerate(zip(ps, hs)):
         if p.logit_bias:
             ids = torch.as_tensor([t for t, _ in p.logit_bias if 0 <= t < vocab], dtype=torch.long, device=dev)
@@ -253,9 +261,11 @@ def history_counts(hs: Sequence[TokenHistory], vocab: int, dev: torch.device) ->
     """[rows, 2, vocab] float32: per row, how often each id occurs in its tokens and in its output.
     Rows with a TokenCounts add only their tokens since its last step (and keep the result); one
     index_put for the whole batch, one multi-tensor copy back into the requests' tables."""
-    kept, fresh, rs, kinds, ids = [], [], [], [], []  # (row, TokenCounts) with a table to update / to make
+    kept, fresh = [], []  # (row, TokenCounts) with a table to update / to make
     rows: list[TokenCounts] = []
     taken: set[int] = set()
+    new_ids: list[int] = []  # every row's tokens since its table's last step, row after row
+    segs: list[tuple[int, int, int]] = []  # per row: (new tokens, position of the first, output start)
     for r, h in enumerate(hs):
         keep = h.counts is not None and id(h.counts) not in taken  # a table counts one row
         c = h.counts if keep else TokenCounts()  # no TokenCounts of its own: counted, not kept
@@ -264,12 +274,8 @@ def history_counts(hs: Sequence[TokenHistory], vocab: int, dev: torch.device) ->
         of = (h.token_ids, h.output_start, vocab, dev)
         if c.table is None or c.length > len(h.token_ids) or c.of[0] is not h.token_ids or c.of[1:] != of[1:]:
             c.table, c.length, c.of = None, 0, of  # not this history's counts: from its first token
-        new = h.token_ids[c.length:]
-        for pos, t in enumerate(new, c.length):
-            if 0 <= t < vocab:
-                rs.append(r), kinds.append(0), ids.append(t)
-                if pos >= h.output_start:
-                    rs.append(r), kinds.append(1), ids.append(t)
+        new_ids.extend(h.token_ids[c.length:])  # NOTE: one list, one tensor: no Python loop per token
+        segs.append((len(h.token_ids) - c.length, c.length, h.output_start))
         c.length = len(h.token_ids)
         if c.table is not None:
             kept.append((r, c))
@@ -277,9 +283,17 @@ def history_counts(hs: Sequence[TokenHistory], vocab: int, dev: torch.device) ->
             fresh.append((r, c))
     zeros = torch.zeros(2, vocab, device=dev)
     tables = torch.stack([c.table if c.table is not None else zeros for c in rows])
-    if ids:
-        index = torch.tensor([rs, kinds, ids], dtype=torch.long).to(dev)  # one host-to-device copy
-        tables.index_put_((index[0], index[1], index[2]), torch.ones(len(ids), device=dev), accumulate=True)
+    if new_ids:
+        t = torch.tensor(new_ids, dtype=torch.long)
+        n, first, start = torch.tensor(segs, dtype=torch.long).T
+        row = torch.repeat_interleave(torch.arange(len(segs)), n)
+        pos = torch.arange(len(new_ids)) + torch.repeat_interleave(first - (torch.cumsum(n, 0) - n), n)
+        start = torch.repeat_interleave(start, n)
+        valid = (t >= 0) & (t < vocab)
+        out = valid & (pos >= start)  # an output token counts in both tables
+        index = torch.cat([torch.stack((row[m], torch.full_like(row[m], kind), t[m]))
+                           for kind, m in ((0, valid), (1, out))], dim=1).to(dev)  # one host-to-device copy
+        tables.index_put_((index[0], index[1], index[2]), torch.ones(index.shape[1], device=dev), accumulate=True)
     if kept:  # NOTE: copied back, not views of `tables`: a request that leaves must not keep the batch's
         torch._foreach_copy_([c.table for _, c in kept], [tables[r] for r, _ in kept])
     for r, c in fresh:

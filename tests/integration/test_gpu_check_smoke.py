@@ -20,7 +20,8 @@ def test_gpu_check_smoke_runs_end_to_end(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))  # the file holds the final object
     assert list(res["part_s"]) == ["kernels", "correctness", "speed"]
     assert "needs CUDA" in res["kernels"]["skipped"]  # on CPU the grid runs in the interpreter (unit test)
-    assert [(c["family"], c["dtype"]) for c in res["correctness"]] == [("llama3", "float32"), ("qwen2", "float32")]
+    assert [(c["family"], c["dtype"]) for c in res["correctness"]] == [("llama3", "float32"), ("qwen2", "float32"),
+                                                                     ("qwen3", "float32")]
     for c in res["correctness"]:
         assert c["greedy_equal"] and c["seeded_reproducible"] and c["batch_tokens_equal"], c
         assert c["logits_rel_diff"] <= c["logits_tolerance"], c
@@ -53,4 +54,4 @@ def test_a_killed_run_keeps_the_parts_it_finished(tmp_path):
         proc.kill()
         proc.wait(timeout=30)
     res = json.loads(out.read_text())
-    assert len(res["correctness"]) == 2 and "kernels" in res and res["elapsed_s"] > 0
+    assert len(res["correctness"]) == 3 and "kernels" in res and res["elapsed_s"] > 0
