@@ -235,17 +235,18 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
         rep, freq, pres = [p.repetition_penalty for p in pps], [p.frequency_penalty for p in pps], \
             [p.presence_penalty for p in pps]
         counts = history_counts([hs[j] for j in pen], vocab, dev)  # [pen, 2, vocab]: every token, the output's
-        s = sub if len(pen) == len(ps) else sub[torch.as_tensor(pen, device=dev)]
+        some = torch.as_tensor(pen, device=dev) if len(pen) < len(ps) else None
+        s = sub if some is None else sub[some]
         if any(r != 1.0 for r in rep):  # x / 1 and x * 1 are x: rows without one are unchanged
             r = column(rep)
             s = torch.where(counts[:, 0] > 0, torch.where(s > 0, s / r, s * r), s)
         if any(freq) or any(pres):
             c = counts[:, 1]
             s = s - column(freq) * c - column(pres) * (c > 0).float()
-        if len(pen) == len(ps):
+        if some is None:
             sub = s
         else:
-            sub[torch.as_tensor(pen, device=dev)] = s
+            sub[some] = s
     for r, (p, h) in enumerate(zip(ps, hs)):
         if p.logit_bias:
             ids = torch.as_tensor([t for t, _ in p.logit_bias if 0 <= t < vocab], dtype=torch.long, device=dev)
