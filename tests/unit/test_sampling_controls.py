@@ -129,3 +129,17 @@ def test_token_counts_count_only_the_new_tokens():
     out = apply_controls(logits, params, [TokenHistory(tokens, 0, counts=c)])
     assert out[0, 3] == -2.0 and out[0, 5] == 0.0 and out[0, 6] == -1.0
     assert c.table[1].tolist() == [1, 0, 0, 2, 0, 0, 1, 0]
+
+
+def test_a_batch_of_penalised_and_bias_only_rows():
+    """Only the penalised rows are counted; a logit_bias row beside them gets its bias alone."""
+    logits = torch.tensor([[1.5, -0.5, 0.2, 2.0, -1.0, 0.0, 3.0, -2.5]] * 3)
+    prompt, output = [0, 1, 1], [3, 3, 4, 1]
+    params = [SamplingParams(logit_bias={2: 5.0}), SamplingParams(frequency_penalty=0.5, repetition_penalty=1.3),
+              SamplingParams(min_tokens=9, presence_penalty=0.1)]
+    counts = [TokenCounts() for _ in params]
+    hist = [TokenHistory(prompt + output, len(prompt), stop_ids=(5,), counts=c) for c in counts]
+    out = apply_controls(logits, params, hist)
+    for i, p in enumerate(params):
+        assert out[i].tolist() == pytest.approx(by_hand(logits[i].tolist(), prompt, output, p, (5,)))
+    assert counts[0].table is None and counts[1].table is not None  # the bias-only row keeps no counts
