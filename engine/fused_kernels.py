@@ -76,23 +76,28 @@ def _rotary_store_kernel(Q, K, V, COS, SIN, QO, KO, DEST, ROWS, layer_off, strid
     m = i < HALF
     if h < hq:
         y1, y2 = _rotate(Q + t * stride_q + h * 2 * HALF, COS, SIN, t, stride_c, HALF, BLOCK)
-        tl.store(QO + t * stride_qo + h * 2 * HALF + i, y1, mask=m)
-        tl.store(QO + t * stride_qo + h * 2 * HALF + HALF + i, y2, mask=m)
+        _store_halves(QO + t * stride_qo + h * 2 * HALF, y1, y2, HALF, BLOCK)
     elif h < hq + hkv:
         j = h - hq
         y1, y2 = _rotate(K + t * stride_k + j * 2 * HALF, COS, SIN, t, stride_c, HALF, BLOCK)
-        tl.store(KO + t * stride_ko + j * 2 * HALF + i, y1, mask=m)
-        tl.store(KO + t * stride_ko + j * 2 * HALF + HALF + i, y2, mask=m)
+        _store_halves(KO + t * stride_ko + j * 2 * HALF, y1, y2, HALF, BLOCK)
         row = tl.load(ROWS + t * stride_r0 + j * stride_r2) + layer_off  # K's pool row (kv index 0)
-        tl.store(DEST + row * stride_dest + i, y1.to(DEST.dtype.element_ty), mask=m)
-        tl.store(DEST + row * stride_dest + HALF + i, y2.to(DEST.dtype.element_ty), mask=m)
+        _store_halves(DEST + row * stride_dest, y1, y2, HALF, BLOCK)
     else:
         j = h - hq - hkv
         row = tl.load(ROWS + t * stride_r0 + stride_r1 + j * stride_r2) + layer_off  # V's pool row (kv index 1)
         x1 = tl.load(V + t * stride_v + j * 2 * HALF + i, mask=m, other=0.0)
         x2 = tl.load(V + t * stride_v + j * 2 * HALF + HALF + i, mask=m, other=0.0)
-        tl.store(DEST + row * stride_dest + i, x1.to(DEST.dtype.element_ty), mask=m)
-        tl.store(DEST + row * stride_dest + HALF + i, x2.to(DEST.dtype.element_ty), mask=m)
+        _store_halves(DEST + row * stride_dest, x1, x2, HALF, BLOCK)
+
+
+@triton.jit
+def _store_halves(dst, y1, y2, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """One head's row at dst from its two halves, cast to dst's dtype."""
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    tl.store(dst + i, y1.to(dst.dtype.element_ty), mask=m)
+    tl.store(dst + HALF + i, y2.to(dst.dtype.element_ty), mask=m)
 
 
 def rotary_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
