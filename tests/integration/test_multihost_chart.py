@@ -77,7 +77,10 @@ def test_rendered_chart_runs_across_network_namespaces(tiny_model_dir, tmp_path)
         def written_back() -> float:
             return sum(scrape(p.url("metrics") + "/metrics").get("pdorch_store_pages_written_total", 0)
                        for p in cluster.of("prefill"))
-        wait("turn 1's write-back", lambda: written_back() > 0, 30, pods)
+        # NOTE: every full page of turn 1's prompt, not just the first to land: the check after the leader's
+        # kill expects them in the store, so they must be there before it (one CI run killed it too early).
+        full_pages = one["usage"]["prompt_tokens"] // 16  # config.model.page_size's default
+        wait("turn 1's write-back", lambda: written_back() >= full_pages, 30, pods)
         # Every worker's L1 goes (the decode worker's own cache too): turn 2 can only find its prefix in the store.
         flushed = httpx.post(f"{url}/flush_cache", timeout=30, headers={"Authorization": "Bearer multihost-admin-key"})
         assert flushed.status_code == 200, flushed.text
