@@ -19,8 +19,9 @@ def build(cfg, worker_id: str):
     # chain; its writes (offload, local prefill) make room through the same chain policy as P's.
     rt = build_runtime(cfg, cfg.decode.num_pages, use_store=uses_store(cfg.decode), registry=recorder.registry,
                        evict=True, component=worker_id, tp_size=cfg.decode.tp_size)
-    # NOTE: no CUDA graphs at tp_size > 1 yet: a captured step would have to replay the followers' too
-    if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch and cfg.decode.tp_size == 1:
+    # At tp_size > 1 every rank captures the same graphs together and replays its own in lockstep
+    # (pdorch/worker/tp_steps.py GroupRunner.capture_decode_graphs).
+    if cfg.model.device.startswith("cuda") and cfg.decode.cuda_graph_max_batch:
         rt.runner.capture_decode_graphs(min(cfg.decode.cuda_graph_max_batch, cfg.decode.max_running_requests),
                                         rt.max_context)
     return DecodeWorker(rt, cfg.decode, cfg.store, cfg.grpc, worker_id, recorder), add_to_server

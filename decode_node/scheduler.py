@@ -79,7 +79,7 @@ class DecodeScheduler:
                                      "computed itself (conditional disaggregation, pages it could not read)",
                                      registry=recorder.registry)
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
-                                   self._on_completion)
+                                   self._on_completion, rt.thread_init)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
         self.num_waiting = 0  # joined, not in the batch: waiting for a slot, or preempted
         self.num_running = 0

@@ -140,8 +140,11 @@ class DecoderModel(nn.Module):
         return out if bias is None else out + bias
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] (fp32): each rank's vocabulary rows, gathered; the padding dropped."""
+        """Logits [rows, vocab] (fp32): each rank's vocabulary rows, gathered on rank 0, the padding
+        dropped. NOTE: at tp_size > 1 the other ranks get their own rows only: nothing samples there."""
         logits = F.linear(x, self.lm_head)
         if self.group.size > 1:
-            logits = self.group.all_gather_last_dim(logits)[:, :self.arch.vocab_size]
+            logits = self.group.gather_last_dim(logits)
+            if self.group.rank == 0:
+                logits = logits[:, :self.arch.vocab_size]
         return logits.float()

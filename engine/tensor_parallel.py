@@ -5,8 +5,12 @@ the slices (TPGroup), sharded as SGLang and vLLM shard Llama / Qwen2.
     o, down        row-parallel: rank r holds the matching input columns; the partial sums are
                    all-reduced, then the (replicated) bias is added once
     embed          vocab-parallel: ids outside the rank's rows give zero rows, then all-reduce
-    lm_head        vocab-parallel: logits of the rank's rows, all-gathered to the full vocabulary
+    lm_head        vocab-parallel: logits of the rank's rows, gathered to rank 0 (the one that samples)
     norms          replicated
+
+Two process groups: `pg` (NCCL on CUDA, gloo on CPU) for the model's tensors, and `cpu_pg` (gloo; the
+same group on CPU) for what the host sends: each step's batch from rank 0 (pdorch/worker/tp_steps.py)
+and start-up exchanges. So a step's metadata never takes a device copy or a NCCL call.
 
 The vocabulary is padded to a multiple of tp_size and split into equal contiguous ranges; the
 padded rows (last rank only) are zero and their logits are dropped after the gather.
@@ -109,10 +113,11 @@ NO_TP = TPShard(0, 1)  # the whole model in one process (the default everywhere)
 class TPGroup:
     """The collectives of one TP group; size 1 is a no-op group (no torch.distributed needed)."""
 
-    def __init__(self, rank: int = 0, size: int = 1, pg=None):
+    def __init__(self, rank: int = 0, size: int = 1, pg=None, cpu_pg=None):
         if size > 1 and pg is None:
             raise ValueError(f"tp_size={size} needs a torch.distributed process group (init_tp_group)")
         self.rank, self.size, self.pg = rank, size, pg
+        self.cpu_pg = cpu_pg if cpu_pg is not None else pg  # gloo: host data (a CPU group is both)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks, in place; returns t."""
@@ -120,19 +125,22 @@ class TPGroup:
             torch.distributed.all_reduce(t, group=self.pg)
         return t
 
-    def all_gather_last_dim(self, t: torch.Tensor) -> torch.Tensor:
-        """[..., n] on each rank -> [..., size * n], rank order (the vocab-parallel logits)."""
+    def gather_last_dim(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., n] on each rank -> [..., size * n] in rank order ON RANK 0 (the vocab-parallel logits:
+        only rank 0 samples); the other ranks get their own `t` back."""
         if self.size == 1:
             return t
         t = t.contiguous()
-        parts = [torch.empty_like(t) for _ in range(self.size)]
-        torch.distributed.all_gather(parts, t, group=self.pg)
-        return torch.cat(parts, dim=-1)
+        parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == 0 else None
+        torch.distributed.gather(t, parts, dst=0, group=self.pg)
+        return torch.cat(parts, dim=-1) if parts is not None else t
 
     def close(self) -> None:
         if self.pg is not None:
+            if self.cpu_pg is not self.pg:
+                torch.distributed.destroy_process_group(self.cpu_pg)
             torch.distributed.destroy_process_group(self.pg)
-            self.pg = None
+            self.pg = self.cpu_pg = None
 
 
 def init_tp_group(rank: int, size: int, init_method: str, backend: str = "gloo",
@@ -141,6 +149,9 @@ def init_tp_group(rank: int, size: int, init_method: str, backend: str = "gloo",
     nccl on CUDA. Every collective, and the rendezvous itself, fails after timeout_s instead of hanging."""
     if size == 1:
         return TPGroup()
-    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                                         timeout=datetime.timedelta(seconds=timeout_s))
-    return TPGroup(rank, size, torch.distributed.group.WORLD)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
+    world = torch.distributed.group.WORLD
+    # NOTE: every rank creates the CPU group at the same point (new_group is itself a collective)
+    cpu = world if backend == "gloo" else torch.distributed.new_group(backend="gloo", timeout=timeout)
+    return TPGroup(rank, size, world, cpu)

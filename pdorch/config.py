@@ -64,7 +64,8 @@ class ModelConfig:
                                  "template opens <think>), none; auto = from the model's family (Qwen3: qwen3)",
                                  choices=["auto", "none", "qwen3", "deepseek_r1"])
     tp_timeout_s: float = _key(60.0, "Tensor-parallel workers (prefill.tp_size / decode.tp_size > 1): a collective "
-                               "between a worker's ranks (each step's broadcast, the model's all-reduces) that takes "
+                               "between a worker's ranks (each step's broadcast over the CPU group, the model's all-reduces "
+                               "and logits gather) that takes "
                                "longer fails, and the worker exits to be restarted as a group; idle ranks exchange a "
                                "heartbeat every tp_timeout_s / 4", min=2.0, max=3600.0)
     local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "

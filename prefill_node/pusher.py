@@ -17,10 +17,12 @@ log = logging.getLogger(__name__)
 
 
 class KVPusher:
-    def __init__(self, transfer, page_nbytes: int, max_workers: int = 2):
+    def __init__(self, transfer, page_nbytes: int, max_workers: int = 2, thread_init=None):
         self._transfer = transfer
         self._page_nbytes = page_nbytes
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-push")
+        # thread_init: the worker's device made current in each pusher thread (transfers read its pool)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-push",
+                                                           initializer=thread_init)
 
     def push(self, task, local_addrs: list[int], remote_addrs: list[int], on_done) -> None:
         """Start the transfer of local_addrs[i] -> D's remote_addrs[i]; `on_done(task, err | None,

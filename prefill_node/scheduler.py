@@ -67,7 +67,7 @@ class PrefillScheduler:
         # its write-back to finish.
         self._tasks: dict[PrefillTask, None] = {}
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
-                                   rt.store_io, self._on_completion)
+                                   rt.store_io, self._on_completion, rt.thread_init)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
         self._decode_pool_pages = Counter("pdorch_prefill_decode_pool_pages", "Prefix pages read from the decode "
                                           "worker's pool (its prefix cache held them; this L1 did not), by outcome "

@@ -49,7 +49,7 @@ class PrefillWorker:
         self.cfg = cfg
         self.worker_id = worker_id
         self.recorder = recorder or WorkerRecorder(ROLE)
-        self._pusher = KVPusher(rt.peer_transfer, rt.pool.page_nbytes)
+        self._pusher = KVPusher(rt.peer_transfer, rt.pool.page_nbytes, thread_init=rt.thread_init)
         self._scheduler = PrefillScheduler(rt, cfg, store, self._pusher, self.recorder)
         self.recorder.bind_load(lambda: self._scheduler.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: L1 keeps what the store dropped

@@ -89,7 +89,8 @@ class StoreIO:
     """`on_complete`, when set, is called after every completion is queued (on an I/O thread, or on
     the submitting thread for ops that complete at once); it must only wake the caller, never block."""
 
-    def __init__(self, store: KVStore, on_complete: Callable[[], None] | None = None):
+    def __init__(self, store: KVStore, on_complete: Callable[[], None] | None = None,
+                 thread_init: Callable[[], None] | None = None):
         cfg = store.cfg
         self.store = store
         self._chunk = cfg.save_chunk_pages
@@ -109,6 +110,9 @@ class StoreIO:
         # Told the keys every save put in the store (written, or found there already), on the thread
         # that completes it, before the completion is delivered: the worker's KV events. None: off.
         self.on_saved: Callable[[list[str]], None] | None = None
+        # What each I/O thread runs first: the worker's GPU made current, where pages are device memory
+        # (a thread starts on GPU 0; this module stays torch-free, the worker passes it in).
+        self._thread_init = thread_init
         self._threads = [threading.Thread(target=self._worker, args=(i == 0 and cfg.io_threads > 1,),
                                           name=f"store-io-{i}", daemon=True) for i in range(cfg.io_threads)]
         for t in self._threads:
@@ -255,6 +259,8 @@ class StoreIO:
 
     # ------------------------------------------------------------------ I/O threads
     def _worker(self, loads_only: bool) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         while True:
             with self._cv:
                 while not self._loads and (loads_only or not self._saves) and not self._closed:

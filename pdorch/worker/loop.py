@@ -55,8 +55,10 @@ class Evicted:
 class SchedulerLoop:
     def __init__(self, role: str, iterate: Callable[[float], bool], on_message: Callable[[object], None],
                  fail_all: Callable[[WorkerError], None], store_io=None,
-                 on_completion: Callable[[object], None] | None = None):
+                 on_completion: Callable[[object], None] | None = None,
+                 thread_init: Callable[[], None] | None = None):
         self.role = role
+        self._thread_init = thread_init  # the worker's device made current in this thread (engine/device.py)
         self._iterate, self._on_message, self._fail_all = iterate, on_message, fail_all
         self._store_io, self._on_completion = store_io, on_completion
         if store_io is not None:
@@ -97,6 +99,8 @@ class SchedulerLoop:
         self._wake_at = min(self._wake_at, t)
 
     def _run(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         while not self._stop.is_set():
             self._wake_at = float("inf")
             try:

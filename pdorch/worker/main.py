@@ -52,10 +52,13 @@ GRPC_OPTIONS = [
 ]
 
 
-def make_server(rpc: GrpcConfig, max_rpcs: int, on_refused=None) -> grpc.Server:
+def make_server(rpc: GrpcConfig, max_rpcs: int, on_refused=None, thread_init=None) -> grpc.Server:
     """The worker's gRPC server (not started, no port yet: `rpc.add_port`). With grpc.token
-    every call must carry the token (UNAUTHENTICATED otherwise; `on_refused(method)` counts them)."""
-    return grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc"),
+    every call must carry the token (UNAUTHENTICATED otherwise; `on_refused(method)` counts them).
+    `thread_init`: what each handler thread runs first (the worker's device made current)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_rpcs, thread_name_prefix="grpc",
+                                                 initializer=thread_init)
+    return grpc.server(pool,
                        interceptors=server_interceptors(rpc, on_refused), options=GRPC_OPTIONS,
                        maximum_concurrent_rpcs=max_rpcs)
 
@@ -129,8 +132,11 @@ def _serve_grpc(cfg, role: str, section, worker, add_to_server, address: str, pr
     # for the admission bound; beyond it gRPC answers RESOURCE_EXHAUSTED instead of queueing blindly.
     # WatchKV streams (one per router replica) hold theirs for good: room for the most it admits.
     max_rpcs = section.max_queued_requests + getattr(section, "max_running_requests", 0) + 16 + MAX_SUBSCRIBERS
+    from engine.device import device_initializer
+
     refused = refusal_counter(role, worker.recorder.registry)
-    server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc())
+    server = make_server(cfg.grpc, max_rpcs, lambda method: refused.labels(method.rsplit("/", 1)[-1]).inc(),
+                         device_initializer(cfg.model.device))
     add_to_server(worker, server)
     try:
         port = add_port(server, address, cfg.grpc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,13 @@ class WorkerRuntime:
     @property
     def tp_size(self) -> int:
         return 1 if self.tp is None else self.tp.size
+
+    @property
+    def thread_init(self) -> Callable[[], None]:
+        """What every thread of this worker that does device work runs first (engine/device.py)."""
+        from engine.device import device_initializer
+
+        return device_initializer(self.cfg.model.device)
 
     @property
     def page_size(self) -> int:
@@ -143,7 +151,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
     `tp_size` > 1: this process is rank 0 of a tensor-parallel worker; it starts the other ranks
     (pdorch/worker/tp_group.py) and its runner, store and transfers drive theirs too.
     """
-    from engine.device import use_device
+    from engine.device import device_initializer, use_device
     from engine.grammar import Grammars
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
@@ -163,7 +171,7 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
         from pdorch.worker.tp_group import FollowerProcesses, TPState
 
         procs = FollowerProcesses(cfg, tp_size, num_pages, use_store, component)
-        tp = TPState(procs, procs.join(m.device, m.tp_timeout_s), m.tp_timeout_s)
+        tp = TPState(procs, procs.join(m.device, m.tp_timeout_s), m.tp_timeout_s, device_initializer(m.device))
     shard = TPShard(0, tp_size)
     arch, model, pool, fingerprint = load_shard(cfg, model_dir, dtypes, num_pages, shard, tp and tp.group)
     transfer, segment = start_transfer(cfg, pool)
@@ -256,6 +264,7 @@ def _store_tier(cfg: Config, pool, registry, evict: bool, component: str, model_
     worker: a GroupStore, whose loads and saves every rank does on its own pool)."""
     from prometheus_client import CollectorRegistry
 
+    from engine.device import device_initializer
     from store_client.io_thread import StoreIO
     from store_client.metrics import StoreMetrics
 
@@ -268,7 +277,7 @@ def _store_tier(cfg: Config, pool, registry, evict: bool, component: str, model_
         from store_client.ssd_metrics import register_ssd_metrics
 
         register_ssd_metrics(store, registry)  # only with store.ssd_path set
-    store_io = StoreIO(store)
+    store_io = StoreIO(store, thread_init=device_initializer(cfg.model.device))  # NOTE: reads into device memory
     if evict and cfg.store.eviction == "chain" and cfg.store.eviction_in_effect != "chain":
         log.info("store.ssd_path is set: mooncake_master's eviction moves pages from DRAM to disk; "
                  "no chain eviction (its removals would delete the disk copies)")

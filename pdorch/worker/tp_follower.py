@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args) -> None:
     import grpc
 
-    from engine.device import use_device
+    from engine.device import device_initializer, use_device
     from engine.model_runner import ModelRunner
     from engine.tensor_parallel import TPShard, init_tp_group
     from pdorch.worker.runtime import configure_torch, load_shard, make_store, prepare, start_transfer
@@ -83,7 +83,8 @@ def run(args) -> None:
         store = make_store(cfg, pool, StoreMetrics(CollectorRegistry()), args.component, arch.num_kv_heads, heads)
         store.register_buffer(pool.base_ptr, pool.nbytes)
     # NOTE: loopback only, reached by rank 0 alone: no token or TLS (grpc.*), which guard the worker's own port
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="tp-io"))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(32, thread_name_prefix="tp-io",  # store, transfers
+                                                               initializer=device_initializer(device)))
     io = FollowerIO(args.rank, [], pool, store, transfer)
     tp_pb2_grpc.add_TPFollowerServicer_to_server(io, server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -116,7 +116,7 @@ def without_secrets(cfg: Config) -> Config:
 def exchange(group: TPGroup, mine: PoolRank, io_address: str) -> tuple[list[PoolRank], list[str]]:
     """Every rank's pool and gRPC address, in rank order (an all_gather over the group)."""
     out: list = [None] * group.size
-    torch.distributed.all_gather_object(out, (mine, io_address), group=group.pg)
+    torch.distributed.all_gather_object(out, (mine, io_address), group=group.cpu_pg)
     return [r for r, _ in out], [a for _, a in out]
 
 
@@ -125,7 +125,7 @@ def agree_pages(group: TPGroup | None, num_pages: int) -> int:
     if group is None or group.size == 1:
         return num_pages
     out: list = [None] * group.size
-    torch.distributed.all_gather_object(out, num_pages, group=group.pg)
+    torch.distributed.all_gather_object(out, num_pages, group=group.cpu_pg)
     return min(out)
 
 
@@ -138,11 +138,12 @@ class TPState:
     followers' I/O stubs. A broken group (a rank died or hung) takes this process down at once:
     nothing it computes without its followers is right, and its restart restarts them all."""
 
-    def __init__(self, procs: FollowerProcesses, group: TPGroup, timeout_s: float):
+    def __init__(self, procs: FollowerProcesses, group: TPGroup, timeout_s: float, thread_init=None):
         from pdorch.worker.tp_steps import StepChannel
 
         self.procs, self.group, self.size = procs, group, group.size
-        self.channel = StepChannel(group, self._broken, heartbeat_s=timeout_s / 4)
+        self.channel = StepChannel(group, self._broken, heartbeat_s=timeout_s / 4, dead_ranks=procs.dead,
+                                   thread_init=thread_init)
         self.followers = None
 
     def connect(self, mine: PoolRank, model, pool, attention: str):

@@ -3,8 +3,9 @@ master, transfer engine and store):
 
 - a prefill group one of whose ranks is killed (or hangs: SIGSTOP, caught by model.tp_timeout_s)
   exits as a whole, and the request it had is retried on another prefill worker: none fails;
-- a TP-2 decode worker whose follower rank is killed mid-stream goes down, and the stream resumes
-  on another decode worker with output identical to an uninterrupted run.
+- a TP-2 decode worker whose follower rank is killed mid-stream (its forwards are collectives, one
+  after another) goes down within FAILOVER_S of the kill, and the stream resumes on another decode
+  worker with output identical to an uninterrupted run; the time to the next token is printed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tests.integration.fault_helpers import iter_sse, prompt, router_workers, wa
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a dead D's segment takes no page with it
 HANG_TIMEOUT_S = 4.0  # model.tp_timeout_s of the prefill group whose rank is stopped
-EXIT_S = 15.0  # a broken group's rank 0 is gone within this long (the kill case; the hang adds its timeout)
+EXIT_S = 15.0  # a broken group's rank 0 is gone within this long (the hang case adds its timeout)
+FAILOVER_S = 2.0  # a killed follower's rank 0 is gone within this long (issue: seen within 2 s, on NCCL too)
 KILL_AFTER = 20
 MAX_TOKENS = 400
 
@@ -93,7 +95,7 @@ def requests_survive_a_broken_prefill_group(c, victim: str, sig: int, within_s: 
 
 
 def test_a_killed_prefill_rank_takes_its_group_down_and_fails_no_request(tp):
-    requests_survive_a_broken_prefill_group(tp, "p_killed", signal.SIGKILL, EXIT_S)
+    requests_survive_a_broken_prefill_group(tp, "p_killed", signal.SIGKILL, FAILOVER_S)
 
 
 def test_a_hung_prefill_rank_is_caught_by_the_collective_timeout(tp):
@@ -112,6 +114,14 @@ def stream(router, body: dict, on_token=None) -> list[int]:
     return ids
 
 
+def wait_exit(proc) -> float:
+    """When `proc` exited (monotonic), polled every 10 ms."""
+    deadline = time.monotonic() + EXIT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return time.monotonic()
+
+
 def test_a_tp2_decode_worker_failing_mid_stream_resumes_elsewhere_with_identical_output(tp):
     router = router_over(tp, ["p1"], ["d_tp2", "d1"])
     d2 = tp.named["d_tp2"]
@@ -120,12 +130,15 @@ def test_a_tp2_decode_worker_failing_mid_stream_resumes_elsewhere_with_identical
     killed = {}
 
     def kill_follower(ids, ev):
+        if killed and "resumed" not in killed and "result" in killed["exit"][1]:
+            killed["resumed"] = time.monotonic()  # the first event once the TP-2 worker is gone: the other D's
         if killed or len(ids) < KILL_AFTER:
             return
         assert not ev["meta_info"]["finish_reason"], "finished before the kill: raise MAX_TOKENS"
         assert router_workers(router)[d2.address]["in_flight"] == 1, "the stream is not on the TP-2 worker"
         os.kill(follower_pids(d2)[0], signal.SIGKILL)
         killed["at"] = time.monotonic()
+        killed["exit"] = in_thread(wait_exit, d2.proc)
 
     try:
         short = {"input_ids": prompt(20, seed=1), "sampling_params": {"max_new_tokens": 1}}
@@ -137,6 +150,11 @@ def test_a_tp2_decode_worker_failing_mid_stream_resumes_elsewhere_with_identical
         got = stream(router, body, kill_follower)
         assert killed, "the follower was never killed"
         assert d2.proc.wait(EXIT_S) == 70, d2.log_tail()
+        t, box = killed["exit"]
+        t.join(EXIT_S)
+        exited, resumed = box["result"] - killed["at"], killed["resumed"] - killed["at"]
+        print(f"TP-2 decode worker: rank 0 exited {exited:.2f} s after its follower's kill, next token {resumed:.2f} s")
+        assert exited <= FAILOVER_S, f"rank 0 exited {exited:.2f} s after the kill"
         reference = stream(router, body)  # on d1, uninterrupted
         assert got == reference and len(reference) == MAX_TOKENS and len(set(reference)) > 1
     finally:
