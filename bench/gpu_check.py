@@ -6,8 +6,10 @@
 It uses only torch, transformers, triton (CUDA) and the project's own source: no Mooncake, no
 network, no tokenizer files. Part 1 (seconds): the paged Triton kernels over a grid of shapes, fp32
 and bf16, and the decode kernel's bandwidth (bench/gpu_check_kernels.py); part 2: the engine against
-transformers (bench/gpu_check_correctness.py); part 3: speed on Llama-3.1-8B-shaped random weights
-(bench/gpu_check_speed.py). The JSON is written to --out after every part (and after each step of
+transformers (bench/gpu_check_correctness.py); part "devices": a worker's forward on a thread of its
+own on cuda:1 (the device selected per thread), and with two GPUs or more TP 2 over NCCL against one
+process, eager and with CUDA graphs (bench/gpu_check_devices.py); part 3: speed on
+Llama-3.1-8B-shaped random weights (bench/gpu_check_speed.py). The JSON is written to --out after every part (and after each step of
 part 3), so a run killed at its time limit keeps what it measured.
 Targets (GPU): decode at batch 32 x 4k within 1.5x of the memory roofline, batch 1 and batch 128 x 4k
 within 1.3x, prefill at 8k at least HF transformers' tokens/s. Prints a table; --json adds one JSON line.
@@ -31,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch
 
 from bench.gpu_check_correctness import passed, run_correctness
+from bench.gpu_check_devices import run_devices
 from bench.gpu_check_kernels import decode_bandwidth, run_fused, run_kernels
 from bench.gpu_check_speed import run_speed
 from engine.device import use_device
@@ -95,6 +98,20 @@ def report(res: dict) -> None:
         print(f"{c['family']:>8} {c['dtype']:>9} {c['ops']:>6} {c['logits_rel_diff']:>15.2e} {c['logits_tolerance']:>7.0e} "
               f"{c['greedy_token_match']:>12.2f} {c['seeded_reproducible']!s:>7} {c['batch_tokens_equal']!s:>6} "
               f"{ratio} {passed(c)!s:>5}")
+    devices = res.get("devices", {})
+    if devices:
+        pl, tp = devices["placement"], devices["tp2"]
+        print(f"\nplacement on {pl['device']}: thread tokens = main thread's {pl['thread_tokens_equal']}, current device "
+              f"in a thread that selects it {pl['selected_thread_current_device']}, in one that does not "
+              f"{pl['unselected_thread_current_device']}, ok {pl['ok']}")
+        if "skipped" in tp:
+            print(f"TP 2: {tp['skipped']}")
+        else:
+            print(f"TP 2 on {tp['devices']}: greedy = TP 1 {tp.get('greedy_equal')}, logits rel diff "
+                  f"{tp.get('logits_rel_diff', float('nan')):.1e}; decode batch {tp.get('batch')} x {tp.get('context')}: "
+                  f"TP 1 {tp.get('tp1_ms', float('nan')):.2f} ms, TP 2 eager {tp.get('tp2_eager_ms', float('nan')):.2f} ms, "
+                  f"graphs {tp.get('tp2_graphs_ms', float('nan')):.2f} ms (= eager: {tp.get('graph_tokens_equal_eager')}), "
+                  f"ok {tp['ok']}" + "".join(f"\n  {k}: {v}" for k, v in tp.items() if k.endswith("error")))
     s = res["speed"]
     print(f"\n{s['shape']} bf16, copy bandwidth {s['copy_gbps']:.0f} GB/s, weights read per decode step "
           f"{s['weights_gb_per_step']:.2f} GB, graph capture {s.get('graph_capture_s', 0):.1f} s, "
@@ -144,10 +161,7 @@ def main(argv=None) -> int:
         ap.error("the full check needs a CUDA device; use --smoke elsewhere")
     use_device(args.device)
     t0 = time.perf_counter()
-    # Tensor parallelism needs two GPUs or more: its check is the gloo test on CPU
-    # (tests/unit/test_engine_tensor_parallel.py), never this one-GPU run.
-    res = {"env": environment(args.device), "smoke": args.smoke, "commit": args.commit or commit(),
-           "tensor_parallel": "not measured: this check runs on one GPU (TP needs two or more)", "part_s": {}}
+    res = {"env": environment(args.device), "smoke": args.smoke, "commit": args.commit or commit(), "part_s": {}}
     dtypes = ("float32",) if args.smoke else ("float32", "bfloat16")
     if cuda:
         res["preflight_error"] = triton_preflight(args.device)
@@ -182,6 +196,7 @@ def main(argv=None) -> int:
     # check gets one run on a GPU machine. Each part is saved as soon as it ends; speed also saves
     # after each of its own steps (it fills res["speed"] as it goes).
     parts = (("kernels", kernels), ("correctness", lambda: run_correctness(args.device, dtypes)),
+             ("devices", lambda: run_devices(args.device, args.smoke)),
              ("speed", lambda: run_speed(args.device, args.smoke, res.setdefault("speed", {}), save)))
     for name, part in parts:
         print(f"gpu_check: {name} ...", flush=True)
@@ -197,6 +212,9 @@ def main(argv=None) -> int:
             torch.cuda.reset_peak_memory_stats()
         save()
     res.setdefault("correctness", [])
+    devices = res.get("devices", {})
+    res["devices_passed"] = "devices_error" not in res and devices.get("placement", {}).get("ok", False) and \
+        devices.get("tp2", {}).get("ok", True)
     res["correctness_passed"] = bool(res["correctness"]) and all(passed(c) for c in res["correctness"])
     grid = res["kernels"].get("grid", []) + res["kernels"].get("fused", []) if "kernels" in res else []
     res["kernels_passed"] = (all(e["ok"] for e in grid) and "kernels_error" not in res
@@ -210,7 +228,7 @@ def main(argv=None) -> int:
         report(res)
     if args.json:
         print(json.dumps(res, default=float))
-    ok = res["correctness_passed"] and res["kernels_passed"] and "speed_error" not in res
+    ok = res["correctness_passed"] and res["kernels_passed"] and res["devices_passed"] and "speed_error" not in res
     return 0 if ok else 1
 
 

@@ -1,6 +1,7 @@
 """bench/gpu_check.py --smoke on the CPU: the prepared device check runs end to end (tiny shapes), so
 the one run it gets on a GPU machine does not fail on a typo. Its correctness part is real here too:
-the engine equals transformers token for token in fp32, seeded sampling is reproducible."""
+the engine equals transformers token for token in fp32, seeded sampling is reproducible, and the
+devices part's TP 2 (over gloo here) gives the greedy tokens of one process."""
 
 import json
 import pathlib
@@ -18,7 +19,7 @@ def test_gpu_check_smoke_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))  # the file holds the final object
-    assert list(res["part_s"]) == ["kernels", "correctness", "speed"]
+    assert list(res["part_s"]) == ["kernels", "correctness", "devices", "speed"]
     assert "needs CUDA" in res["kernels"]["skipped"]  # on CPU the grid runs in the interpreter (unit test)
     assert [(c["family"], c["dtype"]) for c in res["correctness"]] == [("llama3", "float32"), ("qwen2", "float32"),
                                                                      ("qwen3", "float32")]
@@ -36,7 +37,12 @@ def test_gpu_check_smoke_runs_end_to_end(tmp_path):
     assert set(res["targets"]) == {"decode_b32_4k_within_1_5x_roofline", "decode_b1_4k_within_1_3x_roofline",
                                    "decode_b128_4k_within_1_3x_roofline", "prefill_8k_at_least_hf"}
     assert "top-10 by device time" in proc.stdout
-    assert res["tensor_parallel"].startswith("not measured")  # one GPU: TP is checked on CPU with gloo
+    placement, tp = res["devices"]["placement"], res["devices"]["tp2"]
+    assert placement["device"] == "cpu" and placement["thread_tokens_equal"] and placement["ok"], placement
+    # TP 2 over gloo on the CPU: the GPU run's code path (delta steps, gather to rank 0), greedy = one process
+    assert tp["devices"] == ["cpu", "cpu"] and tp["greedy_equal"] and tp["logits_rel_diff"] <= 1e-4, tp
+    assert tp["tp1_ms"] > 0 and tp["tp2_eager_ms"] > 0 and tp["ok"], tp
+    assert res["devices_passed"]
 
 
 def test_a_killed_run_keeps_the_parts_it_finished(tmp_path):
