@@ -100,6 +100,9 @@ class PrefillConfig:
                         choices=[1, 2, 4, 8])
     max_queued_requests: int = _key(256, "Requests waiting before new ones are rejected", min=1)
     prefix_cache: bool = _key(True, "Keep computed pages in the L1 prefix cache")
+    share_inflight_prefix: bool = _key(True, "A request whose prefix pages another request on this worker is "
+                                       "computing right now waits for them instead of computing them again (as long "
+                                       "as that is cheaper), and counts them as cached tier inflight")
     persist_wait_s: float = _key(0.5, "Under pool pressure a request waits up to this long for store writes "
                                  "of L1 pages (write-back, write-before-evict) before unpersisted pages are "
                                  "evicted anyway (counted by reason)", min=0.0, max=60.0)

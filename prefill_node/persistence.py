@@ -97,6 +97,21 @@ class Persister:
     def usable(self) -> bool:
         return self.enabled and self._rt.store.enabled
 
+    def cache_computed(self, task) -> None:
+        """Cache in L1, as soon as they are computed, the full pages the task computes: a request waiting
+        for them (prefill_node/inflight.py) finds them there before this task ends. The ranges are
+        computed in order, so a page is complete once the first range left starts at or past its end;
+        its write-back still waits for the task's end (save_task_pages)."""
+        todo = task.compute.todo
+        if not self._prefix_cache or todo is None:
+            return
+        page_size, alloc = self._rt.page_size, self._rt.allocator
+        done_to = todo[0][0] if todo else task.prompt_len
+        for i in task.computed_full_pages(page_size):
+            if (i + 1) * page_size > done_to:
+                break
+            alloc.cache(task.prefix.hashes[i], task.page_ids[i])
+
     def save_task_pages(self, task) -> bool:
         """Cache the task's computed full pages in L1 and write them (plus its backfill, and the L1
         hits now used often enough) to the store in one save, as far as the write policy wants them

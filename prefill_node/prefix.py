@@ -53,7 +53,9 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
         return False
     new_pages = iter(alloc.allocate(need))
     task.page_ids = [p if p is not None else next(new_pages) for p in found]
-    state.device_pages = n_reuse - found[:n_reuse].count(None)
+    hits = [i for i in range(n_reuse) if found[i] is not None]
+    state.inflight_pages = sum(1 for i in hits if state.hashes[i] in state.waited_for)  # computed while it waited
+    state.device_pages = len(hits) - state.inflight_pages
     state.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]
     on_decode = set() if fresh else set(task.job.decode_cached_pages)  # D's pool holds them: read from there

@@ -36,6 +36,7 @@ from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix
+from prefill_node.inflight import InFlight, InFlightMetrics
 from prefill_node.leases import DECODE_READ, PUSH, STORE_LOAD, STORE_SAVE
 from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
@@ -55,6 +56,7 @@ class PrefillScheduler:
         self._persist = Persister(rt, cfg, store, PersistMetrics(recorder.registry))
         self._persist_wait_s = cfg.persist_wait_s
         self._prefetch = Prefetch(rt, cfg, PrefetchMetrics(recorder.registry))
+        self._inflight = InFlight(rt, InFlightMetrics(recorder.registry), cfg.share_inflight_prefix and cfg.prefix_cache)
         self._pressure_since: float | None = None  # when the head of the queue first lacked pages
         # (task, since): the head of the queue waiting since then for another task's I/O (_may_admit)
         self._paced: tuple[PrefillTask, float] | None = None
@@ -232,12 +234,19 @@ class PrefillScheduler:
         self._tasks.pop(task, None)
         if task in self._waiting:
             self._waiting.remove(task)
+        self._inflight.remove(task)
 
     def _admit(self) -> None:
+        ready = self._inflight.ready(self._tasks, time.monotonic())
+        if ready:  # their wait for pages in flight is over: back in the queue, by arrival
+            self._waiting = collections.deque(sorted([*ready, *self._waiting], key=lambda t: t.created))
         while self._waiting:
             task = self._waiting[0]
             if not task.finished_phase:
                 now = time.monotonic()
+                if task.prefix.waited_for == frozenset() and self._inflight.park(task, self._tasks, now):
+                    self._waiting.popleft()
+                    continue  # parked: the tasks behind it go on (prefill_node/inflight.py)
                 if not self._may_admit(task, now):
                     return  # the task before it still holds its pages (see _may_admit)
                 patient = self._persist.usable and self._prefix_cache and (
@@ -246,6 +255,7 @@ class PrefillScheduler:
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
+                self._inflight.metrics.pages.inc(task.prefix.inflight_pages)
                 if task.prefix.loading:
                     self._prefetch.started(task, now)
                 if task.prefix.reading:
@@ -314,6 +324,10 @@ class PrefillScheduler:
         finished = self._step.run(self._tasks)
         if finished is None:
             return False
+        stepped, tokens, seconds = self._step.last
+        self._inflight.observe(tokens, seconds)
+        for task in stepped:  # pages complete now join L1 at once: requests parked for them go on
+            self._persist.cache_computed(task)
         for task in finished:
             self._finish_compute(task)
         return True
@@ -363,6 +377,7 @@ class PrefillScheduler:
         self._persist.metrics.sync(alloc)
         free = alloc.num_available()
         active = alloc.num_total - free  # referenced pages: neither free nor evictable
-        self.load = WorkerLoad(queued=len(self._waiting), running=len(self._tasks) - len(self._waiting),
+        queued = len(self._waiting) + len(self._inflight)
+        self.load = WorkerLoad(queued=queued, running=len(self._tasks) - queued,
                                  free_pages=free, active_pages=active)
 

@@ -30,6 +30,7 @@ class PrefillStep:
     def __init__(self, rt, chunk_tokens: int):
         self._rt = rt
         self._chunk_tokens = chunk_tokens
+        self.last: tuple[list[PrefillTask], int, float] = ([], 0, 0.0)  # the last forward's tasks, tokens, seconds
 
     def run(self, tasks) -> list[PrefillTask] | None:
         """One forward over the computing tasks among `tasks`; the tasks it finished (their first
@@ -51,6 +52,7 @@ class PrefillStep:
                 logits = self._rt.runner.forward(chunks)
         elapsed = time.perf_counter() - t0
         total = sum(end - start for _, start, end in batch)
+        self.last = (list({id(t): t for t, _, _ in batch}.values()), total, elapsed)
         finished = []
         for row, (task, start, end) in enumerate(batch):
             consume(task.compute.todo, end)

@@ -58,6 +58,8 @@ class PrefixState:
 
     hashes: list[str] = field(default_factory=list)  # full prompt pages only
     device_pages: int = 0  # reusable pages found in L1
+    inflight_pages: int = 0  # of L1's, pages another request was computing when this one arrived (inflight.py)
+    waited_for: frozenset[str] = frozenset()  # hashes this task waited for while parked (inflight.py)
     store_pages: int = 0  # reusable pages loaded from the store's DRAM
     ssd_pages: int = 0  # reusable pages loaded from the store's SSD tier
     decode_pages: int = 0  # reusable pages read from the decode worker's pool (its prefix cache)
@@ -71,7 +73,7 @@ class PrefixState:
 
     @property
     def reused_pages(self) -> int:
-        return self.device_pages + self.store_pages + self.ssd_pages + self.decode_pages
+        return self.device_pages + self.inflight_pages + self.store_pages + self.ssd_pages + self.decode_pages
 
 
 @dataclass(eq=False)
@@ -135,7 +137,8 @@ class PrefillTask:
         """NOTE: pages read from D's pool count as `device`: they come from a device KV pool (D's)."""
         p = self.prefix
         return CachedTokens(device=(p.device_pages + p.decode_pages) * page_size, host=0,
-                            store=p.store_pages * page_size, ssd=p.ssd_pages * page_size)
+                            store=p.store_pages * page_size, ssd=p.ssd_pages * page_size,
+                            inflight=p.inflight_pages * page_size)
 
     def computed_full_pages(self, page_size: int) -> list[int]:
         """Indexes of the full pages computed here: the holes, then the tail's full page if any."""

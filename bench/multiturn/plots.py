@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_TIER_COLORS = {"computed": "#bbbbbb", "device": "#4c72b0", "host": "#55a868", "store": "#dd8452", "ssd": "#8172b2"}
+_TIER_COLORS = {"computed": "#bbbbbb", "device": "#4c72b0", "host": "#55a868", "store": "#dd8452", "ssd": "#8172b2", "inflight": "#c44e52"}
 
 
 def plot_run(variants: dict[str, dict], title: str, path: Path) -> Path:

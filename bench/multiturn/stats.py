@@ -111,7 +111,7 @@ def tier_tokens(results: list[RequestResult], metric_tiers: dict | None = None) 
     """Prompt tokens by where they came from: computed + each cache tier; and the source of the split.
 
     From the responses when every one reports tiers, else from the workers' counters (`metric_tiers`:
-    the round's delta of {"computed", "device", "host", "store", "ssd"}), else unknown (None values)."""
+    the round's delta of {"computed", "device", "host", "store", "ssd", "inflight"}), else unknown (None values)."""
     ok = [r for r in results if r.error is None]
     prompt = sum(r.prompt_tokens for r in ok)
     if ok and all(r.tiers is not None for r in ok):

@@ -74,11 +74,12 @@ def logprob_from_proto(msg: pb.TokenLogprob) -> TokenLogprob:
 
 
 def cached_to_proto(cached: CachedTokens) -> pb.CachedTokens:
-    return pb.CachedTokens(device=cached.device, host=cached.host, store=cached.store, ssd=cached.ssd)
+    return pb.CachedTokens(device=cached.device, host=cached.host, store=cached.store, ssd=cached.ssd,
+                           inflight=cached.inflight)
 
 
 def cached_from_proto(msg: pb.CachedTokens) -> CachedTokens:
-    return CachedTokens(device=msg.device, host=msg.host, store=msg.store, ssd=msg.ssd)
+    return CachedTokens(device=msg.device, host=msg.host, store=msg.store, ssd=msg.ssd, inflight=msg.inflight)
 
 
 def rank_to_proto(r: PoolRank) -> pb.PoolRank:

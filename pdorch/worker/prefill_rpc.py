@@ -24,10 +24,11 @@ class CachedTokens:
     host: int = 0
     store: int = 0  # the store's DRAM
     ssd: int = 0  # the store's SSD offload files
+    inflight: int = 0  # another request's pages, computed while this one waited for them (prefill_node/inflight.py)
 
     @property
     def total(self) -> int:
-        return self.device + self.host + self.store + self.ssd
+        return self.device + self.host + self.store + self.ssd + self.inflight
 
 
 CACHE_TIERS = tuple(f.name for f in fields(CachedTokens))  # the label values of cached-token metrics

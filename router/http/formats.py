@@ -38,6 +38,7 @@ class Progress:
         "device",
         "finish_reason",
         "host",
+        "inflight",
         "logprobs",
         "matched_stop",
         "output_ids",
@@ -54,7 +55,7 @@ class Progress:
     def __init__(self, request_id: str, prompt_tokens: int):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
-        self.device = self.host = self.store = self.ssd = 0
+        self.device = self.host = self.store = self.ssd = self.inflight = 0
         self.output_ids: list[int] = []
         self.logprobs: list = []  # worker_pb2.TokenLogprob per output id, when asked for
         self.prompt_logprobs: list = []  # worker_pb2.TokenLogprob of prompt tokens 1 .. n-1, when asked for
@@ -72,7 +73,7 @@ class Progress:
             self.paused_s += msg.paused_s
         if msg.HasField("cached"):
             c = msg.cached
-            self.device, self.host, self.store, self.ssd = c.device, c.host, c.store, c.ssd
+            self.device, self.host, self.store, self.ssd, self.inflight = c.device, c.host, c.store, c.ssd, c.inflight
         self.output_ids.extend(msg.token_ids)
         if msg.logprobs:
             self.logprobs.extend(msg.logprobs)
@@ -86,7 +87,7 @@ class Progress:
 
     @property
     def cached_tokens(self) -> int:
-        return self.device + self.host + self.store + self.ssd
+        return self.device + self.host + self.store + self.ssd + self.inflight
 
     def cached_by_tier(self) -> dict:
         return {tier: getattr(self, tier) for tier in CACHE_TIERS}

@@ -75,10 +75,11 @@ def test_tier_split_from_responses_metrics_or_unknown():
     a = _req(100, 60, 64, 20, tiers={"device": 40, "host": 0, "store": 12, "ssd": 8})
     b = _req(50, 16, 32, 10, tiers={"device": 0, "host": 0, "store": 16})  # a worker without the ssd tier
     # computed = 150 prompt - (40 + 0 + 28 + 8) cached = 74
-    assert tier_tokens([a, b]) == ({"device": 40, "host": 0, "store": 28, "ssd": 8, "computed": 74}, "responses")
+    assert tier_tokens([a, b]) == ({"device": 40, "host": 0, "store": 28, "ssd": 8, "inflight": 0, "computed": 74},
+                                   "responses")
     no_tiers = _req(100, 60, 64, 20)
     metric = {"computed": 40.0, "device": 50.0, "host": 0.0, "store": 10.0}
-    assert tier_tokens([no_tiers], metric) == ({"computed": 40, "device": 50, "host": 0, "store": 10, "ssd": 0},
+    assert tier_tokens([no_tiers], metric) == ({"computed": 40, "device": 50, "host": 0, "store": 10, "ssd": 0, "inflight": 0},
                                                "metrics")
     assert tier_tokens([no_tiers])[1] == "unknown"
 
@@ -101,7 +102,7 @@ def test_summarize_round_by_hand():
     assert row["ttft_p90_s"] == pytest.approx(2.8)           # 1 + 0.9 x (3 - 1)
     assert row["itl_p50_s"] == pytest.approx(0.2)             # [0.1, 0.2, 0.3]
     assert row["input_tok_s"] == 75.0 and row["output_tok_s"] == 4.0   # 150 / 2 s, 8 / 2 s
-    assert row["tier_tokens"] == {"device": 40, "host": 0, "store": 36, "ssd": 0, "computed": 74}
+    assert row["tier_tokens"] == {"device": 40, "host": 0, "store": 36, "ssd": 0, "inflight": 0, "computed": 74}
     assert (row["store_pages_read"], row["store_pages_written"], row["store_pages_evicted"]) == (9, 12, 3)
     assert row["rss_mb"] == {"prefill-0": 100.0}
     assert row["free_l1_capacity_ideal_hit_rate"] is None  # not asked for

@@ -120,7 +120,7 @@ def test_generate_streaming_chunks_are_cumulative_with_meta_info(pd_router):
         m = c["meta_info"]
         assert m["prompt_tokens"] == 40 and m["completion_tokens"] == i + 1
         assert m["cached_tokens"] == 32
-        assert m["cached_tokens_details"] == {"device": 16, "host": 0, "store": 16, "ssd": 0}
+        assert m["cached_tokens_details"] == {"device": 16, "host": 0, "store": 16, "ssd": 0, "inflight": 0}
     assert chunks[0]["meta_info"]["finish_reason"] is None
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
     sent = d.behavior.calls[-1]

@@ -43,7 +43,7 @@ def test_render_shows_workers_load_and_hit_rates():
                                 "12", "(2", "paused)", "-"]
     assert lines[5].split() == ["prefill", "127.0.0.1:50161", "-", "ok", "closed", "2", "7", "0", "1", "2", "500/512",
                                 "-", "-"]
-    assert "cache hit rate 74.0% (device 48.0%, host 0.0%, store 16.0%, ssd 10.0%)" in text
+    assert "cache hit rate 74.0% (device 48.0%, host 0.0%, store 16.0%, ssd 10.0%, inflight 0.0%)" in text
 
 
 def test_render_without_requests():

@@ -74,16 +74,18 @@ class Grammar(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., spec: _Optional[str] = ...) -> None: ...
 
 class CachedTokens(_message.Message):
-    __slots__ = ("device", "host", "store", "ssd")
+    __slots__ = ("device", "host", "store", "ssd", "inflight")
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     SSD_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     device: int
     host: int
     store: int
     ssd: int
-    def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ..., ssd: _Optional[int] = ...) -> None: ...
+    inflight: int
+    def __init__(self, device: _Optional[int] = ..., host: _Optional[int] = ..., store: _Optional[int] = ..., ssd: _Optional[int] = ..., inflight: _Optional[int] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "decode_segment", "dest_page_addrs", "timeout_s", "page_size", "model_fingerprint", "page_hashes", "decode_loaded_pages", "decode_cached_pages", "decode_ranks")
