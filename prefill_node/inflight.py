@@ -18,14 +18,20 @@ goes back to the front (by arrival) when:
 
 Why waiting is cheaper on one worker: compute is serial and oldest-first (step.py), so a duplicate
 that computed the shared pages itself would compute them after the owner anyway, and both would
-share each forward's token budget. Across workers see router/kv (claims in the KV index).
+share each forward's token budget.
+
+Across workers: an admitted task CLAIMS the reusable pages it loads or computes in the worker's KV
+events (`inflight_claimed`, pdorch/worker/kv_events.py) and releases the claim when its compute ends
+(its pages are in L1 then: l1_stored) or it fails. The router's index counts a claim as the worker's
+L1 for a short while (router/kv/index.py), so a request sharing the prefix is routed here, where it
+waits as above, when this worker's load allows.
 
 Runs on the scheduler thread only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -61,6 +67,8 @@ class InFlight:
     def __init__(self, rt, metrics: InFlightMetrics, enabled: bool):
         self._rt, self.metrics, self.enabled = rt, metrics, enabled
         self.parked: list[Parked] = []
+        # (claimed, released): where claims are published (the worker's KV event journal), once it is up
+        self.publish: tuple[Callable[[list[str]], None], Callable[[list[str]], None]] | None = None
         self.seconds_per_token = 0.0  # the forwards' recent cost (an EMA fed by the scheduler), 0 = unknown
 
     def __len__(self) -> int:
@@ -81,7 +89,7 @@ class InFlight:
         waits_for = frozenset(h for h in self._hashes(task) if h in claims and not self._cached(h))
         if not waits_for or self._why_stop(task, waits_for, waits_for, claims, now) is not None:
             return False
-        task.prefix.waited_for = waits_for
+        task.inflight.waited_for = waits_for
         self.parked.append(Parked(task, waits_for, now))
         return True
 
@@ -106,6 +114,23 @@ class InFlight:
 
     def remove(self, task: PrefillTask) -> None:
         self.parked = [p for p in self.parked if p.task is not task]
+
+    def claim(self, task: PrefillTask) -> None:
+        """The task was admitted: claim its reusable pages that L1 lacks (it loads or computes them)."""
+        if not self.enabled or self.publish is None:
+            return
+        n = reusable_pages(task.prompt_len, self._rt.page_size)
+        alloc = self._rt.allocator
+        task.inflight.claimed = [h for h, page in zip(task.prefix.hashes[:n], task.page_ids)
+                                 if alloc.page_hash(page) is None]
+        if task.inflight.claimed:
+            self.publish[0](task.inflight.claimed)
+
+    def release(self, task: PrefillTask) -> None:
+        """Its compute ended or it failed: the claim ends (what it computed is in L1 by now)."""
+        if task.inflight.claimed and self.publish is not None:
+            self.publish[1](task.inflight.claimed)
+        task.inflight.claimed = []
 
     # ----------------------------------------------------------------------------------- internals
     def _why_stop(self, task: PrefillTask, waits_for: frozenset[str], left: frozenset[str], claims: dict,

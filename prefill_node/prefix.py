@@ -54,7 +54,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     new_pages = iter(alloc.allocate(need))
     task.page_ids = [p if p is not None else next(new_pages) for p in found]
     hits = [i for i in range(n_reuse) if found[i] is not None]
-    state.inflight_pages = sum(1 for i in hits if state.hashes[i] in state.waited_for)  # computed while it waited
+    state.inflight_pages = sum(1 for i in hits if state.hashes[i] in task.inflight.waited_for)  # computed while it waited
     state.device_pages = len(hits) - state.inflight_pages
     state.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
     missing = [i for i in range(n_reuse) if found[i] is None]

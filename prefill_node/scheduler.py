@@ -109,6 +109,10 @@ class PrefillScheduler:
         """Called by the store connector's thread: a master leader switch lost these keys."""
         self._loop.post(Evicted(tuple(keys), lost=True))
 
+    def publish_claims(self, claimed, released) -> None:
+        """Before start(): where claims of pages in flight go (the worker's KV event journal)."""
+        self._inflight.publish = (claimed, released)
+
     def push_done(self, task: PrefillTask, err: Exception | None) -> None:
         """Called by the pusher thread when the transfer of `task` finished (or failed)."""
         self._loop.post(Pushed(task, err))
@@ -226,6 +230,8 @@ class PrefillScheduler:
 
     def _maybe_release(self, task: PrefillTask) -> None:
         """Give the pages back once the task is answered and no I/O touches them any more."""
+        if task.finished_phase:
+            self._inflight.release(task)  # done or failed: no claim outlives its task
         if not task.finished_phase or len(task.io) > 0:
             return
         if task.page_ids:
@@ -244,7 +250,7 @@ class PrefillScheduler:
             task = self._waiting[0]
             if not task.finished_phase:
                 now = time.monotonic()
-                if task.prefix.waited_for == frozenset() and self._inflight.park(task, self._tasks, now):
+                if not task.inflight.waited_for and self._inflight.park(task, self._tasks, now):
                     self._waiting.popleft()
                     continue  # parked: the tasks behind it go on (prefill_node/inflight.py)
                 if not self._may_admit(task, now):
@@ -256,6 +262,7 @@ class PrefillScheduler:
                     return  # wait for pages to come back (the deadline still applies)
                 self._pressure_since = None
                 self._inflight.metrics.pages.inc(task.prefix.inflight_pages)
+                self._inflight.claim(task)
                 if task.prefix.loading:
                     self._prefetch.started(task, now)
                 if task.prefix.reading:
@@ -340,6 +347,7 @@ class PrefillScheduler:
         self._persist.metrics.holes.inc(len(task.prefix.holes) - given_up)
         if self._persist.save_task_pages(task):
             task.io.take(STORE_SAVE)
+        self._inflight.release(task)  # its pages are in L1 now: the claim ends
         task.phase = Phase.PUSHING
         task.io.take(PUSH)
         # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).

@@ -16,6 +16,7 @@ the given-up load's pages swapped for fresh ones by prefetch.py, released by sch
 
     task.prefix   PrefixState   prefill_node/prefix.py       where each reusable page came from
     task.load     LoadWait      prefill_node/prefetch.py     waiting for (or giving up on) the store load
+    task.inflight InFlightState prefill_node/inflight.py     waiting for another task's pages, claims
     task.persist  PersistState  prefill_node/persistence.py  what the store was not asked to hold
     task.compute  ComputeState  prefill_node/step.py         the ranges left, the first tokens sampled
     task.push     PushGate      prefill_node/push_gate.py    the fence on D's pages (pusher, gRPC threads)
@@ -59,7 +60,6 @@ class PrefixState:
     hashes: list[str] = field(default_factory=list)  # full prompt pages only
     device_pages: int = 0  # reusable pages found in L1
     inflight_pages: int = 0  # of L1's, pages another request was computing when this one arrived (inflight.py)
-    waited_for: frozenset[str] = frozenset()  # hashes this task waited for while parked (inflight.py)
     store_pages: int = 0  # reusable pages loaded from the store's DRAM
     ssd_pages: int = 0  # reusable pages loaded from the store's SSD tier
     decode_pages: int = 0  # reusable pages read from the decode worker's pool (its prefix cache)
@@ -84,6 +84,14 @@ class LoadWait:
     wait_until: float = float("inf")  # policy timeout: when it stops waiting for it
     late: list[tuple[int, int]] = field(default_factory=list)  # (index, page) of the store load it gave up on
     given_up_pages: int = 0  # of the holes, the pages of that load (computed in fresh pages)
+
+
+@dataclass(eq=False)
+class InFlightState:
+    """Owner: prefill_node/inflight.py (waiting for another task's pages; claiming the ones it computes)."""
+
+    waited_for: frozenset[str] = frozenset()  # hashes it waited for while parked (parks at most once)
+    claimed: list[str] = field(default_factory=list)  # hashes it claimed in the KV events (until released)
 
 
 @dataclass(eq=False)
@@ -118,6 +126,7 @@ class PrefillTask:
     created: float = field(default_factory=time.monotonic)
     prefix: PrefixState = field(default_factory=PrefixState)
     load: LoadWait = field(default_factory=LoadWait)
+    inflight: InFlightState = field(default_factory=InFlightState)
     persist: PersistState = field(default_factory=PersistState)
     compute: ComputeState = field(default_factory=ComputeState)
     push: PushGate = field(init=False)

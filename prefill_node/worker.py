@@ -56,6 +56,7 @@ class PrefillWorker:
         self.kv_events = worker_journal(rt, store.evict_index_pages, worker_id, lambda: self._scheduler.load,
                                         self.recorder.registry, self._scheduler.store_evicted,
                                         self._scheduler.store_lost)
+        self._scheduler.publish_claims(self.kv_events.inflight_claimed, self.kv_events.inflight_released)
         self._scheduler.start()
 
     def close(self) -> None:

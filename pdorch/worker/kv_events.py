@@ -2,6 +2,7 @@
 
     producers (any thread: the scheduler's allocator, store I/O threads, the chain evictor)
         l1_stored(hashes) l1_removed(hashes) l1_cleared() store_written(hashes) store_removed(hashes)
+        inflight_claimed(hashes) inflight_released(hashes)   (prefill: pages a request is computing)
         -> a short lock: the mirrors (the L1 set, the store set) change, the first touch of a hash
            since the last cut remembers whether it was there then
     publisher thread, every CUT_INTERVAL_S
@@ -137,6 +138,7 @@ class KVEventJournal:
         self._lock = threading.Lock()
         self._l1 = _TrackedSet()
         self._store = _TrackedSet(store_max_pages)
+        self._inflight = _TrackedSet()  # claims: pages a request here is computing (prefill_node/inflight.py)
         self._seq = 0  # the last batch published
         self._floor = 0  # resumes need after_seq >= this (raised when pending changes were given up)
         self._overflowed = False
@@ -168,6 +170,12 @@ class KVEventJournal:
     def store_removed(self, hashes: Iterable[str]) -> None:
         self._change(self._store.discard, hashes)
 
+    def inflight_claimed(self, hashes: Iterable[str]) -> None:
+        self._change(self._inflight.add, hashes)
+
+    def inflight_released(self, hashes: Iterable[str]) -> None:
+        self._change(self._inflight.discard, hashes)
+
     def _change(self, op: Callable[[str], None], hashes: Iterable[str]) -> None:
         with self._lock:
             for h in hashes:
@@ -177,9 +185,10 @@ class KVEventJournal:
     def _check_pending(self) -> None:
         """(lock held) Past max_pending the changes are given up: the mirrors stay exact, subscribers
         resync from a snapshot (see cut)."""
-        if len(self._l1.before) + len(self._store.before) > self.max_pending:
+        if len(self._l1.before) + len(self._store.before) + len(self._inflight.before) > self.max_pending:
             self._l1.before.clear()
             self._store.before.clear()
+            self._inflight.before.clear()
             self._overflowed = True
 
     # ---------------------------------------------------------------------------- publisher
@@ -238,7 +247,8 @@ class KVEventJournal:
                 self._subs = []
             l1_stored, l1_removed = self._l1.cut()
             store_written, store_removed = self._store.cut()
-            changed = bool(l1_stored or l1_removed or store_written or store_removed)
+            claimed, released = self._inflight.cut()
+            changed = bool(l1_stored or l1_removed or store_written or store_removed or claimed or released)
             # NOTE: a request started or ended is published at the next cut, not at the next heartbeat:
             # routers weigh the published load, and a finished request counted for up to a heartbeat
             # sent a new conversation to a busy worker (free_pages alone moves every page: not a cause)
@@ -250,7 +260,7 @@ class KVEventJournal:
                 self._seq += 1
                 self._last_cut, self._last_load = now, load
                 batch = EventBatch(self.epoch, self._seq, False, l1_stored, l1_removed, store_written,
-                                   store_removed, *load)
+                                   store_removed, *load, inflight_claimed=claimed, inflight_released=released)
                 self._hold(batch)
                 slow = [s for s in self._subs if not s._offer(batch)]
                 if slow:
@@ -302,12 +312,13 @@ class KVEventJournal:
                 sub.initial = [b for b in self._ring if b.seq > after_seq]
             else:
                 l1, store, seq, load = self._l1.copy(), self._store.copy(), self._seq, self._last_load
+                claims = self._inflight.copy()
             self._subs.append(sub)
         kind = "resume" if resume else "snapshot"
         if not resume:  # built outside the lock: producers wait only for the copies
             sub.initial = [EventBatch(self.epoch, seq, True, l1_stored=state_at_cut(l1),
                                       store_written=state_at_cut(store), free_pages=load[0], queued=load[1],
-                                      running=load[2])]
+                                      running=load[2], inflight_claimed=state_at_cut(claims))]
         (self.metrics.resumes if kind == "resume" else self.metrics.snapshots).inc()
         log.info("KV event subscriber %s: %s from seq %d (epoch %s)", sub.name, kind,
                  sub.initial[0].seq if sub.initial else self._seq + 1, self.epoch[:8])

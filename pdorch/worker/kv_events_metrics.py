@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-KINDS = ("l1_stored", "l1_removed", "store_written", "store_removed")
+KINDS = ("l1_stored", "l1_removed", "store_written", "store_removed", "inflight_claimed", "inflight_released")
 DROP_REASONS = ("slow", "overflow")
 FIELDS = ("hash_scheme", "page_size", "layout_version")
 

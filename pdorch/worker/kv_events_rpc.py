@@ -34,7 +34,8 @@ def batch_to_proto(worker_id: str, page_size: int, b: EventBatch) -> pb.KVEventB
     return pb.KVEventBatch(worker_id=worker_id, epoch=b.epoch, seq=b.seq, snapshot=b.snapshot,
                            l1_stored=b.l1_stored, l1_removed=b.l1_removed, store_written=b.store_written,
                            store_removed=b.store_removed, free_pages=b.free_pages, queued_requests=b.queued,
-                           running_requests=b.running, page_size=page_size)
+                           running_requests=b.running, page_size=page_size, inflight_claimed=b.inflight_claimed,
+                           inflight_released=b.inflight_released)
 
 
 def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.ServicerContext):

@@ -27,10 +27,13 @@ class EventBatch:
     free_pages: int = 0
     queued: int = 0
     running: int = 0
+    inflight_claimed: tuple[str, ...] = ()
+    inflight_released: tuple[str, ...] = ()
 
     @property
     def num_hashes(self) -> int:
-        return len(self.l1_stored) + len(self.l1_removed) + len(self.store_written) + len(self.store_removed)
+        return (len(self.l1_stored) + len(self.l1_removed) + len(self.store_written) + len(self.store_removed)
+                + len(self.inflight_claimed) + len(self.inflight_released))
 
 
 class StreamEnded(Exception):

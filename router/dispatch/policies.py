@@ -131,7 +131,7 @@ class LeastLoad(Policy):
 
 class CacheAware(Policy):
     name = "cache_aware"
-    REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered")
+    REASONS = ("no_prefix", "no_match", "prefix_match", "inflight", "imbalance", "store_covered")
 
     def prompt_hashes(self, token_ids: list[int], page_size: int) -> list[str]:
         return page_hashes(token_ids, page_size)

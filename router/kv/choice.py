@@ -7,6 +7,9 @@ guess-based CacheAware (router/dispatch/policies.py): the best-scoring worker (t
 - its load exceeds the least loaded worker's by more than `load_imbalance_threshold` (`imbalance`);
 - or the store holds at least its L1 run: any worker gets the prefix by one store read, so the least
   loaded wins at once (`store_covered`).
+A prefill worker's claims (pages a request there computes right now, router/kv/index.py) count as its
+L1: a prompt whose matched run ends in a claimed page goes there for the same reasons, counted as
+`inflight` (it waits there for the pages: prefill_node/inflight.py).
 `stale`: the best candidate's event stream is not live (down, or a gap not yet healed): the index
 may be wrong about it, the caller falls back to its guess.
 
@@ -34,7 +37,7 @@ from operator import add, attrgetter
 
 from router.kv.candidates import stable_key
 
-REASONS = ("no_prefix", "no_match", "prefix_match", "imbalance", "store_covered", "stale", "no_room")
+REASONS = ("no_prefix", "no_match", "prefix_match", "inflight", "imbalance", "store_covered", "stale", "no_room")
 
 _load = attrgetter("load")
 
@@ -111,7 +114,10 @@ def choose_prefill(index, candidates: list, hashes: list[str], weights: ChoiceWe
     if not hashes:
         return least_loaded(view, seed, board=board), "no_prefix"
     run, mask = index.longest_l1(hashes, view)
-    return _decide(index, view, hashes, weights, seed, run, mask, board)
+    top, reason = _decide(index, view, hashes, weights, seed, run, mask, board)
+    if reason == "prefix_match" and index.claimed(top.address, hashes[run - 1]):
+        reason = "inflight"  # its prefix is being computed there right now: it waits for it there
+    return top, reason
 
 
 def choose_decode(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),

@@ -20,6 +20,10 @@ in a batch window, so a hash is in at most one of the two lists.
 Speculative entries: the routing-time guess (the pages of a prompt just routed to a worker) counts
 as that worker's L1 for `speculative_ttl_s`, the seconds before the worker's own event arrives; an
 l1_stored event for it confirms it, otherwise it expires (lazily, on the next call: no thread).
+A prefill worker's claims (`inflight_claimed`: pages a request there is computing right now,
+prefill_node/inflight.py) are entries of the same kind, for CLAIM_TTL_S at most: so every router
+replica routes a request sharing a prefix in flight to the worker computing it, where it waits for
+the pages; l1_stored confirms them, `inflight_released` ends the rest (its request ended).
 
 The store: the workers' claims (router/kv/store_claims.py): a page is held while some worker claims
 it, and any worker's store_removed removes it for all.
@@ -41,6 +45,8 @@ from router.kv.index_stats import index_stats
 from router.kv.store_claims import StoreClaims
 from router.kv.worker_kv import Guess, WorkerKV
 
+CLAIM_TTL_S = 30.0  # a claim the worker never released (a lost stream) is forgotten after this long
+
 
 class KVIndex:
     OUTCOMES = ("snapshot", "applied", "gap", "duplicate")
@@ -55,6 +61,7 @@ class KVIndex:
         self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
         self._store = StoreClaims()
         self._spec_q: deque[Guess] = deque()  # in expiry order
+        self._claim_q: deque[Guess] = deque()  # the workers' claims, in expiry order (another TTL)
         self._views: list[CandidateView] = []
         self._match: tuple | None = None  # (hashes, run, mask) of the last longest_l1, while still true
         self.spec_confirmed = 0
@@ -148,6 +155,8 @@ class KVIndex:
             self._store.clear(address)
             self._store_l1(address, w, batch.l1_stored)
             self._store.write(address, batch.store_written)
+            self._unclaim(address, w, [h for h, g in w.spec.items() if g.claim])
+            self._claim(address, w, batch.inflight_claimed)
             w.epoch, w.seq, w.has_snapshot, w.behind = batch.epoch, batch.seq, True, False
             w.page_size, w.worker_id = batch.page_size, batch.worker_id
             outcome = "snapshot"
@@ -161,6 +170,8 @@ class KVIndex:
             self._remove_l1(address, w, batch.l1_removed)
             self._store.write(address, batch.store_written)
             self._store.remove(batch.store_removed)
+            self._claim(address, w, batch.inflight_claimed)
+            self._unclaim(address, w, batch.inflight_released)
             w.seq, w.behind = batch.seq, False
             outcome = "applied"
         self.outcomes[outcome] += 1
@@ -254,6 +265,31 @@ class KVIndex:
         w = self._workers.get(address)
         return None if w is None else w.free_pages
 
+    # ------------------------------------------------------------------ claims (pages in flight)
+    def _claim(self, address, w, hashes) -> None:
+        if hashes:
+            self._match = None
+            self._guess(address, w, set(hashes), self.clock() + CLAIM_TTL_S, claim=True)
+
+    def _unclaim(self, address, w, hashes) -> None:
+        """Claims that ended: their pages not in L1 (see l1_stored) are no longer held there."""
+        spec = w.spec
+        for h in hashes:
+            g = spec.get(h)
+            if g is None or not g.claim:
+                continue
+            del spec[h]
+            g.pending -= 1
+            if h not in w.l1:
+                self._unhold(h, address)
+                self._match = None
+
+    def claimed(self, address: str, h: str) -> bool:
+        """Whether `address` holds page `h` only by a claim (its request computes it right now)."""
+        w = self._workers.get(address)
+        g = None if w is None else w.spec.get(h)
+        return g is not None and g.claim
+
     # ------------------------------------------------------------------ speculation
     def speculate(self, address: str, hashes: list[str]) -> None:
         """Count `hashes` as `address`'s L1 for the next `ttl` seconds (until its events say so).
@@ -269,11 +305,14 @@ class KVIndex:
         m = self._match
         if m is not None and m[0] is hashes and m[2] >> self._slot[address] & 1:
             hashes = hashes[m[1]:]
-        new = set(hashes)
+        self._guess(address, w, set(hashes), now + self.ttl)
+
+    def _guess(self, address: str, w: WorkerKV, new: set[str], exp: float, claim: bool = False) -> None:
+        """Count `new` (less what its L1 holds) as `address`'s L1 until `exp` or its events confirm them."""
         new -= w.l1
         if not new:
             return
-        guess = Guess(now + self.ttl, address, new)
+        guess = Guess(exp, address, new, claim)
         spec = w.spec
         fresh = new.difference(spec)
         if len(fresh) != len(new):  # guessed again before its worker confirmed it: the newer guess owns it
@@ -289,10 +328,13 @@ class KVIndex:
                 hold = self._hold
                 for h in fresh.difference(unheld):
                     hold(h, address)
-        self._spec_q.append(guess)
+        (self._claim_q if claim else self._spec_q).append(guess)
 
     def _expire(self, now: float) -> None:
-        q = self._spec_q
+        for q in (self._spec_q, self._claim_q):
+            self._expire_queue(q, now)
+
+    def _expire_queue(self, q: deque[Guess], now: float) -> None:
         while q and q[0].exp <= now:
             guess = q.popleft()
             if not guess.pending:  # all confirmed or guessed again: nothing of it left

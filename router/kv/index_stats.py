@@ -31,7 +31,8 @@ def memory_estimate(index) -> int:
     """Bytes held, from the containers' own sizes plus per-entry object sizes (O(workers), not
     O(pages): the per-page objects are counted by their number, not visited)."""
     size = sys.getsizeof
-    total = size(index._workers) + size(index._l1) + size(index._store.by_hash) + size(index._spec_q)
+    total = (size(index._workers) + size(index._l1) + size(index._store.by_hash) + size(index._spec_q)
+             + size(index._claim_q))
     total += index._store.per_worker_bytes()
     for w in index._workers.values():
         total += 200 + size(w.l1) + size(w.spec)  # 200: the slots object
@@ -40,7 +41,7 @@ def memory_estimate(index) -> int:
     for holders in (index._l1, index._store.by_hash):  # masks / sets of >= 2 holders (a str costs nothing)
         total += _multi_holder_bytes(holders)
     total += size(index._slot) + size(index._addr_at) + sum(size(v.by_addr) + size(v.slots) for v in index._views)
-    total += sum(size(g) + size(g.hashes) for g in index._spec_q)  # the guesses' sets (ttl's worth)
+    total += sum(size(g) + size(g.hashes) for q in (index._spec_q, index._claim_q) for g in q)  # the guesses' sets (ttl's worth)
     return total
 
 

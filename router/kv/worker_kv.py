@@ -4,14 +4,16 @@ from __future__ import annotations
 
 
 class Guess:
-    """One speculate() call: its pages, until `exp`; `pending`: how many of them are still this guess's
-    (not confirmed by the worker's events, not guessed again since), so an expiry with none left
-    is one check, not a walk of its pages."""
+    """One speculate() call, or one claim of pages in flight from the worker's events (`claim`): its
+    pages, until `exp`; `pending`: how many of them are still this guess's (not confirmed by the
+    worker's events, not guessed again since), so an expiry with none left is one check, not a walk
+    of its pages."""
 
-    __slots__ = ("address", "exp", "hashes", "pending")
+    __slots__ = ("address", "claim", "exp", "hashes", "pending")
 
-    def __init__(self, exp: float, address: str, hashes: set[str]):
+    def __init__(self, exp: float, address: str, hashes: set[str], claim: bool = False):
         self.exp, self.address, self.hashes, self.pending = exp, address, hashes, len(hashes)
+        self.claim = claim
 
 
 class WorkerKV:

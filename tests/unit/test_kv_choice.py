@@ -154,3 +154,21 @@ def test_many_holders_among_candidates_with_higher_slots():
     assert (w.load, why) == (1, "prefix_match") and w in holders  # the least loaded holder
     w, why = choose_prefill(idx, cands, ["p0", "p1", "p2"], ChoiceWeights(load_imbalance_threshold=0))
     assert (w in others, why) == (True, "imbalance")
+
+
+def test_a_prefix_in_flight_on_a_worker_routes_there_counted_as_inflight():
+    """b claims the prompt's pages (a request there computes them: prefill_node/inflight.py): a request
+    sharing them goes to b while its load allows, reason `inflight`; once they are in b's L1 it is an
+    ordinary prefix match."""
+    idx = KVIndex()
+    a, b = W("a:1"), W("b:1", load=1)
+    feed(idx, "a:1")
+    feed(idx, "b:1")
+    idx.apply("b:1", KVEventBatch(epoch="e", seq=2, inflight_claimed=["h0", "h1", "h2"]))
+    assert choose_prefill(idx, [a, b], ["h0", "h1", "h2"]) == (b, "inflight")
+    b.load = 10  # far busier than a: the imbalance rule as for any prefix
+    assert choose_prefill(idx, [a, b], ["h0", "h1", "h2"]) == (a, "imbalance")
+    b.load = 1
+    idx.apply("b:1", KVEventBatch(epoch="e", seq=3, l1_stored=["h0", "h1", "h2"],
+                                  inflight_released=["h0", "h1", "h2"]))
+    assert choose_prefill(idx, [a, b], ["h0", "h1", "h2"]) == (b, "prefix_match")

@@ -317,3 +317,20 @@ def test_worker_journal_is_fed_by_the_allocator_the_store_writes_the_evictor_and
     rt.store.on_lost(["fp/h1"])  # a master leader switch lost it: the scheduler writes it again
     assert lost == [["fp/h1"]] and evicted == [["fp/h2"]]
     assert j.cut().store_removed == ("h1",)
+
+
+def test_claims_of_pages_in_flight_travel_in_batches_and_snapshots():
+    """A prefill request's claims (prefill_node/inflight.py): claimed and released as net changes, the
+    open ones in a snapshot, each kind counted."""
+    j = journal()
+    j.inflight_claimed(["p1", "p2", "p3"])
+    b1 = j.cut(heartbeat=False)
+    j.inflight_released(["p1", "p2"])
+    j.l1_stored(["p1", "p2"])  # computed: in L1 now
+    b2 = j.cut(heartbeat=False)
+    assert (b1.inflight_claimed, b1.inflight_released) == (("p1", "p2", "p3"), ())
+    assert (b2.inflight_claimed, b2.inflight_released, b2.l1_stored) == ((), ("p1", "p2"), ("p1", "p2"))
+    snap = sub_of(j).initial[0]
+    assert snap.snapshot and snap.inflight_claimed == ("p3",)
+    assert metric(j, "pdorch_kv_events_published_total", kind="inflight_claimed") == 3
+    assert metric(j, "pdorch_kv_events_published_total", kind="inflight_released") == 2

@@ -268,3 +268,38 @@ def test_stats_count_pages_and_estimate_memory_linearly():
     ratio = b["memory_bytes"] / s["memory_bytes"]
     assert 3.0 < ratio < 5.0, ratio
     assert 150 < b["memory_bytes"] / (b["l1_entries"] + b["store_pages"]) < 600
+
+
+# --- claims: pages a prefill worker's request computes right now (prefill_node/inflight.py) ------------
+
+def claims(seq, claimed=(), released=(), stored=(), epoch="e1", snapshot=False):
+    return KVEventBatch(worker_id="w", epoch=epoch, seq=seq, snapshot=snapshot, inflight_claimed=list(claimed),
+                        inflight_released=list(released), l1_stored=list(stored), page_size=16)
+
+
+def test_a_claim_holds_its_pages_until_l1_confirms_them_or_it_is_released():
+    from router.kv.index import CLAIM_TTL_S
+
+    clock = Clock()
+    idx = KVIndex(speculative_ttl_s=5.0, clock=clock)
+    live(idx, "a")
+    live(idx, "b")
+    assert idx.apply("a", claims(2, claimed=["h1", "h2", "h3"])) == "applied"
+    assert idx.l1_runs(["h1", "h2", "h3"]) == {"a": 3} and idx.claimed("a", "h3")
+    clock.t += 10.0  # past a routing guess's TTL: a claim lasts until the worker ends it
+    assert idx.l1_runs(["h1", "h2", "h3"]) == {"a": 3}
+    # its request ended: h1, h2 computed (l1_stored, same batch), h3 never was
+    assert idx.apply("a", claims(3, released=["h1", "h2", "h3"], stored=["h1", "h2"])) == "applied"
+    assert idx.l1_runs(["h1", "h2", "h3"]) == {"a": 2} and not idx.claimed("a", "h1")
+    # a claim never released (a lost stream) is forgotten after CLAIM_TTL_S; b's own page stays
+    assert idx.apply("b", claims(2, claimed=["h9"])) == "applied"
+    clock.t += CLAIM_TTL_S
+    assert idx.l1_runs(["h9"]) == {}
+
+
+def test_a_snapshot_replaces_the_claims():
+    idx = KVIndex()
+    live(idx, "a")
+    assert idx.apply("a", claims(2, claimed=["h1", "h2"])) == "applied"
+    assert idx.apply("a", claims(5, claimed=["h7"], snapshot=True)) == "snapshot"
+    assert idx.l1_runs(["h1"]) == {} and idx.l1_runs(["h7"]) == {"a": 1} and idx.claimed("a", "h7")

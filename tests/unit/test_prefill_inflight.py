@@ -138,3 +138,25 @@ def test_a_parked_request_computes_the_pages_itself_when_their_owner_is_aborted(
     finally:
         rt.runner.step(100)
         sched.stop()
+
+
+def test_an_admitted_request_claims_the_pages_it_computes_until_its_compute_ends():
+    """The claims routers see (pdorch/worker/kv_events.py inflight_claimed): the reusable pages L1
+    lacked, claimed at admission and released once computed; a second request that finds them in L1
+    claims nothing."""
+    from store_client.page_hash import page_hashes
+
+    sched, rt, _ = make(num_pages=32, chunk_tokens=8, start=False)
+    events: list[tuple[str, list[str]]] = []
+    sched.publish_claims(lambda h: events.append(("claimed", list(h))), lambda h: events.append(("released", list(h))))
+    try:
+        sched.start()
+        submit(sched, PROMPT, "a").future.result(10)
+        settle(sched, rt)
+        reusable = page_hashes(PROMPT, 4)[:5]
+        assert events == [("claimed", reusable), ("released", reusable)]
+        submit(sched, PROMPT, "b").future.result(10)
+        settle(sched, rt)
+        assert len(events) == 2
+    finally:
+        sched.stop()

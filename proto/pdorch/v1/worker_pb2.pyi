@@ -286,7 +286,7 @@ class WatchKVRequest(_message.Message):
     def __init__(self, hash_scheme: _Optional[str] = ..., page_size: _Optional[int] = ..., layout_version: _Optional[int] = ..., epoch: _Optional[str] = ..., after_seq: _Optional[int] = ..., subscriber: _Optional[str] = ...) -> None: ...
 
 class KVEventBatch(_message.Message):
-    __slots__ = ("worker_id", "epoch", "seq", "snapshot", "l1_stored", "l1_removed", "store_written", "store_removed", "free_pages", "queued_requests", "running_requests", "page_size")
+    __slots__ = ("worker_id", "epoch", "seq", "snapshot", "l1_stored", "l1_removed", "store_written", "store_removed", "free_pages", "queued_requests", "running_requests", "page_size", "inflight_claimed", "inflight_released")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,8 @@ class KVEventBatch(_message.Message):
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_RELEASED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     epoch: str
     seq: int
@@ -311,7 +313,9 @@ class KVEventBatch(_message.Message):
     queued_requests: int
     running_requests: int
     page_size: int
-    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., l1_stored: _Optional[_Iterable[str]] = ..., l1_removed: _Optional[_Iterable[str]] = ..., store_written: _Optional[_Iterable[str]] = ..., store_removed: _Optional[_Iterable[str]] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+    inflight_claimed: _containers.RepeatedScalarFieldContainer[str]
+    inflight_released: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., l1_stored: _Optional[_Iterable[str]] = ..., l1_removed: _Optional[_Iterable[str]] = ..., store_written: _Optional[_Iterable[str]] = ..., store_removed: _Optional[_Iterable[str]] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., page_size: _Optional[int] = ..., inflight_claimed: _Optional[_Iterable[str]] = ..., inflight_released: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "prefill_address", "timeout_s")
