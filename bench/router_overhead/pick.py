@@ -35,7 +35,7 @@ STEPS = ("admit", "routable", "choose", "on_routed", "choose_decode", "load_chan
 def _snapshot(l1: list[str], load: int):
     return SimpleNamespace(worker_id="w", epoch="e1", seq=1, snapshot=True, l1_stored=l1, l1_removed=[],
                            store_written=[], store_removed=[], free_pages=10_000, queued_requests=load,
-                           running_requests=0, page_size=16)
+                           running_requests=0, page_size=16, inflight_claimed=[], inflight_released=[])
 
 
 def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:

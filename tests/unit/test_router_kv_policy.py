@@ -23,7 +23,7 @@ def _w(addr: str, load: int = 0, role: str = "prefill") -> Worker:
 def _snapshot(l1=(), store=(), epoch="e1", seq=1, free=100, load=0):
     return SimpleNamespace(worker_id="w", epoch=epoch, seq=seq, snapshot=True, l1_stored=list(l1), l1_removed=[],
                            store_written=list(store), store_removed=[], free_pages=free, queued_requests=load,
-                           running_requests=0, page_size=16)
+                           running_requests=0, page_size=16, inflight_claimed=[], inflight_released=[])
 
 
 def _policy(index: KVIndex):
