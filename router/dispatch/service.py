@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
 from starlette.requests import Request
 
+from engine.chat_prompts import ChatPrompts
 from pdorch.config import ModelConfig, RouterConfig
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import Dispatcher, Job
@@ -27,6 +29,8 @@ from router.http.formats import Progress
 from router.http.reasoning import FAMILY_PARSER as REASONING_FORMATS
 from router.http.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).
@@ -44,11 +48,14 @@ def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[s
     return frozenset(n for n in names if n)
 
 
-def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str]) -> str:
-    """model.tool_call_parser / model.reasoning_parser, with auto resolved from the model's family
-    (config.json); "none" when the family has no known format or the directory does not say."""
+def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str], template: str | None = None) -> str:
+    """model.tool_call_parser / model.reasoning_parser, with auto resolved from the built-in tool template
+    in use (`template`: the format its calls are written in, engine/tool_templates.py), else from the
+    model's family (config.json); "none" when the family has no known format or the directory does not say."""
     if setting != "auto":
         return setting
+    if template is not None:
+        return template
     if model_dir is None:
         return "none"
     from engine.families import FAMILIES
@@ -79,6 +86,36 @@ def sampling_defaults(setting: str, model_dir: Path | None) -> dict:
     return out  # NOTE: do_sample is not read, as vLLM does not
 
 
+def chat_prompts(tokenizer, model: ModelConfig) -> ChatPrompts:
+    """The chat templates the router renders with (engine/chat_prompts.py); a model.chat_template that
+    cannot be read, compiled or rendered is a ConfigError naming the key."""
+    from engine.tokenizer import ChatTemplateError
+    from pdorch.config_loader import ConfigError
+
+    try:
+        chat = ChatPrompts.load(tokenizer, model.chat_template)
+    except ChatTemplateError as e:
+        if model.chat_template:
+            raise ConfigError(f"model.chat_template: {e}") from None
+        raise ConfigError(f"model.source: the model's own chat template: {e}; give one that works with "
+                          "model.chat_template") from None
+    log.info("%s", chat.setup.describe())
+    return chat
+
+
+def chat_status(chat: ChatPrompts, tool_parser: str) -> dict:
+    """What `pdorch status` says of the chat template (the admin /workers body). A tool_call_parser set
+    to another format than the built-in tool template writes is warned of: a tool loop would not
+    round-trip (the calls in the history are in one format, the parser reads another)."""
+    out = {**chat.setup.to_json(), "tool_call_parser": tool_parser}
+    fmt = chat.setup.call_format
+    if fmt is not None and tool_parser not in (fmt, "none"):
+        out["warning"] = (f"model.tool_call_parser is {tool_parser} but the built-in tool template writes calls for "
+                          f"{fmt}: calls the model writes in its history's format are not read back")
+        log.warning("%s", out["warning"])
+    return out
+
+
 def context_from_model_dir(model_dir: Path | None) -> int:
     if model_dir is None:
         return 0
@@ -104,7 +141,9 @@ class RouterService:
         self.model_name = model.served_name
         self.aliases = model_aliases(model.served_name, model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
-        self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS)
+        self.chat = chat_prompts(tokenizer, model)
+        self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS, self.chat.setup.call_format)
+        self.chat_status = chat_status(self.chat, self.tool_parser)
         self.reasoning_parser = parser_of(model.reasoning_parser, model_dir, REASONING_FORMATS)
         self.sampling_defaults = sampling_defaults(model.generation_config, model_dir)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
@@ -131,14 +170,15 @@ class RouterService:
             return self.model_cfg.max_context_tokens
         return self.pool.context_tokens() or self._dir_context
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    **template_kwargs) -> list[int]:
         """`template_kwargs`: the template's extra variables (tools, chat_template_kwargs)."""
         from engine.tokenizer import ChatTemplateError
 
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt, **template_kwargs)
+            return self.chat.encode(messages, add_generation_prompt, continue_final_message, **template_kwargs)
         except ChatTemplateError as e:
-            raise bad_request(str(e), param="messages") from None
+            raise bad_request(str(e), param=e.param or "messages") from None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
