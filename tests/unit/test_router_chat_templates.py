@@ -17,7 +17,7 @@ from engine.tokenizer import Tokenizer
 from pdorch.config import ModelConfig
 from pdorch.config_loader import ConfigError, load_config
 from pdorch.launcher import ServeError, chat_template_summary
-from pdorch.status import render_status
+from pdorch.status import fetch_status, render_status
 from router.dispatch.service import chat_prompts
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import router_config
@@ -69,14 +69,15 @@ def test_the_default_models_tool_turns_reach_the_prompt_through_the_builtin_temp
     assert plain["usage"]["prompt_tokens"] == len(transformers_ids(tiny_model_dir, ASKED, add_generation_prompt=True))
 
 
-def test_status_says_which_template_renders_tool_turns_and_which_parser_reads_calls(pd_router):
+def test_status_says_which_template_renders_tool_turns_and_which_parser_reads_calls(pd_router, tiny_model_dir):
     r, _, _ = pd_router
-    body = httpx.get(r.url + "/workers", timeout=10).json()
-    chat_template = body["chat_template"]
+    chat_template = fetch_status(r.url)["chat_template"]  # pdorch status: the router's admin /workers
     assert chat_template["source"] == "checkpoint" and chat_template["ignores"] == ["tools", "tool calls"]
     assert chat_template["tool_template"] == "chatml_hermes.jinja" and chat_template["tool_call_parser"] == "hermes"
     text = render_status({"url": r.url, "workers": [], "tokens": {}, "chat_template": chat_template})
     assert "tool turns use the built-in chatml_hermes.jinja" in text and "tool calls read by hermes" in text
+    cfg = load_config(None, {"model.source": str(tiny_model_dir)}, environ={})
+    assert "chatml_hermes.jinja" in chat_template_summary(cfg)  # what pdorch serve says at start
 
 
 def test_a_parser_set_to_another_format_than_the_builtin_writes_is_warned_of(tiny_model_dir):

@@ -289,3 +289,15 @@ def test_a_template_of_no_known_format_that_ignores_tools_refuses_tool_turns(tin
     with pytest.raises(ChatTemplateError, match="ignores tools") as refused:
         chat.render([{"role": "user", "content": "hi"}], tools=TOOL_LIST)
     assert refused.value.param == "tools"
+
+
+def test_the_builtin_templates_are_package_data_of_the_wheel():
+    import fnmatch
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["engine"]
+    for builtin in BUILTINS:
+        assert (root / "engine" / "chat_templates" / builtin.file).is_file()
+        assert any(fnmatch.fnmatch(f"chat_templates/{builtin.file}", g) for g in globs), builtin.file
