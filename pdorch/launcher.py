@@ -359,7 +359,7 @@ def chat_template_summary(cfg: Config) -> str:
     from engine.prepare import prepare_tokenizer  # NOTE: lazy, as above
     from engine.tokenizer import Tokenizer
     from pdorch.config_loader import ConfigError
-    from router.dispatch.service import chat_prompts
+    from router.http.chat_prompt import chat_prompts
 
     try:
         return chat_prompts(Tokenizer.from_dir(prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)),

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import os
 import time
 from pathlib import Path
 
 from starlette.requests import Request
 
-from engine.chat_prompts import ChatPrompts
 from pdorch.config import ModelConfig, RouterConfig
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import Dispatcher, Job
@@ -25,12 +23,11 @@ from router.dispatch.policies import Policy
 from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable
 from router.http.body_sampling import DEFAULTABLE
+from router.http.chat_prompt import chat_prompts, chat_status
 from router.http.formats import Progress
 from router.http.reasoning import FAMILY_PARSER as REASONING_FORMATS
 from router.http.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.metrics import RouterMetrics
-
-log = logging.getLogger(__name__)
 
 DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).
@@ -84,36 +81,6 @@ def sampling_defaults(setting: str, model_dir: Path | None) -> dict:
             continue
         out[key] = int(value) if key == "top_k" else float(value)
     return out  # NOTE: do_sample is not read, as vLLM does not
-
-
-def chat_prompts(tokenizer, model: ModelConfig) -> ChatPrompts:
-    """The chat templates the router renders with (engine/chat_prompts.py); a model.chat_template that
-    cannot be read, compiled or rendered is a ConfigError naming the key."""
-    from engine.tokenizer import ChatTemplateError
-    from pdorch.config_loader import ConfigError
-
-    try:
-        chat = ChatPrompts.load(tokenizer, model.chat_template)
-    except ChatTemplateError as e:
-        if model.chat_template:
-            raise ConfigError(f"model.chat_template: {e}") from None
-        raise ConfigError(f"model.source: the model's own chat template: {e}; give one that works with "
-                          "model.chat_template") from None
-    log.info("%s", chat.setup.describe())
-    return chat
-
-
-def chat_status(chat: ChatPrompts, tool_parser: str) -> dict:
-    """What `pdorch status` says of the chat template (the admin /workers body). A tool_call_parser set
-    to another format than the built-in tool template writes is warned of: a tool loop would not
-    round-trip (the calls in the history are in one format, the parser reads another)."""
-    out = {**chat.setup.to_json(), "tool_call_parser": tool_parser}
-    fmt = chat.setup.call_format
-    if fmt is not None and tool_parser not in (fmt, "none"):
-        out["warning"] = (f"model.tool_call_parser is {tool_parser} but the built-in tool template writes calls for "
-                          f"{fmt}: calls the model writes in its history's format are not read back")
-        log.warning("%s", out["warning"])
-    return out
 
 
 def context_from_model_dir(model_dir: Path | None) -> int:

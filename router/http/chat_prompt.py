@@ -1,6 +1,8 @@
-"""A chat request's prompt ids: the body's template fields checked (vLLM's `continue_final_message` and
-`chat_template`, `add_generation_prompt`), then the messages rendered by the router's chat templates
-(engine/chat_prompts.py). Shared by /v1/chat/completions and /tokenize, so both count the same tokens.
+"""The router's chat prompts. At start: the chat templates it renders with (engine/chat_prompts.py; a
+bad model.chat_template is a configuration error) and what `pdorch status` says of them. Per request: the
+body's template fields checked (vLLM's `continue_final_message` and `chat_template`,
+`add_generation_prompt`), then the messages rendered; shared by /v1/chat/completions and /tokenize, so
+both count the same tokens.
 
 A `chat_template` in the request is refused: a template is a program, and the router would run it on the
 event loop that serves every request (jinja's sandbox bounds what it may touch, not how long it runs).
@@ -10,8 +12,44 @@ the operator: model.chat_template.
 
 from __future__ import annotations
 
+import logging
+
+from engine.chat_prompts import ChatPrompts
+from pdorch.config import ModelConfig
 from router.errors import bad_request
 from router.http.tools import template_messages
+
+log = logging.getLogger(__name__)
+
+
+def chat_prompts(tokenizer, model: ModelConfig) -> ChatPrompts:
+    """The chat templates the router renders with (engine/chat_prompts.py); a model.chat_template that
+    cannot be read, compiled or rendered is a ConfigError naming the key."""
+    from engine.tokenizer import ChatTemplateError
+    from pdorch.config_loader import ConfigError
+
+    try:
+        chat = ChatPrompts.load(tokenizer, model.chat_template)
+    except ChatTemplateError as e:
+        if model.chat_template:
+            raise ConfigError(f"model.chat_template: {e}") from None
+        raise ConfigError(f"model.source: the model's own chat template: {e}; give one that works with "
+                          "model.chat_template") from None
+    log.info("%s", chat.setup.describe())
+    return chat
+
+
+def chat_status(chat: ChatPrompts, tool_parser: str) -> dict:
+    """What `pdorch status` says of the chat template (the admin /workers body). A tool_call_parser set
+    to another format than the built-in tool template writes is warned of: a tool loop would not
+    round-trip (the calls in the history are in one format, the parser reads another)."""
+    out = {**chat.setup.to_json(), "tool_call_parser": tool_parser}
+    fmt = chat.setup.call_format
+    if fmt is not None and tool_parser not in (fmt, "none"):
+        out["warning"] = (f"model.tool_call_parser is {tool_parser} but the built-in tool template writes calls for "
+                          f"{fmt}: calls the model writes in its history's format are not read back")
+        log.warning("%s", out["warning"])
+    return out
 
 
 def chat_prompt_ids(svc, req, template_kwargs: dict) -> list[int]:

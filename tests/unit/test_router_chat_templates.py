@@ -18,7 +18,7 @@ from pdorch.config import ModelConfig
 from pdorch.config_loader import ConfigError, load_config
 from pdorch.launcher import ServeError, chat_template_summary
 from pdorch.status import fetch_status, render_status
-from router.dispatch.service import chat_prompts
+from router.http.chat_prompt import chat_prompts
 from tests.fixtures.processes import free_port
 from tests.fixtures.router import router_config
 
@@ -82,7 +82,7 @@ def test_status_says_which_template_renders_tool_turns_and_which_parser_reads_ca
 
 def test_a_parser_set_to_another_format_than_the_builtin_writes_is_warned_of(tiny_model_dir):
     chat_setup = chat_prompts(Tokenizer.from_dir(tiny_model_dir), ModelConfig())
-    from router.dispatch.service import chat_status
+    from router.http.chat_prompt import chat_status
 
     assert "warning" not in chat_status(chat_setup, "hermes")
     warned = chat_status(chat_setup, "llama3_json")
