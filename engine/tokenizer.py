@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import pathlib
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
 from engine.arch import ModelDirError
+from engine.chat_template import ChatTemplate, ChatTemplateError
 
-
-class ChatTemplateError(ValueError):
-    """The chat template refused the messages (e.g. roles not alternating) or is missing."""
-
-
-def _raise_exception(message: str):
-    raise ChatTemplateError(message)
+__all__ = ["ChatTemplateError", "Tokenizer"]
 
 
 def _token_text(value) -> str | None:
@@ -37,7 +29,7 @@ class Tokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.eos_token_ids = eos_token_ids
-        self._template: jinja2.Template | None = None
+        self._template: ChatTemplate | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> Tokenizer:
@@ -87,29 +79,20 @@ class Tokenizer:
         return self._tk.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs) -> str:
+                            continue_final_message: bool = False, **kwargs) -> str:
         if not self.chat_template:
             raise ChatTemplateError("this model has no chat template; use a completion request instead")
         if self._template is None:
-            # Same environment as transformers' apply_chat_template, so templates render identically.
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-                x, indent=indent, ensure_ascii=ensure_ascii)
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
-        try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
-        except jinja2.TemplateError as e:
-            raise ChatTemplateError(f"chat template failed: {e}") from e
+            self._template = ChatTemplate(self.chat_template)
+        return self._template.render(messages, add_generation_prompt, continue_final_message,
+                                     self.bos_token or "", self.eos_token or "", **kwargs)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, **kwargs) -> list[int]:
         """Token ids of a chat prompt; `kwargs`: the template's extra variables (`tools`, ...). NOTE:
         the template already holds any BOS, so the post-processor is off here (as in transformers'
         apply_chat_template(tokenize=True))."""
-        text = self.apply_chat_template(messages, add_generation_prompt, **kwargs)
+        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message, **kwargs)
         return self.encode(text, add_special_tokens=False)
 
 

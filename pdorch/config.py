@@ -63,6 +63,10 @@ class ModelConfig:
                                  "reasoning_content (docs/api.md): qwen3 (<think>...</think>), deepseek_r1 (the "
                                  "template opens <think>), none; auto = from the model's family (Qwen3: qwen3)",
                                  choices=["auto", "none", "qwen3", "deepseek_r1"])
+    chat_template: str = _key("", "A Jinja chat template file that replaces the checkpoint's (vLLM's --chat-template); "
+                              "empty = the checkpoint's. Either one, when it ignores tools, renders tool turns with "
+                              "the built-in tool template of its chat format (docs/api.md, \"Chat template\"). A "
+                              "file that cannot be read, compiled or rendered stops the router at start")
     tp_timeout_s: float = _key(60.0, "Tensor-parallel workers (prefill.tp_size / decode.tp_size > 1): a collective "
                                "between a worker's ranks (each step's broadcast over the CPU group, the model's all-reduces "
                                "and logits gather) that takes "

@@ -143,6 +143,7 @@ class LocalCluster:
             if self.opts.prepare:
                 self._say(f"[0] model {self.cfg.model.source} (cache {self.cfg.model.cache_dir})")
                 prepare_model_with_progress(self.cfg, self.out)
+                self._say(f"[0] {chat_template_summary(self.cfg)}")
         except (ServeError, PlanError) as e:
             self._say(f"pdorch serve: {e}")
             return 2
@@ -350,6 +351,21 @@ def _how_it_ended(child: Child) -> str:
     if code is not None and code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     return f"exited with {code}"
+
+
+def chat_template_summary(cfg: Config) -> str:
+    """The chat template the router will render with (engine/chat_prompts.py), tried before any child
+    starts: a model.chat_template the router would refuse stops `pdorch serve` at once."""
+    from engine.prepare import prepare_tokenizer  # NOTE: lazy, as above
+    from engine.tokenizer import Tokenizer
+    from pdorch.config_loader import ConfigError
+    from router.http.chat_prompt import chat_prompts
+
+    try:
+        return chat_prompts(Tokenizer.from_dir(prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)),
+                            cfg.model).setup.describe()
+    except ConfigError as e:
+        raise ServeError(f"invalid configuration: {e}") from None
 
 
 def prepare_model_with_progress(cfg: Config, out: TextIO = sys.stdout) -> Path:

@@ -60,8 +60,9 @@ def fetch_status(url: str, admin_key: str = "", timeout_s: float = 5.0) -> dict[
     url = url.rstrip("/")
     body = json.loads(_get(f"{url}/workers", admin_key, timeout_s))
     workers = body.get("workers", []) if isinstance(body, dict) else body
+    chat = body.get("chat_template") if isinstance(body, dict) else None
     tokens = token_counters(_get(f"{url}/metrics", admin_key, timeout_s).decode())
-    return {"url": url, "workers": workers, "tokens": tokens}
+    return {"url": url, "workers": workers, "tokens": tokens, **({"chat_template": chat} if chat else {})}
 
 
 def fetch_store(store_cfg, timeout_s: float = 5.0) -> dict[str, Any] | None:
@@ -200,6 +201,16 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"cache hit rate {sum(cached.values()) / prompt:.1%} ({split})")
     else:
         lines.append("cache hit rate: no requests yet")
+    if "chat_template" in status:
+        lines += render_chat_template(status["chat_template"])
     if "store" in status:
         lines += render_store(status["store"])
     return "\n".join(lines)
+
+
+def render_chat_template(chat: dict[str, Any]) -> list[str]:
+    """The router's chat template: whose, what it ignores, the built-in tool template standing in."""
+    lines = [f"{chat['summary']}; tool calls read by {chat.get('tool_call_parser', '?')}"]
+    if chat.get("warning"):
+        lines.append(f"WARNING: {chat['warning']}")
+    return lines

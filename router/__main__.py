@@ -43,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Only the tokenizer and config.json: the router never converts or loads weights.
     model_dir = prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)
-    app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
+    try:  # model.chat_template is read and tried here (router/dispatch/service.py chat_prompts)
+        app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
+    except ConfigError as e:
+        exit_on_config_error(e, "router")
     # NOTE: access logs off: one log line per request costs more than the routing itself. No
     # X-Forwarded-* rewriting either (nothing reads the client address; it is a layer per request).
     # On SIGTERM uvicorn closes the listening sockets, lets requests in flight (streams) finish

@@ -23,6 +23,7 @@ from router.dispatch.policies import Policy
 from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable
 from router.http.body_sampling import DEFAULTABLE
+from router.http.chat_prompt import chat_prompts, chat_status
 from router.http.formats import Progress
 from router.http.reasoning import FAMILY_PARSER as REASONING_FORMATS
 from router.http.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
@@ -44,11 +45,14 @@ def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[s
     return frozenset(n for n in names if n)
 
 
-def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str]) -> str:
-    """model.tool_call_parser / model.reasoning_parser, with auto resolved from the model's family
-    (config.json); "none" when the family has no known format or the directory does not say."""
+def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str], template: str | None = None) -> str:
+    """model.tool_call_parser / model.reasoning_parser, with auto resolved from the built-in tool template
+    in use (`template`: the format its calls are written in, engine/tool_templates.py), else from the
+    model's family (config.json); "none" when the family has no known format or the directory does not say."""
     if setting != "auto":
         return setting
+    if template is not None:
+        return template
     if model_dir is None:
         return "none"
     from engine.families import FAMILIES
@@ -104,7 +108,9 @@ class RouterService:
         self.model_name = model.served_name
         self.aliases = model_aliases(model.served_name, model.source, model_dir)
         self._dir_context = context_from_model_dir(model_dir)
-        self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS)
+        self.chat = chat_prompts(tokenizer, model)
+        self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS, self.chat.setup.call_format)
+        self.chat_status = chat_status(self.chat, self.tool_parser)
         self.reasoning_parser = parser_of(model.reasoning_parser, model_dir, REASONING_FORMATS)
         self.sampling_defaults = sampling_defaults(model.generation_config, model_dir)
         self._vocab_size = getattr(tokenizer, "vocab_size", 0)
@@ -131,14 +137,15 @@ class RouterService:
             return self.model_cfg.max_context_tokens
         return self.pool.context_tokens() or self._dir_context
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    **template_kwargs) -> list[int]:
         """`template_kwargs`: the template's extra variables (tools, chat_template_kwargs)."""
         from engine.tokenizer import ChatTemplateError
 
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt, **template_kwargs)
+            return self.chat.encode(messages, add_generation_prompt, continue_final_message, **template_kwargs)
         except ChatTemplateError as e:
-            raise bad_request(str(e), param="messages") from None
+            raise bad_request(str(e), param=e.param or "messages") from None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

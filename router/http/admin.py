@@ -101,7 +101,7 @@ def _add_info_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, 
 def _add_admin_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth, pool: WorkerPool) -> None:
     @app.get("/workers")
     async def workers(request: Request):
-        """Admin: every known worker with health, circuit state, load and last Info."""
+        """Admin: every known worker with health, circuit state, load and last Info; the chat template in use."""
         auth.check_admin(request.headers.get("authorization"))
         watcher = getattr(app.state, "kv_watcher", None)
         out = []
@@ -112,7 +112,7 @@ def _add_admin_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth,
                 if ev is not None:  # the router weighs published_load + this, at least in_flight
                     ev["routed_since_batch"] = w.routed - w.kv_routed_mark
             out.append(d)
-        return json_response({"workers": out})
+        return json_response({"workers": out, "chat_template": svc.chat_status})
 
     @app.post("/flush_cache", openapi_extra={"parameters": [{
         "name": "store", "in": "query", "required": False, "schema": {"type": "boolean", "default": False},

@@ -175,6 +175,10 @@ class ChatCompletionRequest(_OpenAISampling):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict | None = None  # extra variables for the chat template (e.g. enable_thinking)
     add_generation_prompt: bool = True
+    # vLLM's: the prompt ends inside the last message; a template of the request's own is refused
+    # (router/http/chat_prompt.py)
+    continue_final_message: bool = False
+    chat_template: str | None = None
 
 
 class CompletionRequest(_OpenAISampling):

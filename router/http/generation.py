@@ -22,10 +22,11 @@ from router.http.auth import Auth
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest, parse
 from router.http.body_sampling import check_n, sampling_from_openai, sampling_from_sglang, with_defaults
 from router.http.chat_output import ChatShape
+from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
 from router.http.logprobs import Logprobs, check_top, openai_logprobs
 from router.http.structured import grammar_of
-from router.http.tools import template_messages, tool_plan
+from router.http.tools import tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
@@ -186,8 +187,7 @@ class GenerationHandlers:
         if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
             sampling.prompt_logprobs = top
         if chat:
-            ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt,
-                                  **template_kwargs(req, plan))
+            ids = chat_prompt_ids(svc, req, template_kwargs(req, plan))
         else:
             ids = completion_prompt(req.prompt, svc)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

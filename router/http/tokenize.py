@@ -8,8 +8,8 @@ from starlette.requests import Request
 
 from router.errors import bad_request
 from router.http.bodies import _CFG, ChatMessage, Tool, parse
+from router.http.chat_prompt import chat_prompt_ids
 from router.http.formats import json_response
-from router.http.tools import template_messages
 
 
 class TokenizeRequest(BaseModel):
@@ -19,6 +19,8 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (as vLLM)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # as on chat completions (router/http/chat_prompt.py)
+    chat_template: str | None = None  # refused, as on chat completions
     tools: list[Tool] | None = None
     chat_template_kwargs: dict | None = None
     return_token_strs: bool = False
@@ -42,7 +44,7 @@ def add_routes(app, svc, auth) -> None:
             kwargs = dict(req.chat_template_kwargs or {})
             if req.tools:
                 kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
-            ids = svc.encode_chat(template_messages(req.messages), req.add_generation_prompt, **kwargs)
+            ids = chat_prompt_ids(svc, req, kwargs)
         else:
             ids = svc.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
         strs = [svc.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None

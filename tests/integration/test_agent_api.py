@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from engine.chat_prompts import ChatPrompts
 from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
 from tests.fixtures.router import cluster_router, wait_until
@@ -112,9 +113,10 @@ def test_a_required_tool_choice_returns_calls_of_listed_tools(client):
 
 
 def test_auto_tool_choice_reads_a_call_the_model_wrote_in_its_familys_format(client):
-    """The tiny model is a Llama: its call format is Llama 3.1's JSON (router/http/tool_parsers.py). A
-    random model writes no call by itself, so a regex makes it write one."""
-    call = r'\{"name": "get_time", "parameters": \{\}\}'
+    """The tiny model has SmolLM2's ChatML template, which ignores tools: its tool turns go through the
+    built-in ChatML template, whose call format is hermes' <tool_call> (engine/tool_templates.py), and the
+    parser follows it. A random model writes no call by itself, so a regex makes it write one."""
+    call = r'<tool_call>\n\{"name": "get_time", "arguments": \{\}\}\n</tool_call>'
     kwargs = {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER, CLOCK], "max_tokens": 40, "temperature": 0,
               "extra_body": {"regex": call}}
     out = client.chat.completions.create(**kwargs)
@@ -135,8 +137,9 @@ def test_a_tool_result_turn_reaches_the_prompt(client, tiny_model_dir):
             {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": '{"unit": "c"}'}}]},
         {"role": "tool", "tool_call_id": "call_7", "content": "minus three degrees and snow"}]
     out = client.chat.completions.create(model=MODEL, messages=turns, tools=[WEATHER], max_tokens=4, temperature=0)
-    # the template as transformers would be given it: the call's arguments as an object, the tool's reply
-    expected = Tokenizer.from_dir(tiny_model_dir).encode_chat(
+    # the template as transformers would be given it: the call's arguments as an object, the tool's reply;
+    # SmolLM2's template ignores tools, so the built-in one renders the turn (engine/chat_prompts.py)
+    expected = ChatPrompts.load(Tokenizer.from_dir(tiny_model_dir)).encode(
         [MESSAGES[0], {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": {"unit": "c"}}}]},
          {"role": "tool", "content": "minus three degrees and snow", "tool_call_id": "call_7"}],
@@ -145,6 +148,32 @@ def test_a_tool_result_turn_reaches_the_prompt(client, tiny_model_dir):
     without = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER], max_tokens=4,
                                              temperature=0)
     assert out.usage.prompt_tokens >= without.usage.prompt_tokens + 5  # "minus three degrees and snow" is in
+
+
+def test_a_tool_loop_round_trips_through_the_default_models_template(client, tiny_model_dir):
+    """Call, result, answer: the call the model wrote comes back in the next prompt as it wrote it (the
+    built-in template writes what the parser read), the result is in that prompt, and the loop ends in text."""
+    call = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"unit": "c", "days": 2\}\}\n</tool_call>'
+    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[WEATHER, CLOCK], max_tokens=160,
+                                           temperature=0, extra_body={"regex": call})
+    assert first.choices[0].finish_reason == "tool_calls", first
+    (called,) = first.choices[0].message.tool_calls
+    history = MESSAGES + [first.choices[0].message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": called.id, "content": "minus three degrees and snow"}]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER, CLOCK], max_tokens=40,
+                                            temperature=0, extra_body={"regex": "Cold, [0-9] degrees"})
+    assert second.choices[0].finish_reason == "stop" and second.choices[0].message.tool_calls is None
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    asked = ChatPrompts.load(tok).render(MESSAGES, tools=[WEATHER, CLOCK])
+    answered = ChatPrompts.load(tok).render(
+        [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [{"id": called.id, "type": "function",
+                                                                          "function": {"name": "get_weather",
+                                                                                       "arguments": {"unit": "c", "days": 2}}}]},
+         history[-1]], tools=[WEATHER, CLOCK])
+    assert answered.startswith(asked)  # the first turn's prompt is the second's prefix (its KV is reused)
+    assert answered[len(asked):].startswith('<tool_call>\n{"name": "get_weather", "arguments": {"unit": "c", "days": 2}}')
+    assert "minus three degrees and snow" in answered
+    assert second.usage.prompt_tokens == len(tok.encode(answered, add_special_tokens=False))
 
 
 def test_chat_logprobs_are_log_probabilities_greedy_picks_the_best_and_stream_agrees(client):
