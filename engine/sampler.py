@@ -63,6 +63,7 @@ class TokenLogprob:
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 + how many tokens are more likely (asked for prompt logprobs only)
 
 
 def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | None:
@@ -169,11 +170,11 @@ class Sampler:
         return out
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, tokens: Sequence[int], params_list: Sequence[SamplingParams]
-                 ) -> list[TokenLogprob | None]:
+    def logprobs(logits: torch.Tensor, tokens: Sequence[int], params_list: Sequence[SamplingParams],
+                 ranks: bool = False) -> list[TokenLogprob | None]:
         """Each row's sampled token's logprob and its `params.logprobs` alternatives (None for rows
         that asked for none): the log-softmax of `logits` as the sampler got them (after any grammar
-        mask, before temperature and top-k/p, as vLLM's raw logprobs)."""
+        mask, before temperature and top-k/p, as vLLM's raw logprobs). `ranks`: each token's rank too."""
         rows = [i for i, p in enumerate(params_list) if p.logprobs is not None]
         out: list[TokenLogprob | None] = [None] * len(params_list)
         if not rows:
@@ -181,12 +182,15 @@ class Sampler:
         lp = torch.log_softmax(logits[rows].float(), dim=-1)
         chosen = lp.gather(1, torch.as_tensor([tokens[i] for i in rows], device=lp.device)[:, None])
         top = torch.topk(lp, max(params_list[i].logprobs for i in rows), dim=-1)
-        values = torch.cat([chosen, top.values], dim=1).tolist()  # [chosen, best, second, ...] per row
+        parts = [chosen, top.values]
+        if ranks:  # NOTE: as a float column, so the rows still come back in one copy
+            parts.append((lp > chosen).sum(-1, keepdim=True).float() + 1)
+        values = torch.cat(parts, dim=1).tolist()  # [chosen, best, second, ..., (rank)] per row
         ids = top.indices.tolist()
         for j, i in enumerate(rows):
             n = params_list[i].logprobs  # NOTE: tokens a grammar forbids (-inf) are no alternatives
             top = tuple((t, v) for t, v in zip(ids[j][:n], values[j][1:n + 1]) if v != float("-inf"))
-            out[i] = TokenLogprob(values[j][0], top)
+            out[i] = TokenLogprob(values[j][0], top, int(values[j][-1]) if ranks else None)
         return out
 
     @staticmethod
