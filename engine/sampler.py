@@ -146,19 +146,18 @@ class Sampler:
             if g is not None and g.device.type != logits.device.type:
                 raise ValueError(f"a sampling generator on {g.device} for logits on {logits.device}: "
                                  "make generators with Sampler.make_generator")
-        if grammars:
+        masked = bool(grammars) and any(g is not None for g in grammars)
+        if masked:
             mask_rows(logits, grammars)
-        logits = apply_controls(logits, params_list, histories)
+        raw, logits = logits, apply_controls(logits, params_list, histories)
+        masked = masked or logits is not raw  # some row has a grammar or a control: -inf is possible
         tokens = logits.argmax(dim=-1)
         sampled = self.sampled_rows(params_list, logits.shape[-1], logits.device)
         if sampled is not None:
             gens = [generators[i] for i, p in enumerate(params_list) if not p.greedy]
             tokens[sampled.rows] = self._sample_rows(logits[sampled.rows].float(), sampled, gens)
-        masked = [i for i, p in enumerate(params_list) if p.needs_history or grammars and grammars[i] is not None]
-        if masked:  # NOTE: -1 marks a row left with no token at all; checked after the one sync below
-            index = torch.as_tensor(masked, device=logits.device)
-            alive = (logits[index] > float("-inf")).any(-1)
-            tokens[index] = torch.where(alive, tokens[index], -1)
+        if masked:  # NOTE: -1 marks a row left with no token at all (or NaN); checked after the one sync below
+            tokens = torch.where((logits > float("-inf")).any(-1), tokens, -1)
         out = tokens.tolist()  # the one host sync of a step
         if masked and min(out) < 0:
             dead = [i for i, t in enumerate(out) if t < 0]
