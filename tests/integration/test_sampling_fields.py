@@ -133,12 +133,15 @@ def test_prompt_logprobs_in_chat_and_completions_match_the_echoed_ones(client, r
         assert [r for r, _ in by_rank[:2]] == [1, 2] and len(by_rank) in (2, 3)
         assert [v for _, v in by_rank] == sorted((v for _, v in by_rank), reverse=True)
         assert len(by_rank) == 2 or mine["rank"] >= 3
-    resp = httpx.post(router.url + "/v1/chat/completions", timeout=120, json={
-        "messages": MESSAGES, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 0})
-    body = resp.json()
-    prompt = tok.encode_chat(MESSAGES)
-    assert len(body["prompt_logprobs"]) == body["usage"]["prompt_tokens"] == len(prompt)
-    assert all(list(e) == [str(t)] for t, e in zip(prompt[1:], body["prompt_logprobs"][1:]))  # k = 0: the token
+    two = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, n=2, extra_body={"prompt_logprobs": 2})
+    assert [c.model_extra["prompt_logprobs"] for c in two.choices] == [plps, plps]  # one prefill: the same
+    for n in (1, 2):
+        resp = httpx.post(router.url + "/v1/chat/completions", timeout=120, json={
+            "messages": MESSAGES, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 0, "n": n})
+        body = resp.json()
+        prompt = tok.encode_chat(MESSAGES)
+        assert len(body["prompt_logprobs"]) == body["usage"]["prompt_tokens"] == len(prompt)
+        assert all(list(e) == [str(t)] for t, e in zip(prompt[1:], body["prompt_logprobs"][1:]))  # k = 0: the token
 
 
 def test_min_tokens_under_a_grammar_that_may_only_end_ends_with_the_grammar(client):
