@@ -203,10 +203,15 @@ def check_prompt_logprobs(k: int, stream: bool) -> None:
         raise bad_request("prompt_logprobs are not available when stream=true", param="prompt_logprobs")
 
 
+MAX_BAD_WORDS = 256
+
+
 def bad_words_ids(words: list[str] | None, tokenizer) -> list[list[int]]:
     """vLLM's bad_words as token sequences: each word as it is (leading blanks dropped) and, where the
     encoding with a leading space is another word of the same length, that one too."""
     out: list[list[int]] = []
+    if words and len(words) > MAX_BAD_WORDS:  # each is matched against every row's output every step
+        raise bad_request(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}", param="bad_words")
     for word in words or ():
         if not word.strip():
             raise bad_request("bad_words must be non-empty words", param="bad_words")

@@ -31,9 +31,10 @@ from tests.fixtures.standin import StandinServer
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "hi"}]
 
-# vLLM's request fields, copied from vLLM's source at commit 002032ee2b18e1f7bd924ec47b62504ba3866063
-# (main, after 0.11: vllm/entrypoints/openai/chat_completion/protocol.py ChatCompletionRequest,
-# completion/protocol.py CompletionRequest; stream_options: generate/base/protocol.py StreamOptions).
+# vLLM's request fields, copied from vLLM's source on its main branch at commit
+# 002032ee2b18e1f7bd924ec47b62504ba3866063 (vllm/entrypoints/openai/chat_completion/protocol.py
+# ChatCompletionRequest, completion/protocol.py CompletionRequest; stream_options: StreamOptions of
+# entrypoints/generate/base/protocol.py).
 VLLM_COMMON = [
     "model", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n", "presence_penalty",
     "response_format", "seed", "stop", "stream", "stream_options", "stream_options.include_usage",

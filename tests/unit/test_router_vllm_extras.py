@@ -90,6 +90,7 @@ def test_chat_template_fields_and_message_parts_shape_the_prompt(sent, router_to
     ({"allowed_token_ids": [-1]}, "allowed_token_ids", "non-empty array of token ids"),
     ({"allowed_token_ids": [10**6]}, "allowed_token_ids", "not in the model's vocabulary"),
     ({"bad_words": [" "]}, "bad_words", "non-empty words"),
+    ({"bad_words": ["w"] * 257}, "bad_words", "at most 256 words"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "must be in [0, 20]"),
     ({"prompt_logprobs": 0, "stream": True}, "prompt_logprobs", "not available when stream=true"),
     ({"request_id": ""}, "request_id", "1 to 128 printable characters"),
