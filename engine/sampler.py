@@ -1,6 +1,9 @@
 """Sampler: logits [B, vocab] -> one token per row, the whole batch in a few vectorised ops.
 
     grammar rows         disallowed tokens to -inf first (engine/grammar.py: one batched mask)
+    controlled rows      penalties, logit_bias, then the request's token masks, each only where it
+                         leaves a token: the grammar wins over allowed_token_ids, bad_words and
+                         min_tokens (apply_controls); a row with no token left at all is an error
     greedy rows          argmax
     the other rows       logits / temperature -> top-k -> top-p -> min-p (each a per-row mask)
                          -> probs, then the exponential race: argmax(probs / E), E ~ Exp(1)
@@ -25,6 +28,7 @@ import torch
 
 from engine.grammar import OutputGrammar, mask_rows
 from engine.sampling_params import SamplingParams
+from engine.token_masks import apply_token_masks
 
 
 class TokenCounts:
@@ -59,6 +63,7 @@ class TokenLogprob:
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 + how many tokens are more likely (asked for prompt logprobs only)
 
 
 def make_generator(params: SamplingParams, device="cpu") -> torch.Generator | None:
@@ -131,8 +136,9 @@ class Sampler:
                histories: Sequence[TokenHistory | None] | None = None) -> list[int]:
         """One token per row. Rows with a grammar (engine/grammar.py) are masked IN PLACE first (the
         callers pass a gathered copy), and each grammar accepts its row's token after. Rows whose
-        params need it get the penalties, logit_bias and min_tokens from their `histories` entry, on
-        a copy (the logits stay as the logprobs report them)."""
+        params need it get the penalties, logit_bias and the token masks (allowed_token_ids, bad_words,
+        min_tokens) from their `histories` entry, on a copy (the logits stay as the logprobs report
+        them). A masked row left with no finite logit raises RuntimeError: no row samples from nothing."""
         if logits.shape[0] != len(params_list):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(params_list)} requests")
         generators = list(generators or [None] * len(params_list))
@@ -140,26 +146,34 @@ class Sampler:
             if g is not None and g.device.type != logits.device.type:
                 raise ValueError(f"a sampling generator on {g.device} for logits on {logits.device}: "
                                  "make generators with Sampler.make_generator")
-        if grammars:
+        masked = bool(grammars) and any(g is not None for g in grammars)
+        if masked:
             mask_rows(logits, grammars)
-        logits = apply_controls(logits, params_list, histories)
+        raw, logits = logits, apply_controls(logits, params_list, histories)
+        masked = masked or logits is not raw  # some row has a grammar or a control: -inf is possible
         tokens = logits.argmax(dim=-1)
         sampled = self.sampled_rows(params_list, logits.shape[-1], logits.device)
         if sampled is not None:
             gens = [generators[i] for i, p in enumerate(params_list) if not p.greedy]
             tokens[sampled.rows] = self._sample_rows(logits[sampled.rows].float(), sampled, gens)
+        if masked:  # NOTE: -1 marks a row left with no token at all (or NaN); checked after the one sync below
+            tokens = torch.where((logits > float("-inf")).any(-1), tokens, -1)
         out = tokens.tolist()  # the one host sync of a step
+        if masked and min(out) < 0:
+            dead = [i for i, t in enumerate(out) if t < 0]
+            raise RuntimeError(f"sampler: rows {dead} have no token to sample (every logit -inf or NaN after "
+                               "the grammar's mask): a bug, never a token drawn from nothing")
         for g, t in zip(grammars or (), out):
             if g is not None:
                 g.accept(t)
         return out
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, tokens: Sequence[int], params_list: Sequence[SamplingParams]
-                 ) -> list[TokenLogprob | None]:
+    def logprobs(logits: torch.Tensor, tokens: Sequence[int], params_list: Sequence[SamplingParams],
+                 ranks: bool = False) -> list[TokenLogprob | None]:
         """Each row's sampled token's logprob and its `params.logprobs` alternatives (None for rows
         that asked for none): the log-softmax of `logits` as the sampler got them (after any grammar
-        mask, before temperature and top-k/p, as vLLM's raw logprobs)."""
+        mask, before temperature and top-k/p, as vLLM's raw logprobs). `ranks`: each token's rank too."""
         rows = [i for i, p in enumerate(params_list) if p.logprobs is not None]
         out: list[TokenLogprob | None] = [None] * len(params_list)
         if not rows:
@@ -167,12 +181,15 @@ class Sampler:
         lp = torch.log_softmax(logits[rows].float(), dim=-1)
         chosen = lp.gather(1, torch.as_tensor([tokens[i] for i in rows], device=lp.device)[:, None])
         top = torch.topk(lp, max(params_list[i].logprobs for i in rows), dim=-1)
-        values = torch.cat([chosen, top.values], dim=1).tolist()  # [chosen, best, second, ...] per row
+        parts = [chosen, top.values]
+        if ranks:  # NOTE: as a float column, so the rows still come back in one copy
+            parts.append((lp > chosen).sum(-1, keepdim=True).float() + 1)
+        values = torch.cat(parts, dim=1).tolist()  # [chosen, best, second, ..., (rank)] per row
         ids = top.indices.tolist()
         for j, i in enumerate(rows):
             n = params_list[i].logprobs  # NOTE: tokens a grammar forbids (-inf) are no alternatives
             top = tuple((t, v) for t, v in zip(ids[j][:n], values[j][1:n + 1]) if v != float("-inf"))
-            out[i] = TokenLogprob(values[j][0], top)
+            out[i] = TokenLogprob(values[j][0], top, int(values[j][-1]) if ranks else None)
         return out
 
     @staticmethod
@@ -213,7 +230,8 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
     """vLLM's definitions, for the rows that need them, batched: a repetition penalty p on every
     token of the prompt and the output (logit / p where positive, x p where not), then
     logit -= frequency_penalty x count + presence_penalty x (count > 0) over the output's tokens,
-    + logit_bias, and EOS / stop tokens at -inf while the output is shorter than min_tokens.
+    + logit_bias, then the token masks: only allowed_token_ids, no bad word's last token, no EOS /
+    stop token while the output is shorter than min_tokens, each where it leaves a token (_narrow).
     Returns `logits` itself when no row needs any, else a copy."""
     rows = [i for i, p in enumerate(params_list) if p.needs_history]
     if not rows:
@@ -247,13 +265,12 @@ def apply_controls(logits: torch.Tensor, params_list: Sequence[SamplingParams],
             sub = s
         else:
             sub[some] = s
-    for r, (p, h) in enumerate(zip(ps, hs)):
+    for r, p in enumerate(ps):
         if p.logit_bias:
             ids = torch.as_tensor([t for t, _ in p.logit_bias if 0 <= t < vocab], dtype=torch.long, device=dev)
             bias = torch.as_tensor([b for t, b in p.logit_bias if 0 <= t < vocab], device=dev)
             sub[r].index_add_(0, ids, bias)
-        if p.min_tokens and len(h.token_ids) - h.output_start < p.min_tokens and h.stop_ids:
-            sub[r, torch.as_tensor(h.stop_ids, dtype=torch.long, device=dev)] = float("-inf")
+    apply_token_masks(sub, ps, hs, vocab)
     x[index] = sub.to(x.dtype)
     return x
 

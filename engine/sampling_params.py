@@ -32,6 +32,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None           # per-request generator: same seed -> same tokens
     skip_special_tokens: bool = True  # for the output text only
+    spaces_between_special_tokens: bool = True  # False (with special tokens shown): adjacent ones as written
+    include_stop_str_in_output: bool = False  # the matched stop string / stop token's text ends the output
     grammar: GrammarSpec | None = None  # structured output; None: unconstrained
     logprobs: int | None = None       # each token's logprob and this many alternatives (0-20); None: none
     presence_penalty: float = 0.0     # logit -= presence_penalty x (count in the output > 0)
@@ -42,6 +44,8 @@ class SamplingParams:
     resumed_tokens: int = 0           # the prompt's last that many tokens are output already (failover)
     n: int = 1                        # output sequences for the prompt; sequence i samples with seed + i
     prompt_logprobs: int | None = None  # each prompt token's logprob and this many alternatives; None: none
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be sampled; (): any
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences the output never completes (vLLM's bad_words)
 
     def __post_init__(self):
         # NOTE: lists from JSON are accepted and frozen into tuples, so params stay hashable.
@@ -49,6 +53,10 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
+        object.__setattr__(self, "bad_words", tuple(tuple(int(t) for t in w) for w in self.bad_words))
+        if any(not w for w in self.bad_words):
+            raise ValueError("bad_words must be non-empty token sequences")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -86,9 +94,10 @@ class SamplingParams:
 
     @property
     def needs_history(self) -> bool:
-        """Whether sampling reads the tokens so far (penalties, min_tokens) or adds a bias."""
+        """Whether sampling reads the tokens so far (penalties, min_tokens, bad_words) or changes the
+        logits by itself (logit_bias, allowed_token_ids): the rows engine/sampler.py apply_controls takes."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens)
+                    or self.logit_bias or self.min_tokens or self.allowed_token_ids or self.bad_words)
 
     @property
     def greedy(self) -> bool:

@@ -30,6 +30,7 @@ class Tokenizer:
         self.eos_token = eos_token
         self.eos_token_ids = eos_token_ids
         self._template: ChatTemplate | None = None
+        self._added: dict[int, str] | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | pathlib.Path) -> Tokenizer:
@@ -63,6 +64,13 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def added_token_texts(self) -> dict[int, str]:
+        """Each added token's text by id (special or not): what vLLM's spaces_between_special_tokens=False
+        writes for one that follows another (engine/stop.py)."""
+        if self._added is None:
+            self._added = {i: t.content for i, t in self._tk.get_added_tokens_decoder().items()}
+        return self._added
 
     def vocab(self) -> dict[str, int]:
         """Every token as the tokenizer stores it (byte-level tokens encoded as such), added ones too."""

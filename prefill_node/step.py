@@ -114,5 +114,5 @@ def record_prompt_logprobs(task: PrefillTask, start: int, end: int, logits: torc
     params = task.job.params
     ask = replace(params, logprobs=params.prompt_logprobs)
     ids = list(task.job.token_ids[start + 1:stop + 1])
-    for pos, lp in enumerate(Sampler.logprobs(logits[:stop - start], ids, [ask] * len(ids)), start + 1):
+    for pos, lp in enumerate(Sampler.logprobs(logits[:stop - start], ids, [ask] * len(ids), ranks=True), start + 1):
         task.compute.prompt_logprobs[pos] = lp

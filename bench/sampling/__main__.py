@@ -7,12 +7,15 @@ sub-command, each with its own flags (--help).
                                                                request of n against n of one (parallel.py)
     python -m bench.sampling penalty-overhead [--json] [...]   penalties per decode step: counts kept per request
                                                                against rebuilt from each history (penalty_overhead.py)
+    python -m bench.sampling token-masks [--json] [...]        allowed_token_ids, bad_words, min_tokens and the
+                                                               no-token check: their cost per step (token_masks.py)
 """
 
 import importlib
 import sys
 
-STUDIES = {"grammar-overhead": "grammar_overhead", "parallel": "parallel", "penalty-overhead": "penalty_overhead"}
+STUDIES = {"grammar-overhead": "grammar_overhead", "parallel": "parallel", "penalty-overhead": "penalty_overhead",
+           "token-masks": "token_masks"}
 
 
 def main(argv: list[str]) -> int:

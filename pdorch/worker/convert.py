@@ -41,6 +41,11 @@ def _sampling(msg: pb.SamplingParams, default: SamplingParams) -> SamplingParams
         logit_bias=tuple(sorted(msg.logit_bias.items())), min_tokens=int(msg.min_tokens),
         resumed_tokens=int(msg.resumed_tokens), n=max(int(msg.n), 1),
         prompt_logprobs=int(msg.prompt_logprobs) if msg.HasField("prompt_logprobs") else None,
+        include_stop_str_in_output=bool(msg.include_stop_str_in_output),
+        skip_special_tokens=msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True,
+        spaces_between_special_tokens=msg.spaces_between_special_tokens
+        if msg.HasField("spaces_between_special_tokens") else True,
+        allowed_token_ids=tuple(msg.allowed_token_ids), bad_words=tuple(tuple(w.ids) for w in msg.bad_words),
     )
 
 
@@ -51,8 +56,13 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
         ignore_eos=params.ignore_eos, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens, resumed_tokens=params.resumed_tokens,
-        n=params.n,
+        n=params.n, include_stop_str_in_output=params.include_stop_str_in_output,
+        allowed_token_ids=list(params.allowed_token_ids), bad_words=[pb.TokenIds(ids=w) for w in params.bad_words],
     )
+    if not params.skip_special_tokens:
+        msg.skip_special_tokens = False
+    if not params.spaces_between_special_tokens:
+        msg.spaces_between_special_tokens = False
     if params.seed is not None:
         msg.seed = params.seed
     if params.grammar is not None:
@@ -66,11 +76,13 @@ def sampling_to_proto(params: SamplingParams) -> pb.SamplingParams:
 
 
 def logprob_to_proto(lp: TokenLogprob) -> pb.TokenLogprob:
-    return pb.TokenLogprob(logprob=lp.logprob, top_ids=[i for i, _ in lp.top], top_logprobs=[v for _, v in lp.top])
+    return pb.TokenLogprob(logprob=lp.logprob, top_ids=[i for i, _ in lp.top], top_logprobs=[v for _, v in lp.top],
+                           rank=lp.rank)
 
 
 def logprob_from_proto(msg: pb.TokenLogprob) -> TokenLogprob:
-    return TokenLogprob(msg.logprob, tuple(zip(msg.top_ids, msg.top_logprobs)))
+    return TokenLogprob(msg.logprob, tuple(zip(msg.top_ids, msg.top_logprobs)),
+                        msg.rank if msg.HasField("rank") else None)
 
 
 def cached_to_proto(cached: CachedTokens) -> pb.CachedTokens:

@@ -60,7 +60,11 @@ class Resumption:
         self.request_id = f"{job.request_id}-r{attempt}"  # a fresh id: the dead D's P may still know the old one
         self.page_hashes = page_hashes(self.token_ids, page_size) if job.page_hashes else []
         params = SamplingParams(max_tokens=s.max_tokens, stop=tuple(s.stop), stop_token_ids=tuple(s.stop_token_ids),
-                                ignore_eos=s.ignore_eos, min_tokens=s.min_tokens)
+                                ignore_eos=s.ignore_eos, min_tokens=s.min_tokens,
+                                include_stop_str_in_output=s.include_stop_str_in_output,
+                                skip_special_tokens=not s.HasField("skip_special_tokens") or s.skip_special_tokens,
+                                spaces_between_special_tokens=not s.HasField("spaces_between_special_tokens")
+                                or s.spaces_between_special_tokens)
         self.checker = StopChecker(tokenizer, params, eos_token_ids=tokenizer.eos_token_ids)
         for t in streamed_ids:
             if self.checker.append(t).finish_reason:

@@ -171,6 +171,10 @@ class RouterService:
             param = "sampling_params.logit_bias" if prompt_param == "input_ids" else "logit_bias"
             raise bad_request(f"logit_bias: token id {biased[0]} is not in the model's vocabulary [0, {vocab})",
                               param=param)
+        outside = [t for t in sampling.allowed_token_ids if t >= vocab]
+        if outside:
+            raise bad_request(f"allowed_token_ids: token id {outside[0]} is not in the model's vocabulary "
+                              f"[0, {vocab})", param="allowed_token_ids")
         limit = self.context_limit()
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "

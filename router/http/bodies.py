@@ -25,12 +25,14 @@ class StreamOptions(BaseModel):
     model_config = _CFG
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM: with include_usage, usage so far on every chunk too
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream events: refused when true
 
 
 class TextPart(BaseModel):
     model_config = _CFG
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: dict | None = None  # OpenAI's caching hint: every full page is cached here anyway
 
 
 class FunctionCall(BaseModel):
@@ -53,6 +55,10 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    # refused when set (body_sampling.MESSAGE_REFUSED): an earlier answer's audio, refusal, function_call
+    audio: Any = None
+    refusal: Any = None
+    function_call: Any = None
 
     def text(self) -> str:
         if self.content is None:
@@ -163,6 +169,36 @@ class _OpenAISampling(BaseModel):
     prompt_cache_options: Any = None
     suffix: Any = None
     lora_path: Any = None
+    # vLLM's extras: honoured (docs/api.md)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    request_id: str | None = None  # the request's id (as /generate's rid)
+    session_id: str | None = None  # a session key, as prompt_cache_key
+    # vLLM's extras that are not served: refused when set to anything but their default (REFUSED)
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    watermarking: Any = None
+    truncate_prompt_tokens: Any = None
+    truncation_side: Any = None
+    logprob_token_ids: Any = None
+    add_special_tokens: Any = None
+    priority: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    return_token_offsets: Any = None
+    return_mm_kwargs: Any = None
+    routed_experts_prompt_start: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    vllm_xargs: Any = None
+    repetition_detection: Any = None
+    thinking_token_budget: Any = None
+    stream_interval: Any = None
     # accepted, with no effect on the output (docs/api.md)
     prompt_cache_key: str | None = None  # OpenAI's cache-routing hint: the router's session key
     safety_identifier: str | None = None
@@ -179,12 +215,20 @@ class ChatCompletionRequest(_OpenAISampling):
     # (router/http/chat_prompt.py)
     continue_final_message: bool = False
     chat_template: str | None = None
+    # vLLM's chat extras that are not served: refused when set (CHAT_REFUSED)
+    echo: Any = None
+    documents: Any = None
+    media_io_kwargs: Any = None
+    mm_processor_kwargs: Any = None
+    include_reasoning: Any = None
+    return_prompt_text: Any = None
 
 
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     logprobs: int | None = None  # completions use an int here
+    prompt_embeds: Any = None  # vLLM's: refused (COMPLETION_REFUSED)
 
 
 class SGLangSampling(BaseModel):
@@ -203,6 +247,9 @@ class SGLangSampling(BaseModel):
     regex: str | None = None
     ebnf: str | None = None
     n: int = 1
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False  # the stop string stays in the output (vLLM's include_stop_str_in_output)
     # not served yet: refused when set (SGLANG_REFUSED)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0

@@ -7,7 +7,15 @@ from pydantic import BaseModel
 
 from proto.pdorch.v1 import worker_pb2
 from router.errors import bad_request
-from router.http.bodies import INT32_MAX, INT64_MAX, INT64_MIN, SGLangSampling, _OpenAISampling
+from router.http.bodies import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    ChatCompletionRequest,
+    SGLangSampling,
+    _OpenAISampling,
+)
+from router.http.logprobs import MAX_TOP_LOGPROBS
 
 
 def _stops(stop: str | list[str] | None, param: str = "stop") -> list[str]:
@@ -67,6 +75,51 @@ REFUSED: dict[str, tuple[tuple, str]] = {
     "prompt_cache_retention": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
     "prompt_cache_options": ((None,), "the KV cache's retention is the operator's (docs/workers.md)"),
     "lora_path": ((None,), "LoRA adapters are not served"),
+    # vLLM's extras (the fields of its protocol; tests/unit/test_router_fields.py lists them)
+    "use_beam_search": ((None, False), "beam search is not served: use n"),
+    "length_penalty": ((None, 1.0, 1), "a length penalty is beam search's, which is not served"),
+    "watermarking": ((None, False), "watermarking is not served"),
+    "truncate_prompt_tokens": ((None,), "prompts are not truncated here: send the tokens to keep"),
+    "truncation_side": ((None,), "prompts are not truncated here: send the tokens to keep"),
+    "logprob_token_ids": ((None,), "logprobs of chosen token ids are not served: use logprobs / top_logprobs"),
+    "priority": ((None, 0), "request priorities are not served"),
+    "return_tokens_as_token_ids": ((None, False), "logprob tokens are returned as text"),
+    "return_token_ids": ((None, False), "token ids are not returned here: /generate returns output_ids"),
+    "return_token_offsets": ((None, False), "token offsets are not served"),
+    "return_mm_kwargs": ((None, True), "this server serves text only"),
+    "routed_experts_prompt_start": ((None, 0), "expert routing data is not served"),
+    "cache_salt": ((None,), "the KV cache is not salted per request"),
+    "kv_transfer_params": ((None,), "KV transfer is this server's own (docs/design.md)"),
+    "ec_transfer_params": ((None,), "encoder-cache transfer is not served"),
+    "vllm_xargs": ((None,), "vLLM's custom extension arguments are not served"),
+    "repetition_detection": ((None,), "repetition detection is not served: use the penalties"),
+    "thinking_token_budget": ((None, -1), "a thinking budget is not served"),
+    "stream_interval": ((None,), "each chunk carries what the decode worker sent since the last"),
+}
+
+# Per route: fields one route serves and the other does not know, or serves with another default.
+CHAT_REFUSED: dict[str, tuple[tuple, str]] = {
+    **REFUSED,
+    "echo": ((None, False), "vLLM's chat echo (the last message leads the answer) is not served"),
+    "add_special_tokens": ((None, False), "a chat prompt's special tokens are the chat template's"),
+    "documents": ((None,), "documents for the chat template are not served"),
+    "media_io_kwargs": ((None, {}), "this server serves text only"),
+    "mm_processor_kwargs": ((None, {}), "this server serves text only"),
+    "include_reasoning": ((None, True), "the reasoning always comes back in reasoning_content"),
+    "return_prompt_text": ((None, False), "the prompt's text is not returned: use /tokenize"),
+}
+COMPLETION_REFUSED: dict[str, tuple[tuple, str]] = {
+    **REFUSED,
+    "top_logprobs": ((None,), "completions take logprobs: <int>, the number of alternatives (0-20)"),
+    "add_special_tokens": ((None, True), "a prompt is encoded with the model's special tokens: send token ids"),
+    "prompt_embeds": ((None,), "prompt embeddings are not served: send text or token ids"),
+}
+
+# A chat message's fields that are not served (what an earlier OpenAI answer may carry).
+MESSAGE_REFUSED: dict[str, tuple[tuple, str]] = {
+    "audio": ((None,), "this server serves text only"),
+    "refusal": ((None,), "an earlier refusal is not served: put its text in content"),
+    "function_call": ((None,), "the deprecated function_call is not served: use tool_calls"),
 }
 
 
@@ -91,7 +144,14 @@ def refuse_unserved(req: BaseModel, refused: dict[str, tuple[tuple, str]] = REFU
 
 def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParams, int | None]:
     """(params without max_tokens, requested max_tokens or None)."""
-    refuse_unserved(req)
+    chat = isinstance(req, ChatCompletionRequest)
+    refuse_unserved(req, CHAT_REFUSED if chat else COMPLETION_REFUSED)
+    if chat:
+        for i, message in enumerate(req.messages):
+            refuse_unserved(message, MESSAGE_REFUSED, f"messages.{i}.")
+    if req.stream_options is not None and req.stream_options.include_obfuscation:
+        raise bad_request("stream_options.include_obfuscation=true is not supported: stream events are not padded",
+                          param="stream_options.include_obfuscation")
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     top_k = -1 if req.top_k is None else req.top_k
@@ -108,8 +168,59 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
         sp.seed = req.seed
     _controls(sp, req.presence_penalty, req.frequency_penalty, req.repetition_penalty, req.logit_bias,
               req.min_tokens, max_tokens)
+    _output(sp, req.skip_special_tokens, req.spaces_between_special_tokens, req.include_stop_str_in_output)
+    sp.allowed_token_ids.extend(_allowed(req.allowed_token_ids))
+    if req.prompt_logprobs is not None:
+        check_prompt_logprobs(req.prompt_logprobs, req.stream)
+        sp.prompt_logprobs = req.prompt_logprobs
     sp.n = _n(1 if req.n is None else req.n, "n")  # the handler checks it against router.max_n (check_n)
     return sp, max_tokens
+
+
+def _output(sp: worker_pb2.SamplingParams, skip_special: bool, spaces_between: bool, include_stop: bool) -> None:
+    """How the decode worker writes the output text (engine/stop.py); the proto leaves the defaults unset."""
+    if not skip_special:
+        sp.skip_special_tokens = False
+    if not spaces_between:
+        sp.spaces_between_special_tokens = False
+    sp.include_stop_str_in_output = include_stop
+
+
+def _allowed(ids: list[int] | None) -> list[int]:
+    """allowed_token_ids in range; the vocabulary is checked with the prompt's ids (RouterService.make_job)."""
+    if ids is None:
+        return []
+    if not ids or any(not 0 <= t <= INT32_MAX for t in ids):
+        raise bad_request("allowed_token_ids must be a non-empty array of token ids", param="allowed_token_ids")
+    return ids
+
+
+def check_prompt_logprobs(k: int, stream: bool) -> None:
+    """vLLM's bounds: 0 to 20 alternatives, not streamed (they come with the whole answer)."""
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {k}", param="prompt_logprobs")
+    if stream:
+        raise bad_request("prompt_logprobs are not available when stream=true", param="prompt_logprobs")
+
+
+MAX_BAD_WORDS = 256
+
+
+def bad_words_ids(words: list[str] | None, tokenizer) -> list[list[int]]:
+    """vLLM's bad_words as token sequences: each word as it is (leading blanks dropped) and, where the
+    encoding with a leading space is another word of the same length, that one too."""
+    out: list[list[int]] = []
+    if words and len(words) > MAX_BAD_WORDS:  # each is matched against every row's output every step
+        raise bad_request(f"bad_words: at most {MAX_BAD_WORDS} words, got {len(words)}", param="bad_words")
+    for word in words or ():
+        if not word.strip():
+            raise bad_request("bad_words must be non-empty words", param="bad_words")
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(plain)
+        if spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return out
 
 
 def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: float | None,
@@ -162,6 +273,7 @@ def sampling_from_sglang(s: SGLangSampling) -> tuple[worker_pb2.SamplingParams, 
         sp.seed = seed
     _controls(sp, s.presence_penalty, s.frequency_penalty, s.repetition_penalty, s.logit_bias, s.min_new_tokens,
               s.max_new_tokens, "sampling_params.", "min_new_tokens")
+    _output(sp, s.skip_special_tokens, s.spaces_between_special_tokens, s.no_stop_trim)
     sp.n = _n(s.n, "sampling_params.n")
     return sp, s.max_new_tokens
 
@@ -170,6 +282,13 @@ def _n(n: int, param: str) -> int:
     if not 1 <= n <= INT32_MAX:
         raise bad_request(f"{param} must be >= 1, got {n}", param=param)
     return n
+
+
+def check_request_id(request_id: str | None) -> str | None:
+    """vLLM's request_id: the request's id (as /generate's rid), printable and at most 128 characters."""
+    if request_id is not None and not (0 < len(request_id) <= 128 and request_id.isprintable()):
+        raise bad_request("request_id must be 1 to 128 printable characters", param="request_id")
+    return request_id
 
 
 def check_n(n: int, max_n: int, param: str = "n") -> None:

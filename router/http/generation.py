@@ -14,17 +14,25 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
+from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import StreamFailed
 from router.dispatch.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
 from router.errors import APIError, stream_error_event, upstream_error
 from router.http import formats
 from router.http.auth import Auth
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest, parse
-from router.http.body_sampling import check_n, sampling_from_openai, sampling_from_sglang, with_defaults
+from router.http.body_sampling import (
+    bad_words_ids,
+    check_n,
+    check_request_id,
+    sampling_from_openai,
+    sampling_from_sglang,
+    with_defaults,
+)
 from router.http.chat_output import ChatShape
 from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
-from router.http.logprobs import Logprobs, check_top, openai_logprobs
+from router.http.logprobs import Logprobs, check_top, openai_logprobs, with_prompt_logprobs
 from router.http.structured import grammar_of
 from router.http.tools import tool_plan
 
@@ -125,30 +133,36 @@ class GenerationHandlers:
         lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
 
         def logprobs_of(p):  # one choice's
-            return None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None)
+            return None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None, top)
 
         def shape_of():  # one choice's
             return ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
+
+        def answer(body: dict) -> dict:  # vLLM's prompt_logprobs (never streamed: check_prompt_logprobs)
+            if req.prompt_logprobs is None:
+                return body
+            return with_prompt_logprobs(body, chat, svc.tokenizer, ids, progress.prompt_logprobs, req.prompt_logprobs)
+
         if sampling.n > 1:  # router/http/choices.py
             many = OpenAIChoices(run, chat, [shape_of() for _ in run.choices], [logprobs_of(p) for p in run.choices],
                                  oid, created, model, lead)
             if not req.stream:
-                return await _collect(run, many.final)
+                return await _collect(run, lambda: answer(many.final()))
             return SSEResponse(many.events(include_usage, continuous), run.aclose)
         lp, shape = logprobs_of(progress), shape_of()
         plain = shape is None or shape.plain
         if not req.stream:
             def final():
                 if not chat:
-                    return formats.completion_final(progress, oid, created, model,
-                                                    lp and lp.completion(progress.output_ids, progress.logprobs, 0),
-                                                    lead)
-                return formats.chat_final(progress, oid, created, model,
-                                          *shape.message(progress.text, progress.finish_reason),
-                                          logprobs=lp and lp.chat(progress.output_ids, progress.logprobs))
+                    return answer(formats.completion_final(
+                        progress, oid, created, model, lp and lp.completion(progress.output_ids, progress.logprobs, 0),
+                        lead))
+                return answer(formats.chat_final(progress, oid, created, model,
+                                                 *shape.message(progress.text, progress.finish_reason),
+                                                 logprobs=lp and lp.chat(progress.output_ids, progress.logprobs)))
             return await _collect(run, final)
         if plain:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
@@ -185,14 +199,16 @@ class GenerationHandlers:
             sampling.logprobs = top
         echo = not chat and bool(req.echo)
         if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
-            sampling.prompt_logprobs = top
+            sampling.prompt_logprobs = max(top, req.prompt_logprobs or 0)
+        sampling.bad_words.extend(worker_pb2.TokenIds(ids=w) for w in bad_words_ids(req.bad_words, svc.tokenizer))
         if chat:
             ids = chat_prompt_ids(svc, req, template_kwargs(req, plan))
         else:
             ids = completion_prompt(req.prompt, svc)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = svc.make_job(ids, sampling, max_tokens, None, request, max_tokens_param=param, arrived=arrived,
-                           grammar_param=grammar[1] if grammar else "", session=req.prompt_cache_key)
+        job = svc.make_job(ids, sampling, max_tokens, None, request, check_request_id(req.request_id),
+                           max_tokens_param=param, arrived=arrived, grammar_param=grammar[1] if grammar else "",
+                           session=req.prompt_cache_key or req.session_id)
         return sampling, plan, top, echo, ids, job
 
     async def generate(self, request: Request, body: bytes):

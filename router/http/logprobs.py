@@ -35,13 +35,15 @@ def openai_logprobs(req, chat: bool) -> int | None:
 class Logprobs:
     """One request's logprobs: formats the ones not sent yet (`take_*`) or all of them (`*_all`)."""
 
-    def __init__(self, tokenizer, progress, echo: tuple[list[int], str] | None = None):
+    def __init__(self, tokenizer, progress, echo: tuple[list[int], str] | None = None, top: int = MAX_TOP_LOGPROBS):
         """`echo`: (prompt ids, prompt text) of a completions request with echo: its tokens lead the
-        first completion() (their logprobs from P, `progress.prompt_logprobs`; the first has none)."""
+        first completion() (their logprobs from P, `progress.prompt_logprobs`; the first has none),
+        with `top` alternatives each (P may have computed more, for prompt_logprobs)."""
         self._text = _token_text_fn(tokenizer)
         self.p = progress
         self.sent = 0
         self.echo = echo
+        self.top = top
 
     def _new(self) -> tuple[list[int], list]:
         p, start = self.p, self.sent
@@ -61,12 +63,12 @@ class Logprobs:
         """`offset`: where the first of `ids` starts in the output text."""
         echo, self.echo = self.echo, None
         if echo is not None:  # once: the prompt's tokens first, the output after the echoed text
-            prompt = self._completion(echo[0], [None, *self.p.prompt_logprobs], 0)
+            prompt = self._completion(echo[0], [None, *self.p.prompt_logprobs], 0, self.top)
             output = self._completion(ids, lps, offset + len(echo[1]))
             return {key: prompt[key] + output[key] for key in output}
         return self._completion(ids, lps, offset)
 
-    def _completion(self, ids: list[int], lps: list, offset: int) -> dict:
+    def _completion(self, ids: list[int], lps: list, offset: int, top: int = MAX_TOP_LOGPROBS) -> dict:
         texts = [self._text(t) for t in ids]
         offsets = []
         for text in texts:
@@ -74,7 +76,7 @@ class Logprobs:
             offset += len(text)
         lps = list(lps) + [None] * (len(ids) - len(lps))  # NOTE: a prompt token without one: null, as vLLM
         return {"tokens": texts, "token_logprobs": [lp and lp.logprob for lp in lps],
-                "top_logprobs": [lp and {self._text(i): v for i, v in zip(lp.top_ids, lp.top_logprobs)}
+                "top_logprobs": [lp and {self._text(i): v for i, v in zip(lp.top_ids[:top], lp.top_logprobs[:top])}
                                  for lp in lps],
                 "text_offset": offsets}
 
@@ -101,6 +103,23 @@ class Logprobs:
     @staticmethod
     def _sglang_top(lp, name) -> list:
         return [[v, i, name(i)] for i, v in zip(lp.top_ids, lp.top_logprobs)]
+
+
+def with_prompt_logprobs(body: dict, chat: bool, tokenizer, prompt_ids: list[int], lps: list, top: int) -> dict:
+    """`body` with vLLM's prompt_logprobs: per prompt position, {token id: {logprob, rank, decoded_token}}
+    of the prompt's token, then of the `top` most likely (ranks 1 .. top); position 0 null. A chat answer
+    has them at the top level, each completion choice its own (vLLM's places)."""
+    text = _token_text_fn(tokenizer)
+    out: list[dict | None] = [None]
+    for t, lp in zip(prompt_ids[1:], lps):
+        entry = {str(t): {"logprob": lp.logprob, "rank": lp.rank if lp.HasField("rank") else None,
+                          "decoded_token": text(t)}}
+        for rank, (i, v) in enumerate(zip(lp.top_ids[:top], lp.top_logprobs[:top]), 1):
+            entry[str(i)] = {"logprob": v, "rank": rank, "decoded_token": text(i)}
+        out.append(entry)
+    if chat:
+        return {**body, "prompt_logprobs": out}
+    return {**body, "choices": [{**c, "prompt_logprobs": out} for c in body["choices"]]}
 
 
 @functools.lru_cache(maxsize=8)

@@ -4,6 +4,7 @@ import pytest
 
 from decode_node.convert import event_to_proto, job_from_proto
 from decode_node.request import DecodeEvent
+from engine.sampler import TokenLogprob
 from engine.sampling_params import SamplingParams
 from pdorch.worker import convert
 from pdorch.worker.errors import InvalidRequest
@@ -19,6 +20,19 @@ def test_job_round_trip():
                      dest_page_addrs=(4096, 8192), timeout_s=3.5, page_size=16, model_fingerprint="fp",
                      page_hashes=("ab" * 32,))
     assert convert.job_from_proto(convert.job_to_proto(job)) == job
+
+
+def test_the_output_fields_and_token_masks_round_trip():
+    params = SamplingParams(include_stop_str_in_output=True, skip_special_tokens=False,
+                            spaces_between_special_tokens=False, allowed_token_ids=(3, 9),
+                            bad_words=((4,), (5, 6, 7)), max_tokens=7)
+    assert convert.sampling_from_proto(convert.sampling_to_proto(params)) == params
+    unset = convert.sampling_from_proto(pb.SamplingParams())
+    assert unset.skip_special_tokens and unset.spaces_between_special_tokens and not unset.include_stop_str_in_output
+    assert unset.allowed_token_ids == () and unset.bad_words == ()
+    lp = TokenLogprob(-0.5, ((3, -0.25),), rank=2)
+    assert convert.logprob_from_proto(convert.logprob_to_proto(lp)) == lp
+    assert convert.logprob_from_proto(convert.logprob_to_proto(TokenLogprob(-0.5))).rank is None
 
 
 def test_result_round_trip():

@@ -185,3 +185,10 @@ def test_a_seeded_row_given_no_generator_still_samples_within_its_support():
     for _ in range(30):
         a, b, c = s.sample(logits, ps, [None, None, s.make_generator(ps[2])])
         assert a in (0, 1) and b == 0 and c in (0, 1)
+
+
+def test_logprob_ranks_count_the_more_likely_tokens():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 1.0, 1.0, 0.0]])
+    lps = Sampler.logprobs(logits, [2, 0], [SamplingParams(logprobs=1)] * 2, ranks=True)
+    assert [lp.rank for lp in lps] == [3, 1] and lps[0].top[0][0] == 1
+    assert Sampler.logprobs(logits, [2, 0], [SamplingParams(logprobs=1)] * 2)[0].rank is None

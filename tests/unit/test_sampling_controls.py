@@ -85,10 +85,14 @@ class _Tok:
         return "".join("x" if i != 9 else "" for i in ids)
 
 
-def test_the_stop_checker_ignores_eos_stop_ids_and_stop_strings_before_min_tokens():
+def test_the_stop_checker_ignores_stop_strings_before_min_tokens_but_not_a_stop_token():
+    """The sampler masks EOS and stop ids before min_tokens; one it drew anyway was the only token left
+    (a grammar that may only end: engine/token_masks.py), and it ends the output."""
     c = StopChecker(_Tok(), SamplingParams(min_tokens=3, stop=("xx",), max_tokens=10), eos_token_ids=(9,))
-    assert c.append(9).finish_reason is None and c.append(1).finish_reason is None  # eos, "xx" before 3 tokens
-    assert c.append(9).finish_reason == "stop"  # the third token: eos ends it
+    assert c.append(1).finish_reason is None and c.append(1).finish_reason is None  # "xx" before 3 tokens
+    assert c.append(9).finish_reason == "stop"
+    e = StopChecker(_Tok(), SamplingParams(min_tokens=3, max_tokens=10, stop_token_ids=(4,)), eos_token_ids=(9,))
+    assert e.append(4).finish_reason == "stop" and e.matched_stop == 4
     s = StopChecker(_Tok(), SamplingParams(min_tokens=2, stop=("xx",), max_tokens=10), eos_token_ids=(9,))
     assert s.append(1).finish_reason is None and s.append(1).finish_reason == "stop"
 
