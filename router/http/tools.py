@@ -85,14 +85,46 @@ def tool_plan(req) -> ToolPlan | None:
     return ToolPlan("named", template_tools, _grammar(fn.parameters or _NO_ARGUMENTS), forced_name=name)
 
 
+_DEFS_KEYS = ("$defs", "definitions")  # where JSON schemas keep the definitions "#/$defs/X" points at
+
+
 def _required_schema(tools, exactly_one: bool) -> dict:
+    """Every tool's call in one array schema; the tools' definitions hoisted to its root (below)."""
+    params, defs = hoisted_definitions([(t.function.name, t.function.parameters or _NO_ARGUMENTS) for t in tools])
     call = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                              "parameters": t.function.parameters or _NO_ARGUMENTS},
-             "required": ["name", "parameters"]} for t in tools]
+                                              "parameters": p},
+             "required": ["name", "parameters"]} for t, p in zip(tools, params)]
     schema = {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}}
     if exactly_one:
         schema["maxItems"] = 1
-    return schema
+    return {**schema, **defs}
+
+
+def hoisted_definitions(schemas: list[tuple[str, dict]]) -> tuple[list[dict], dict]:
+    """(each tool's schema without its definitions, the definitions for the combined schema's root).
+
+    A tool's `$ref: "#/$defs/Address"` points at its own root; copied into a combined schema it must
+    find `$defs` at the combined root, so the definitions move there (vLLM's get_tool_schema_defs;
+    pydantic puts every nested model in `$defs`). One name defined differently by two tools cannot
+    be hoisted: 400 naming both."""
+    out, defs, owner = [], {}, {}
+    for name, schema in schemas:
+        if not isinstance(schema, dict):
+            raise bad_request(f"tools: {name}'s parameters must be a JSON schema (an object)", param="tools")
+        schema = dict(schema)
+        for key in _DEFS_KEYS:
+            mine = schema.pop(key, None) or {}
+            if not isinstance(mine, dict):
+                raise bad_request(f"tools: {name}'s parameters.{key} must be an object", param="tools")
+            for def_name, body in mine.items():
+                seen = defs.setdefault(key, {})
+                if def_name in seen and seen[def_name] != body:
+                    raise bad_request(f"tools: {owner[key, def_name]!r} and {name!r} define {key}/{def_name} "
+                                      "differently; one request's forced-call grammar holds one definition per name",
+                                      param="tools")
+                seen[def_name], owner[key, def_name] = body, owner.get((key, def_name), name)
+        out.append(schema)
+    return out, defs
 
 
 def _grammar(schema: dict) -> worker_pb2.Grammar:

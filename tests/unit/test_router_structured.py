@@ -97,6 +97,42 @@ def test_required_tool_choice_is_an_array_of_calls_of_the_listed_tools():
     assert json.loads(one.grammar.spec)["maxItems"] == 1
 
 
+# pydantic's JSON schemas of nested models, as model_json_schema() writes them: each nested model in
+# $defs, referenced from the root ("#/$defs/...")
+ADDRESS = {"properties": {"city": {"title": "City", "type": "string"},
+                          "zip": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Zip"}},
+           "required": ["city"], "title": "Address", "type": "object"}
+PERSON = {"$defs": {"Address": ADDRESS},
+          "properties": {"name": {"title": "Name", "type": "string"}, "home": {"$ref": "#/$defs/Address"},
+                         "past": {"items": {"$ref": "#/$defs/Address"}, "title": "Past", "type": "array"}},
+          "required": ["name", "home", "past"], "title": "Person", "type": "object"}
+ORDER = {"$defs": {"Address": ADDRESS, "Item": {"properties": {"sku": {"title": "Sku", "type": "string"}},
+                                                "required": ["sku"], "title": "Item", "type": "object"}},
+         "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "title": "Items", "type": "array"},
+                        "ship_to": {"$ref": "#/$defs/Address"}},
+         "required": ["items", "ship_to"], "title": "Order", "type": "object"}
+
+
+def fn(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def test_required_hoists_every_tools_definitions_to_the_root_of_the_combined_schema():
+    plan = tool_plan(chat(tools=[fn("save_person", PERSON), fn("place_order", ORDER)], tool_choice="required"))
+    schema = json.loads(plan.grammar.spec)
+    assert schema["$defs"] == {"Address": ADDRESS, "Item": ORDER["$defs"]["Item"]}
+    for call in schema["items"]["anyOf"]:
+        assert "$defs" not in call["properties"]["parameters"]
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["home"] == {"$ref": "#/$defs/Address"}
+    assert PERSON["$defs"] == {"Address": ADDRESS}  # the request's own schema is not changed
+
+
+def test_two_tools_defining_one_name_differently_is_a_400_naming_both():
+    other = {**ORDER, "$defs": {**ORDER["$defs"], "Address": {"type": "object", "properties": {"street": {}}}}}
+    err = refused(tool_plan, chat(tools=[fn("save_person", PERSON), fn("place_order", other)], tool_choice="required"))
+    assert err.param == "tools" and "'save_person' and 'place_order'" in err.message and "$defs/Address" in err.message
+
+
 @pytest.mark.parametrize("fields, param, words", [
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "wether"}}},
