@@ -301,14 +301,16 @@ def template_kwargs(req, plan) -> dict:
 
 def constraint(req, plan, start: str = NO_THINKING):
     """(Grammar, the field it came from) of a request: a structured output, tool calls (forced, or
-    strict tools), or a structured output or calls ("auto"); after the thinking of a reasoning
-    model (`start`: router/http/reasoning.py start_of)."""
+    strict tools), or response_format's answer or calls ("auto"); after the thinking of a reasoning
+    model (`start`: router/http/reasoning.py start_of). Another structured output (regex, grammar,
+    ...) with "auto" tools constrains the whole output, as on vLLM."""
     grammar = grammar_of(req)
-    if plan is not None and plan.forced and grammar is not None:
-        raise APIError(400, f"tool_choice {plan.mode!r} and {grammar[1]} both constrain the output; give one",
-                       param=grammar[1])
-    if plan is not None and plan.mode == "auto" and grammar is not None:
-        grammar = answer_or_calls(grammar[0], plan.parser, list(plan.call_tags), plan.one_call), grammar[1]
+    if plan is not None and grammar is not None:
+        if plan.mode == "auto" and grammar[1].startswith("response_format"):
+            grammar = answer_or_calls(grammar[0], plan.parser, list(plan.call_tags), plan.one_call), grammar[1]
+        elif plan.grammar is not None:
+            what = f"tool_choice {plan.mode!r}" if plan.forced else "tools with strict: true"
+            raise APIError(400, f"{what} and {grammar[1]} both constrain the output; give one", param=grammar[1])
     elif plan is not None and plan.grammar is not None:
         grammar = plan.grammar, "tool_choice" if plan.forced else "tools"
     if grammar is None:

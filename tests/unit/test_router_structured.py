@@ -290,3 +290,28 @@ def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path
         (0.0, 0.95, 20, 1.05)  # the request's own temperature 0 stays; its null top_p takes the model's
     sg, _ = sampling_from_sglang(with_defaults(SGLangSampling.model_validate({"top_k": 5}), defaults))
     assert (round(sg.temperature, 3), sg.top_k) == (0.6, 5)
+
+
+def test_one_grammar_per_request_from_tools_structured_outputs_and_thinking():
+    from router.http.generation import constraint
+    from router.http.reasoning import INSIDE
+
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+    req = chat(tools=[WEATHER], **rf)
+    grammar, param = constraint(req, tool_plan(req, "hermes"))
+    either = json.loads(grammar.spec)["format"]
+    assert param == "response_format.json_schema.schema" and either["type"] == "or"
+    assert either["elements"][0]["json_schema"] == SCHEMA and either["elements"][1]["type"] == "tags_with_separator"
+    req = chat(tools=[WEATHER], regex="a+")  # any other structured output: the whole output, as vLLM
+    assert (constraint(req, tool_plan(req, "hermes"))[0].kind, constraint(req, tool_plan(req, "hermes"))[1]) == \
+        ("regex", "regex")
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    req = chat(tools=[strict], regex="a+")
+    assert refused(constraint, req, tool_plan(req, "hermes")).param == "regex"
+    req = chat(tools=[WEATHER], tool_choice="required", **rf)
+    assert refused(constraint, req, tool_plan(req, "hermes")).param == "response_format.json_schema.schema"
+    req = chat(tools=[WEATHER], tool_choice="required")
+    grammar, param = constraint(req, tool_plan(req, "hermes"), INSIDE)
+    think, calls = json.loads(grammar.spec)["format"]["elements"]
+    assert param == "tool_choice" and think["begin"] == "" and think["end"][-1] == "</think>"
+    assert calls == json.loads(tool_plan(req, "hermes").grammar.spec)["format"]
