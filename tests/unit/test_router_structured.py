@@ -223,6 +223,9 @@ def test_tool_turns_reach_the_template_with_arguments_as_objects():
         {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])
     msgs = template_messages(req.messages)
     assert msgs[1]["tool_calls"][0]["function"] == {"name": "weather", "arguments": {"city": "Oslo"}}
+    assert "reasoning_content" not in msgs[1]
+    thought = chat(messages=[{"role": "assistant", "content": "", "reasoning_content": "Oslo: call weather."}])
+    assert template_messages(thought.messages)[0]["reasoning_content"] == "Oslo: call weather."  # Qwen3 replays it
     assert msgs[2] == {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"}
     bad = chat(messages=[{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])
