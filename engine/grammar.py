@@ -156,6 +156,8 @@ def _compile(compiler, spec: GrammarSpec):
             if not isinstance(schema, dict):
                 raise GrammarError(f"json_schema must be a JSON object, got {type(schema).__name__}")
             return compiler.compile_json_schema(spec.spec, strict_mode=True, any_whitespace=False)
+        if spec.kind == "structural_tag":  # tool calls in the model's format, thinking first (router/http/tool_grammar.py)
+            return compiler.compile_structural_tag(spec.spec)
         if spec.kind == "regex":
             return compiler.compile_regex(spec.spec)
         return compiler.compile_grammar(spec.spec)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf")
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "ebnf", "structural_tag")
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
@@ -13,7 +13,7 @@ class GrammarSpec:
     """A grammar the output must follow (engine/grammar.py)."""
 
     kind: str                         # one of GRAMMAR_KINDS
-    spec: str = ""                    # the JSON schema text, regex or EBNF; "" for json_object
+    spec: str = ""                    # the JSON schema text, regex, EBNF or structural tag; "" for json_object
 
     def __post_init__(self):
         if self.kind not in GRAMMAR_KINDS:

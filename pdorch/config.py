@@ -51,9 +51,10 @@ class ModelConfig:
     gpu_memory_utilization: float = _key(0.9, "With num_pages auto: the share of the GPU's memory this worker may "
                                          "take (weights, activations, CUDA graphs and the KV pool)", min=0.05,
                                          max=1.0)
-    tool_call_parser: str = _key("auto", "How the router reads tool calls in a model's free output (tool_choice "
-                                 "auto; docs/api.md): hermes (<tool_call> JSON: Qwen2.5, Qwen3), llama3_json, "
-                                 "mistral, none (returned as text); auto = from the model's family",
+    tool_call_parser: str = _key("auto", "The model's tool-call format: how the router reads calls in its output "
+                                 "and writes forced calls' grammars (docs/api.md): hermes (<tool_call> JSON: "
+                                 "Qwen2.5, Qwen3), llama3_json, mistral, none (tool_choice auto refused, forced "
+                                 "calls as bare JSON); auto = from the model's family",
                                  choices=["auto", "none", "hermes", "llama3_json", "mistral"])
     generation_config: str = _key("auto", "auto: requests that leave temperature, top_p, top_k, min_p or "
                                   "repetition_penalty unset get the model's generation_config.json values (as vLLM's "

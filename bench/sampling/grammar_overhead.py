@@ -1,18 +1,22 @@
 """Structured outputs and sampling controls: what they add to a decode step, same run, same model.
 
-  step      B = 32 decode rows of SmolLM2 (one forward + the sampler), steps of three kinds taken in
+  step      B = 32 decode rows of SmolLM2 (one forward + the sampler), steps of five kinds taken in
             turn so machine noise hits all alike: none constrained; 16 of the 32 rows under a JSON
             schema (engine/grammar.py: the batched mask, each matcher advancing, reset when its
-            output completes); 16 rows with presence + frequency + repetition penalties (the counts
-            rebuilt from each row's tokens, engine/sampler.py apply_controls). Median step times;
-            headline: constrained / none (target <= 1.1).
+            output completes); 16 rows under a forced tool call's structural tag (issue 51: the call
+            in SmolLM2's family format, Llama 3.1's JSON, its arguments under the same schemas;
+            router/http/tool_grammar.py); 16 rows inside a reasoning model's thinking, before that
+            call's grammar (free text up to </think>, its mask still filled every step); 16 rows with
+            presence + frequency + repetition penalties (the counts rebuilt from each row's tokens,
+            engine/sampler.py apply_controls). Median step times, and the mask fill alone
+            (mask_rows); headline: constrained / none (target <= 1.1 for every grammar).
   compile   B = 8 unconstrained rows stepping on the main thread (the scheduler) while another
             thread (a worker's RPC thread) makes 8 grammars of new schemas (600 properties each), each compiled on the
             compile thread, as a worker does; step time p99 with the compiles / without (target
             <= 1.2). The control: the same steps while another process keeps one core busy (no GIL
             shared, no grammar): what any CPU work beside the step costs on this machine.
 
-    python -m bench.sampling grammar-overhead [--json] [--steps 40] [--threads 2]
+    python -m bench.sampling grammar-overhead [--json] [--steps 40] [--threads 2] [--step-only]
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ import time
 
 import torch
 
-from engine.grammar import Grammars
+from engine.grammar import Grammars, mask_rows
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
 from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
 from engine.sampler import Sampler, TokenHistory
 from engine.sampling_params import GrammarSpec, SamplingParams
+from router.http.reasoning import INSIDE
+from router.http.tool_grammar import after_thinking, call_tag, calls_format, structural_tag
 
 PAGE = 16
 PROMPT = 96
@@ -87,36 +93,53 @@ def step_study(runner, vocab: int, grammars: Grammars, steps: int) -> dict:
     batch = Batch(runner, 32, vocab)
     sampler = Sampler()
     specs = [GrammarSpec("json_schema", schema(s)) for s in range(4)]
+    tags = [structural_tag(calls_format("llama3_json", [call_tag("llama3_json", f"tool_{s}", json.loads(schema(s)))],
+                                        one=True)) for s in range(4)]
+    specs_tag = [GrammarSpec(t.kind, t.spec) for t in tags]
+    specs_think = [GrammarSpec("structural_tag", after_thinking(t, INSIDE).spec) for t in tags]
     free = [SamplingParams(temperature=0.7, seed=i) for i in range(32)]
     penal = [SamplingParams(temperature=0.7, seed=i, presence_penalty=0.5, frequency_penalty=0.5,
                             repetition_penalty=1.1) if i % 2 else free[i] for i in range(32)]
-    matchers = [grammars.start(specs[i % 4], [], 60) if i % 2 else None for i in range(32)]
+    matchers = {"grammar": [grammars.start(specs[i % 4], [], 60) if i % 2 else None for i in range(32)],
+                "structural_tag": [grammars.start(specs_tag[i % 4], [], 60) if i % 2 else None for i in range(32)],
+                "thinking": [grammars.start(specs_think[i % 4], [], 60) if i % 2 else None for i in range(32)]}
+    of_kind = {"grammar": specs, "structural_tag": specs_tag, "thinking": specs_think}
+    fill: dict[str, list[float]] = {k: [] for k in matchers}
     gens = [sampler.make_generator(p) for p in free]
 
-    def run(kind: str) -> None:
+    def run(kind: str, measure_fill: bool = False) -> None:
         logits = batch.forward()
         if kind == "none":
             tokens = sampler.sample(logits, free, gens)
-        elif kind == "grammar":
-            for i, m in enumerate(matchers):
-                if m is not None and m.terminated:  # a finished output: a new request under the schema
-                    matchers[i] = grammars.start(specs[i % 4], [], 60)
-            tokens = sampler.sample(logits, free, gens, matchers)
+        elif kind in matchers:
+            rows = matchers[kind]
+            for i, m in enumerate(rows):
+                if m is not None and m.terminated:  # a finished output: a new request under the grammar
+                    rows[i] = grammars.start(of_kind[kind][i % 4], [], 60)
+            if measure_fill:  # the mask alone (sample() masks again: the same mask, idempotent)
+                fill[kind].append(timed(lambda: mask_rows(logits, rows)))
+            tokens = sampler.sample(logits, free, gens, rows)
         else:
             hist = [TokenHistory(t, PROMPT) if p.needs_history else None for t, p in zip(batch.tokens, penal)]
             tokens = sampler.sample(logits, penal, gens, None, hist)
         batch.append(tokens)
 
-    times: dict[str, list[float]] = {"none": [], "grammar": [], "penalties": []}
+    times: dict[str, list[float]] = {"none": [], "grammar": [], "structural_tag": [], "thinking": [], "penalties": []}
     for _ in range(3):  # warm-up
         for kind in times:
             run(kind)
     for _ in range(steps):
         for kind, spent in times.items():
             spent.append(timed(lambda kind=kind: run(kind)))
+    for _ in range(steps):  # apart from the timed steps
+        for kind in fill:
+            run(kind, measure_fill=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"step_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
             "grammar_over_none": round(med["grammar"] / med["none"], 3),
+            "structural_tag_over_none": round(med["structural_tag"] / med["none"], 3),
+            "thinking_over_none": round(med["thinking"] / med["none"], 3),
+            "mask_fill_ms": {k: round(statistics.median(v) * 1e3, 2) for k, v in fill.items()},
             "penalties_over_none": round(med["penalties"] / med["none"], 3)}
 
 
@@ -177,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--step-only", action="store_true", help="the step study alone (no compile study)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_dir = prepare_model("smollm2", DEFAULT_CACHE_DIR)
@@ -185,16 +209,23 @@ def main(argv: list[str] | None = None) -> None:
     runner = ModelRunner(model, arch, pool, "auto")
     grammars = Grammars(model_dir, arch.vocab_size)
     try:
-        out = {"step": step_study(runner, arch.vocab_size, grammars, args.steps),
-               "compile": compile_study(runner, arch.vocab_size, grammars, args.steps, seed0=1000)}
+        out = {"step": step_study(runner, arch.vocab_size, grammars, args.steps)}
+        if not args.step_only:
+            out["compile"] = compile_study(runner, arch.vocab_size, grammars, args.steps, seed0=1000)
     finally:
         grammars.close()
     if args.json:
         print(json.dumps(out))
         return
-    s, c = out["step"], out["compile"]
+    s = out["step"]
     print(f"decode step, B=32 (ms): none {s['step_ms']['none']}, 16 rows under a schema {s['step_ms']['grammar']} "
-          f"({s['grammar_over_none']}x), 16 rows with penalties {s['step_ms']['penalties']} ({s['penalties_over_none']}x)")
+          f"({s['grammar_over_none']}x), 16 rows under a forced call's structural tag "
+          f"{s['step_ms']['structural_tag']} ({s['structural_tag_over_none']}x), 16 rows thinking before it "
+          f"{s['step_ms']['thinking']} ({s['thinking_over_none']}x), 16 rows with penalties "
+          f"{s['step_ms']['penalties']} ({s['penalties_over_none']}x); mask fill alone (ms): {s['mask_fill_ms']}")
+    if "compile" not in out:
+        return
+    c = out["compile"]
     print(f"B=8 step p99 (ms): quiet {c['itl_p99_ms']['quiet']}, while 8 new schemas compile "
           f"{c['itl_p99_ms']['compiling']} ({c['p99_compiling_over_quiet']}x), while another process keeps a core "
           f"busy {c['itl_p99_ms_one_core_busy']} ({c['p99_one_core_busy_over_quiet']}x); compile median "

@@ -55,6 +55,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning_content: str | None = None  # an assistant turn's thinking, for templates that replay it (Qwen3)
     # refused when set (body_sampling.MESSAGE_REFUSED): an earlier answer's audio, refusal, function_call
     audio: Any = None
     refusal: Any = None

@@ -112,9 +112,9 @@ class OpenAIChoices:
         return shape.stream(continuous, index=i)
 
     def _logprobs(self, i: int, delta: str) -> dict:
-        """The chunk's tokens' logprobs (a shaped chat's stream carries none: its text is held back)."""
-        lp, shape = self.lps[i], self.shapes[i]
-        if lp is None or (shape is not None and not shape.plain):
+        """The chunk's tokens' logprobs (a shaped chat's stream holds them while it holds their text)."""
+        lp = self.lps[i]
+        if lp is None:
             return {}
         p = self.run.choices[i]
         return {"logprobs": lp.take_chat() if self.chat else lp.take_completion(len(p.text) - len(delta))}

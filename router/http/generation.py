@@ -33,7 +33,9 @@ from router.http.chat_output import ChatShape
 from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
 from router.http.logprobs import Logprobs, check_top, openai_logprobs, with_prompt_logprobs
+from router.http.reasoning import NO_THINKING, start_of
 from router.http.structured import grammar_of
+from router.http.tool_grammar import after_thinking, answer_or_calls
 from router.http.tools import tool_plan
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
@@ -124,7 +126,7 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
-        sampling, plan, top, echo, ids, job = self._openai_job(req, chat, request, arrived)
+        sampling, plan, start, top, echo, ids, job = self._openai_job(req, chat, request, arrived)
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
@@ -136,7 +138,7 @@ class GenerationHandlers:
             return None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None, top)
 
         def shape_of():  # one choice's
-            return ChatShape(plan, svc.tool_parser, svc.reasoning_parser) if chat else None
+            return ChatShape(plan, svc.tool_parser, svc.reasoning_parser, start) if chat else None
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and req.stream_options.continuous_usage_stats
@@ -174,8 +176,8 @@ class GenerationHandlers:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
 
         def chunk_lp(delta: str) -> dict:
-            """The chunk's tokens' logprobs (a shaped chat's stream carries none: its text is held back)."""
-            if lp is None or not plain:
+            """The chunk's tokens' logprobs (a shaped chat's stream holds them while it holds their text)."""
+            if lp is None:
                 return {}
             return {"logprobs": lp.take_chat() if chat else lp.take_completion(len(progress.text) - len(delta))}
 
@@ -186,14 +188,12 @@ class GenerationHandlers:
         return SSEResponse(_sse_events(run, progress, first, one, tail), run.aclose)
 
     def _openai_job(self, req, chat: bool, request: Request, arrived: float):
-        """(sampling, tool plan, top logprobs, echo, prompt ids, the dispatch job) of an OpenAI body."""
+        """(sampling, tool plan, where a reasoning model's output starts, top logprobs, echo, prompt ids,
+        the dispatch job) of an OpenAI body."""
         svc = self.svc
         sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
         check_n(sampling.n, self.cfg.router.max_n)
-        plan = tool_plan(req) if chat else None
-        grammar = constraint(req, plan)
-        if grammar is not None:
-            sampling.grammar.CopyFrom(grammar[0])
+        plan = tool_plan(req, svc.tool_parser) if chat else None
         top = openai_logprobs(req, chat)
         if top is not None:
             sampling.logprobs = top
@@ -205,11 +205,17 @@ class GenerationHandlers:
             ids = chat_prompt_ids(svc, req, template_kwargs(req, plan))
         else:
             ids = completion_prompt(req.prompt, svc)
+        # the prompt's end (the template's generation prompt) says whether the output starts in a think block
+        thinks = chat and svc.reasoning_parser != "none"
+        start = start_of(svc.reasoning_parser, svc.tokenizer.decode(ids[-8:])) if thinks else NO_THINKING
+        grammar = constraint(req, plan, start)
+        if grammar is not None:
+            sampling.grammar.CopyFrom(grammar[0])
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         job = svc.make_job(ids, sampling, max_tokens, None, request, check_request_id(req.request_id),
                            max_tokens_param=param, arrived=arrived, grammar_param=grammar[1] if grammar else "",
                            session=req.prompt_cache_key or req.session_id)
-        return sampling, plan, top, echo, ids, job
+        return sampling, plan, start, top, echo, ids, job
 
     async def generate(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
@@ -309,15 +315,23 @@ def template_kwargs(req, plan) -> dict:
     return kwargs
 
 
-def constraint(req, plan):
-    """(Grammar, the field it came from) of a request: structured outputs or a forced tool call."""
+def constraint(req, plan, start: str = NO_THINKING):
+    """(Grammar, the field it came from) of a request: a structured output, tool calls (forced, or
+    strict tools), or response_format's answer or calls ("auto"); after the thinking of a reasoning
+    model (`start`: router/http/reasoning.py start_of). Another structured output (regex, grammar,
+    ...) with "auto" tools constrains the whole output, as on vLLM."""
     grammar = grammar_of(req)
-    if plan is None or plan.grammar is None:
-        return grammar
-    if grammar is not None:
-        raise APIError(400, f"tool_choice {plan.mode!r} and {grammar[1]} both constrain the output; give one",
-                       param=grammar[1])
-    return plan.grammar, "tool_choice"
+    if plan is not None and grammar is not None:
+        if plan.mode == "auto" and grammar[1].startswith("response_format"):
+            grammar = answer_or_calls(grammar[0], plan.parser, list(plan.call_tags), plan.one_call), grammar[1]
+        elif plan.grammar is not None:
+            what = f"tool_choice {plan.mode!r}" if plan.forced else "tools with strict: true"
+            raise APIError(400, f"{what} and {grammar[1]} both constrain the output; give one", param=grammar[1])
+    elif plan is not None and plan.grammar is not None:
+        grammar = plan.grammar, "tool_choice" if plan.forced else "tools"
+    if grammar is None:
+        return None
+    return after_thinking(grammar[0], start), grammar[1]
 
 
 def echo_text(prompt, ids: list[int], svc: RouterService) -> str:

@@ -1,35 +1,48 @@
-"""Tool calling on chat requests: what the template sees, the grammar a forced call runs under, and
-the tool calls read back from the output.
+"""Tool calling on chat requests: the plan (what the template sees, the grammar the output runs
+under, how the output is read back) and the messages as chat templates read them.
 
-    tool_choice        the model's output                          read back as
-    absent / "auto"    free text, the family's call format          router/http/tool_parsers.py (no call: text)
-    "none"             free text (the tools stay in the prompt)     text
-    {"function": f}    f's arguments, under f's parameters schema   one call of f
-    "required"         [{"name": ..., "parameters": {...}}, ...]    the calls, in order
-                       under a schema built from every tool's (vLLM's construction), so the
-                       arguments always fit; parallel_tool_calls=false: exactly one
+    tool_choice        the model's output                                   read back by
+    absent / "auto"    free text and calls in the family's call format;     the family's parser
+                       a tool with strict true: its calls under its schema  (router/http/tool_parsers.py)
+    "none"             free text (the tools stay in the prompt)             - (text)
+    {"function": f}    f's call in the family's format, under f's schema    the family's parser
+    "required"         one call or more in the family's format, nothing     the family's parser
+                       else (parallel_tool_calls false: one)
 
-A forced call's finish_reason is "tool_calls" (the output ended where its grammar did); one cut at
-max_tokens stays "length" and its partial JSON is returned as content, as vLLM does.
+The grammars are structural tags in the family's format (router/http/tool_grammar.py). A model
+with no call format (model.tool_call_parser none) refuses "auto" (as vLLM does) and writes forced
+calls as bare JSON (router/http/json_calls.py). parallel_tool_calls false with "auto": the first
+call only (what vLLM returns; a strict tool's grammar also ends the output after it).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import string
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from proto.pdorch.v1 import worker_pb2
 from router.errors import bad_request
+from router.http import tool_grammar
 
-_NO_ARGUMENTS = {"type": "object", "properties": {}}
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def new_call_id(parser: str = "") -> str:
+    """A call's id: 9 letters and digits for Mistral (its v0.3 / Nemo templates refuse any other
+    length when the call comes back in the history), "call_" + 24 hex digits otherwise."""
+    if parser == "mistral":
+        return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 @dataclass(frozen=True)
 class ToolCallOut:
     name: str
     arguments: str  # JSON text
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+    id: str = field(default_factory=new_call_id)
 
     def to_openai(self, index: int | None = None) -> dict:
         out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -38,67 +51,71 @@ class ToolCallOut:
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """A chat request's tools: `template_tools` for the chat template, `grammar` when a call is
-    forced, `mode` ("auto", "none", "named", "required") says how the output is read back."""
+    """A chat request's tools: `template_tools` for the chat template; `mode` ("auto", "none",
+    "named", "required"); `grammar` for a forced call or strict tools in "auto" (None: free);
+    `parser` the call format the output is read in ("none": forced calls as bare JSON)."""
 
     mode: str
     template_tools: list[dict]
     grammar: worker_pb2.Grammar | None = None
     forced_name: str = ""  # mode "named": the function called
+    names: tuple[str, ...] = ()  # the calls the output may make (a call of another name is text)
+    parser: str = "none"
+    one_call: bool = False  # parallel_tool_calls false
+    call_tags: tuple[dict, ...] = ()  # "auto": each tool's call as a structural tag (a structured output's alternative)
 
-    def calls(self, text: str) -> list[ToolCallOut] | None:
-        """The forced call(s) in a finished output; None when it is not a complete call (cut short)."""
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None
-        if self.mode == "named":
-            return [ToolCallOut(self.forced_name, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else None
-        if self.mode == "required" and isinstance(value, list) and value:
-            return [ToolCallOut(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False)) for c in value]
-        return None
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("named", "required")
 
 
-def tool_plan(req) -> ToolPlan | None:
-    """None without tools and without tool_choice; 400 for a tool_choice that cannot be served."""
+def tool_plan(req, parser: str = "none") -> ToolPlan | None:
+    """None without tools and without tool_choice; 400 for a tool_choice that cannot be served.
+    `parser`: the model's call format (RouterService.tool_parser)."""
     tools, choice = req.tools or [], req.tool_choice
     if not tools:
         if choice is None or choice in ("none", "auto"):
             return None
         raise bad_request("tool_choice needs tools: the request lists none", param="tool_choice")
-    names = [t.function.name for t in tools]
+    names = tuple(t.function.name for t in tools)
     if len(set(names)) != len(names):
-        raise bad_request(f"tools: function names must be distinct, got {names}", param="tools")
-    template_tools = [t.model_dump(exclude_none=True) for t in tools]
-    if choice is None or choice == "auto":
-        return ToolPlan("auto", template_tools)
+        raise bad_request(f"tools: function names must be distinct, got {list(names)}", param="tools")
+    for t in tools:
+        if t.function.parameters is not None and not isinstance(t.function.parameters, dict):
+            raise bad_request(f"tools: {t.function.name}'s parameters must be a JSON schema (an object)", param="tools")
+    plan = ToolPlan("none", [t.model_dump(exclude_none=True) for t in tools], names=names, parser=parser,
+                    one_call=req.parallel_tool_calls is False)
     if choice == "none":
-        return ToolPlan("none", template_tools)
+        return plan
+    schemas = {t.function.name: t.function.parameters or tool_grammar.NO_ARGUMENTS for t in tools}
+    if choice is None or choice == "auto":
+        if parser == "none":
+            raise bad_request('tool_choice "auto" needs a tool call parser, and this model has none '
+                              "(model.tool_call_parser); send tool_choice \"none\", \"required\" or a named "
+                              "function", param="tool_choice")
+        tags = tuple(tool_grammar.call_tag(parser, t.function.name, schemas[t.function.name] if t.function.strict
+                                           else tool_grammar.ANY_OBJECT) for t in tools)
+        plan = replace(plan, mode="auto", call_tags=tags)
+        if not any(t.function.strict for t in tools):
+            return plan
+        return replace(plan, grammar=tool_grammar.structural_tag(tool_grammar.free_text_format(parser, list(tags),
+                                                                                              plan.one_call)))
     if choice == "required":
-        one = req.parallel_tool_calls is False
-        return ToolPlan("required", template_tools, _grammar(_required_schema(tools, one)))
+        if parser == "none":
+            return replace(plan, mode="required", grammar=tool_grammar.required_grammar(tools, plan.one_call))
+        tags = [tool_grammar.call_tag(parser, n, schemas[n]) for n in names]
+        return replace(plan, mode="required",
+                       grammar=tool_grammar.structural_tag(tool_grammar.calls_format(parser, tags, plan.one_call)))
     name = choice.function.name
     if name not in names:
         raise bad_request(f"tool_choice.function.name: no tool named {name!r} (tools: {', '.join(names)})",
                           param="tool_choice.function.name")
-    fn = tools[names.index(name)].function
-    return ToolPlan("named", template_tools, _grammar(fn.parameters or _NO_ARGUMENTS), forced_name=name)
-
-
-def _required_schema(tools, exactly_one: bool) -> dict:
-    call = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                              "parameters": t.function.parameters or _NO_ARGUMENTS},
-             "required": ["name", "parameters"]} for t in tools]
-    schema = {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}}
-    if exactly_one:
-        schema["maxItems"] = 1
-    return schema
-
-
-def _grammar(schema: dict) -> worker_pb2.Grammar:
-    if not isinstance(schema, dict):
-        raise bad_request("tools: a function's parameters must be a JSON schema (an object)", param="tools")
-    return worker_pb2.Grammar(kind="json_schema", spec=json.dumps(schema))
+    if parser == "none":
+        grammar = tool_grammar.named_grammar(schemas[name])
+    else:
+        grammar = tool_grammar.structural_tag(tool_grammar.calls_format(
+            parser, [tool_grammar.call_tag(parser, name, schemas[name])], True))
+    return replace(plan, mode="named", grammar=grammar, forced_name=name, names=(name,), one_call=True)
 
 
 def template_messages(messages) -> list[dict]:
@@ -108,6 +125,8 @@ def template_messages(messages) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         msg = {"role": m.role, "content": m.text()}
+        if m.reasoning_content is not None:  # Qwen3's template replays it between the steps of a tool loop
+            msg["reasoning_content"] = m.reasoning_content
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_call_id is not None:
@@ -126,56 +145,12 @@ def template_messages(messages) -> list[dict]:
     return out
 
 
-class ToolStream:
-    """A forced call's output as OpenAI chat deltas. "named": the arguments stream as they come (the
-    first piece opens the call with its id and name); "required": held until the end (the calls are
-    known once the JSON array closes), then sent in one chunk."""
-
-    def __init__(self, plan: ToolPlan):
-        self.plan = plan
-        self.call_id = ToolCallOut("", "").id
-        self.sent_role = self.opened = False
-        self.sent = 0  # characters of the output already sent as arguments
-
-    def delta(self, output: str) -> dict | None:
-        """The delta for the output so far (all of it), or None (nothing to send yet)."""
-        text, self.sent = output[self.sent:], len(output)
-        out: dict = {}
-        if not self.sent_role:
-            out["role"], self.sent_role = "assistant", True
-        if self.plan.mode == "named" and text:
-            if self.opened:
-                call = {"index": 0, "function": {"arguments": text}}
-            else:
-                call = {"index": 0, "id": self.call_id, "type": "function",
-                        "function": {"name": self.plan.forced_name, "arguments": text}}
-                self.opened = True
-            out["tool_calls"] = [call]
-        return out or None
-
-    def finish(self, text: str, finish_reason: str) -> tuple[dict, str]:
-        """The last chunk's delta and its finish_reason; `text`: the whole output."""
-        calls = self.plan.calls(text) if finish_reason == "stop" else None
-        if self.plan.mode == "named":
-            return self.delta(text) or {}, "tool_calls" if calls else finish_reason
-        out = {} if self.sent_role else {"role": "assistant"}
-        self.sent_role = True
-        if calls:
-            out["tool_calls"] = [c.to_openai(i) for i, c in enumerate(calls)]
-            return out, "tool_calls"
-        out["content"] = text  # cut short: the partial JSON as text, as vLLM does
-        return out, finish_reason
-
-
-def final_message(plan: ToolPlan, text: str, finish_reason: str) -> tuple[dict, str]:
-    """A non-streamed answer's message and finish_reason for a forced call."""
-    return answer(text, plan.calls(text) if finish_reason == "stop" else None, finish_reason)
-
-
 def answer(text: str, calls: list[ToolCallOut] | None, finish_reason: str,
            content: str | None = None) -> tuple[dict, str]:
     """A non-streamed chat message: `text` as content without calls; with them, `content` (the text
-    beside the calls, if any) and the calls, finish_reason "tool_calls"."""
+    beside the calls, if any) and the calls, finish_reason "tool_calls" for an output that ended
+    by itself (one cut at max_tokens stays "length")."""
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]}, "tool_calls"
+    return ({"role": "assistant", "content": content, "tool_calls": [c.to_openai() for c in calls]},
+            "tool_calls" if finish_reason == "stop" else finish_reason)

@@ -50,6 +50,29 @@ def test_json_schema_output_parses_and_fits_the_schema(env, seed):
     assert grammar.terminated and grammar.rejected == 0
 
 
+def test_a_required_call_over_nested_pydantic_models_compiles_and_its_output_fits(env):
+    """The combined schema of tool_choice "required" with $defs hoisted (router/http/tools.py): every $ref
+    resolves, and an output under it names a listed tool with arguments of the nested shape."""
+    from router.http.tools import tool_plan
+    from tests.unit.test_router_structured import ADDRESS, ORDER, PERSON, chat, fn
+
+    tk, grammars = env
+    person = {**PERSON, "properties": {**PERSON["properties"], "name": {"enum": ["Ann", "Bo"]}}}
+    address = {**ADDRESS, "properties": {"city": {"enum": ["Oslo", "Rome"]}}}
+    person["$defs"] = {"Address": address}
+    order = {**ORDER, "$defs": {**ORDER["$defs"], "Address": address},
+             "properties": {**ORDER["properties"], "items": {"items": {"$ref": "#/$defs/Item"}, "maxItems": 1}}}
+    order["$defs"]["Item"] = {"properties": {"sku": {"enum": ["a1"]}}, "required": ["sku"], "type": "object"}
+    person["properties"]["past"] = {"items": {"$ref": "#/$defs/Address"}, "maxItems": 1, "type": "array"}
+    plan = tool_plan(chat(tools=[fn("save_person", person), fn("place_order", order)], tool_choice="required",
+                          parallel_tool_calls=False))
+    grammar = grammars.start(GrammarSpec("json_schema", plan.grammar.spec), [], 30)
+    (call,) = json.loads(tk.decode(generate(tk, grammar, seed=3, max_tokens=300)))
+    args = call["parameters"]
+    home = args["home"] if call["name"] == "save_person" else args["ship_to"]
+    assert call["name"] in ("save_person", "place_order") and home["city"] in ("Oslo", "Rome")
+
+
 def test_regex_and_ebnf_outputs_match(env):
     tk, grammars = env
     text = tk.decode(generate(tk, grammars.start(GrammarSpec("regex", r"[a-c]{3}-\d{2}"), [], 30), seed=5))

@@ -9,8 +9,9 @@ import pytest
 from router.errors import APIError
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.http.body_sampling import REFUSED, refuse_unserved
+from router.http.json_calls import ToolStream, final_message, json_calls
 from router.http.structured import grammar_of
-from router.http.tools import ToolPlan, ToolStream, final_message, template_messages, tool_plan
+from router.http.tools import ToolPlan, template_messages, tool_plan
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": SCHEMA}}
@@ -75,26 +76,62 @@ def test_a_structured_output_the_router_can_judge_is_refused_naming_the_field(fi
     assert err.param == param and words in err.message
 
 
-def test_named_tool_choice_constrains_to_the_functions_parameters():
+def test_named_tool_choice_without_a_call_format_constrains_to_the_functions_parameters():
     plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "weather"}}))
     assert (plan.mode, plan.forced_name, json.loads(plan.grammar.spec)) == ("named", "weather", SCHEMA)
     assert [t["function"]["name"] for t in plan.template_tools] == ["weather", "time"]
-    (call,) = plan.calls('{"city": "Paris"}')
+    (call,) = json_calls(plan, '{"city": "Paris"}')
     assert (call.name, json.loads(call.arguments)) == ("weather", {"city": "Paris"}) and call.id.startswith("call_")
-    assert plan.calls('{"city": "Par') is None  # cut short: no call
+    assert json_calls(plan, '{"city": "Par') is None  # cut short: no call
 
 
-def test_required_tool_choice_is_an_array_of_calls_of_the_listed_tools():
+def test_required_tool_choice_without_a_call_format_is_an_array_of_calls_of_the_listed_tools():
     plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice="required"))
     schema = json.loads(plan.grammar.spec)
     assert schema["type"] == "array" and schema["minItems"] == 1 and "maxItems" not in schema
     names = [c["properties"]["name"]["enum"] for c in schema["items"]["anyOf"]]
     assert names == [["weather"], ["time"]]
     assert schema["items"]["anyOf"][0]["properties"]["parameters"] == SCHEMA
-    calls = plan.calls('[{"name": "time", "parameters": {}}, {"name": "weather", "parameters": {"city": "Oslo"}}]')
+    calls = json_calls(plan, '[{"name": "time", "parameters": {}}, {"name": "weather", "parameters": {"city": "Oslo"}}]')
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("time", {}), ("weather", {"city": "Oslo"})]
     one = tool_plan(chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False))
     assert json.loads(one.grammar.spec)["maxItems"] == 1
+
+
+# pydantic's JSON schemas of nested models, as model_json_schema() writes them: each nested model in
+# $defs, referenced from the root ("#/$defs/...")
+ADDRESS = {"properties": {"city": {"title": "City", "type": "string"},
+                          "zip": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Zip"}},
+           "required": ["city"], "title": "Address", "type": "object"}
+PERSON = {"$defs": {"Address": ADDRESS},
+          "properties": {"name": {"title": "Name", "type": "string"}, "home": {"$ref": "#/$defs/Address"},
+                         "past": {"items": {"$ref": "#/$defs/Address"}, "title": "Past", "type": "array"}},
+          "required": ["name", "home", "past"], "title": "Person", "type": "object"}
+ORDER = {"$defs": {"Address": ADDRESS, "Item": {"properties": {"sku": {"title": "Sku", "type": "string"}},
+                                                "required": ["sku"], "title": "Item", "type": "object"}},
+         "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "title": "Items", "type": "array"},
+                        "ship_to": {"$ref": "#/$defs/Address"}},
+         "required": ["items", "ship_to"], "title": "Order", "type": "object"}
+
+
+def fn(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def test_required_hoists_every_tools_definitions_to_the_root_of_the_combined_schema():
+    plan = tool_plan(chat(tools=[fn("save_person", PERSON), fn("place_order", ORDER)], tool_choice="required"))
+    schema = json.loads(plan.grammar.spec)
+    assert schema["$defs"] == {"Address": ADDRESS, "Item": ORDER["$defs"]["Item"]}
+    for call in schema["items"]["anyOf"]:
+        assert "$defs" not in call["properties"]["parameters"]
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["home"] == {"$ref": "#/$defs/Address"}
+    assert PERSON["$defs"] == {"Address": ADDRESS}  # the request's own schema is not changed
+
+
+def test_two_tools_defining_one_name_differently_is_a_400_naming_both():
+    other = {**ORDER, "$defs": {**ORDER["$defs"], "Address": {"type": "object", "properties": {"street": {}}}}}
+    err = refused(tool_plan, chat(tools=[fn("save_person", PERSON), fn("place_order", other)], tool_choice="required"))
+    assert err.param == "tools" and "'save_person' and 'place_order'" in err.message and "$defs/Address" in err.message
 
 
 @pytest.mark.parametrize("fields, param, words", [
@@ -109,16 +146,54 @@ def test_a_tool_choice_that_cannot_be_served_is_refused(fields, param, words):
 
 
 def test_auto_and_none_keep_the_output_free():
-    assert tool_plan(chat(tools=[WEATHER])).grammar is None
+    assert tool_plan(chat(tools=[WEATHER]), "hermes").grammar is None
     assert tool_plan(chat(tools=[WEATHER], tool_choice="none")).mode == "none"
     assert tool_plan(chat()) is None and tool_plan(chat(tool_choice="none")) is None
+
+
+def test_auto_on_a_model_with_no_call_format_is_refused_as_vllm_does_and_none_is_not():
+    for choice in ({"tool_choice": "auto"}, {}):
+        err = refused(tool_plan, chat(tools=[WEATHER], **choice))
+        assert err.param == "tool_choice" and "tool call parser" in err.message
+    assert tool_plan(chat(tools=[WEATHER], tool_choice="none")).grammar is None
+
+
+def structural(plan) -> dict:
+    assert plan.grammar.kind == "structural_tag"
+    return json.loads(plan.grammar.spec)["format"]
+
+
+@pytest.mark.parametrize("parser, begin, end", [
+    ("hermes", '<tool_call>\n{"name": "weather", "arguments": ', "}\n</tool_call>"),
+    ("llama3_json", '{"name": "weather", "parameters": ', "}"),
+    ("mistral", '{"name": "weather", "arguments": ', "}"),
+])
+def test_forced_calls_are_structural_tags_in_the_familys_call_format(parser, begin, end):
+    named = structural(tool_plan(chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                                            "function": {"name": "weather"}}), parser))
+    tag = named["elements"][1] if parser == "mistral" else named
+    assert (tag["begin"], tag["end"], tag["content"]["json_schema"]) == (begin, end, SCHEMA)
+    required = structural(tool_plan(chat(tools=[WEATHER, TIME], tool_choice="required"), parser))
+    calls = required["elements"][1] if parser == "mistral" else required
+    assert calls["type"] == "tags_with_separator" and calls["at_least_one"] and not calls["stop_after_first"]
+    assert [t["begin"] for t in calls["tags"]] == [begin, begin.replace("weather", "time")]
+    assert calls["tags"][1]["content"]["json_schema"] == {"type": "object", "properties": {}}
+    one = structural(tool_plan(chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False), parser))
+    assert (one["elements"][1] if parser == "mistral" else one)["stop_after_first"]
+
+
+def test_strict_tools_in_auto_constrain_their_calls_and_leave_the_text_free():
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    plan = tool_plan(chat(tools=[strict, TIME]), "hermes")
+    fmt = structural(plan)
+    assert fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<tool_call>"] and not fmt.get("at_least_one")
+    assert [t["content"]["json_schema"] for t in fmt["tags"]] == [SCHEMA, {"type": "object"}]  # TIME: not strict
 
 
 def test_the_named_call_streams_its_arguments_and_ends_with_tool_calls():
     plan = tool_plan(chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}}))
     stream = ToolStream(plan)
     first = stream.delta('{"city"')
-    assert first["role"] == "assistant"
     (call,) = first["tool_calls"]
     assert (call["index"], call["type"], call["function"]) == (0, "function", {"name": "weather", "arguments": '{"city"'})
     assert stream.delta('{"city": "Ro') == {"tool_calls": [{"index": 0, "function": {"arguments": ': "Ro'}}]}
@@ -129,7 +204,7 @@ def test_the_named_call_streams_its_arguments_and_ends_with_tool_calls():
 def test_required_calls_come_in_one_chunk_at_the_end_and_a_cut_one_as_text():
     plan = tool_plan(chat(tools=[WEATHER], tool_choice="required"))
     stream = ToolStream(plan)
-    assert stream.delta("[{") == {"role": "assistant"} and stream.delta('[{"name"') is None
+    assert stream.delta("[{") is None and stream.delta('[{"name"') is None
     text = '[{"name": "weather", "parameters": {"city": "Oslo"}}]'
     last, finish = stream.finish(text, "stop")
     assert finish == "tool_calls" and last["tool_calls"][0]["function"]["name"] == "weather"
@@ -148,6 +223,9 @@ def test_tool_turns_reach_the_template_with_arguments_as_objects():
         {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])
     msgs = template_messages(req.messages)
     assert msgs[1]["tool_calls"][0]["function"] == {"name": "weather", "arguments": {"city": "Oslo"}}
+    assert "reasoning_content" not in msgs[1]
+    thought = chat(messages=[{"role": "assistant", "content": "", "reasoning_content": "Oslo: call weather."}])
+    assert template_messages(thought.messages)[0]["reasoning_content"] == "Oslo: call weather."  # Qwen3 replays it
     assert msgs[2] == {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"}
     bad = chat(messages=[{"role": "assistant", "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}])
@@ -191,3 +269,28 @@ def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path
         (0.0, 0.95, 20, 1.05)  # the request's own temperature 0 stays; its null top_p takes the model's
     sg, _ = sampling_from_sglang(with_defaults(SGLangSampling.model_validate({"top_k": 5}), defaults))
     assert (round(sg.temperature, 3), sg.top_k) == (0.6, 5)
+
+
+def test_one_grammar_per_request_from_tools_structured_outputs_and_thinking():
+    from router.http.generation import constraint
+    from router.http.reasoning import INSIDE
+
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+    req = chat(tools=[WEATHER], **rf)
+    grammar, param = constraint(req, tool_plan(req, "hermes"))
+    either = json.loads(grammar.spec)["format"]
+    assert param == "response_format.json_schema.schema" and either["type"] == "or"
+    assert either["elements"][0]["json_schema"] == SCHEMA and either["elements"][1]["type"] == "tags_with_separator"
+    req = chat(tools=[WEATHER], regex="a+")  # any other structured output: the whole output, as vLLM
+    assert (constraint(req, tool_plan(req, "hermes"))[0].kind, constraint(req, tool_plan(req, "hermes"))[1]) == \
+        ("regex", "regex")
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    req = chat(tools=[strict], regex="a+")
+    assert refused(constraint, req, tool_plan(req, "hermes")).param == "regex"
+    req = chat(tools=[WEATHER], tool_choice="required", **rf)
+    assert refused(constraint, req, tool_plan(req, "hermes")).param == "response_format.json_schema.schema"
+    req = chat(tools=[WEATHER], tool_choice="required")
+    grammar, param = constraint(req, tool_plan(req, "hermes"), INSIDE)
+    think, calls = json.loads(grammar.spec)["format"]["elements"]
+    assert param == "tool_choice" and think["begin"] == "" and think["end"][-1] == "</think>"
+    assert calls == json.loads(tool_plan(req, "hermes").grammar.spec)["format"]
