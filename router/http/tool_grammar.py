@@ -24,7 +24,7 @@ Thinking first (`after_thinking`): for a reasoning model whose prompt leaves thi
 grammar is preceded by the think block, free text up to </think>: opened by the template (the
 output starts inside it) or optional (the model may open it). The matcher accepts every token,
 thinking included, so P's first token, D's continuation and a resumed stream's replayed tokens all
-advance it alike (docs/api.md, "How it runs").
+advance it alike (docs/api.md, "Structured outputs").
 """
 
 from __future__ import annotations

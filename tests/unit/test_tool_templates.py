@@ -275,7 +275,8 @@ def test_the_calls_a_builtin_writes_are_the_ones_its_parser_reads_back(builtin):
     answered = template.render(TWO_CALLS[:2], False, tools=TOOL_LIST)
     assert answered.startswith(asked)
     written = answered[len(asked):].removesuffix({"chatml": "<|im_end|>\n", "llama3": "<|eot_id|>"}.get(builtin.format, ""))
-    content, calls = parse(builtin.call_format, written.removeprefix("[TOOL_CALLS]"))  # a special token: not text
+    names = [t["function"]["name"] for t in TOOL_LIST]  # the parser reads only the request's tools' calls
+    content, calls = parse(builtin.call_format, written.removeprefix("[TOOL_CALLS]"), names)  # a special token: not text
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo", "where": {"lat": 59.9}}'),
                                                       ("get_time", "{}")]
     assert content == ("Let me check." if builtin.format == "chatml" else None)  # JSON formats: calls only
