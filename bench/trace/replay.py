@@ -82,7 +82,7 @@ class Replay:
             try:
                 reply = await asyncio.wait_for(self.backend.send(prompt, p.output_tokens), self.timeout_s)
             except TimeoutError:
-                s.end_s, s.error = self._now(), f"no answer within {self.timeout_s:.0f} s"
+                s.end_s, s.error = self._now(), f"no answer within {self.timeout_s:g} s"
                 return
             s.end_s = self._now()
             s.error, s.output_ids = reply.error, list(reply.output_ids or [])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from itertools import pairwise
 
 from bench.trace.request import TraceRequest
 
@@ -38,7 +39,7 @@ def infer_sessions(requests: list[TraceRequest], keep: list[bool]) -> list[Trace
     """`requests` with the inferred session, except where `keep[i]` (the record named its own)."""
     successors: dict[int, set[int]] = defaultdict(set)
     for r in requests:
-        for a, b in zip(r.blocks, r.blocks[1:]):
+        for a, b in pairwise(r.blocks):
             successors[a].add(b)
     return [r if kept else dataclasses.replace(r, session=session_of(r.blocks, successors, r.index))
             for r, kept in zip(requests, keep)]
