@@ -36,6 +36,7 @@ BENCHMARKS = {
     "long-context": ("bench.long_context", "long shared documents read back from the store vs recomputed"),
     "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
+    "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
 }
 
 

@@ -84,17 +84,19 @@ class HttpBackend:
         self._sent += 1
         return self.urls[self._sent % len(self.urls)]
 
-    async def send(self, prompt: Prompt) -> Reply:
+    async def send(self, prompt: Prompt, output_tokens: int | None = None) -> Reply:
+        """`output_tokens`: this request's answer length (default: the backend's)."""
+        n = self.output_tokens if output_tokens is None else output_tokens
         try:
             if self.api == "openai":
-                return await self._openai(prompt)
-            return await self._sglang(prompt)
+                return await self._openai(prompt, n)
+            return await self._sglang(prompt, n)
         except (httpx.HTTPError, ValueError, KeyError) as e:
             return Reply(output_ids=[] if self.api == "sglang" else None, error=f"{type(e).__name__}: {e}"[:200])
 
-    async def _sglang(self, prompt: Prompt) -> Reply:
+    async def _sglang(self, prompt: Prompt, output_tokens: int) -> Reply:
         body = {"input_ids": prompt.ids, "stream": True, "rid": f"mt-{prompt.client}-{prompt.round}",
-                "sampling_params": {"max_new_tokens": self.output_tokens, "temperature": 0.0, "ignore_eos": True}}
+                "sampling_params": {"max_new_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True}}
         reply, clock = Reply(output_ids=[]), TokenClock()
         async with self.client.stream("POST", self._router(prompt) + "/generate", json=body) as r:
             if r.status_code != 200:
@@ -115,8 +117,8 @@ class HttpBackend:
         reply.ttft_s, reply.itl_s = clock.ttft, clock.itl
         return reply
 
-    async def _openai(self, prompt: Prompt) -> Reply:
-        body = {"model": self.model, "messages": prompt.messages, "max_tokens": self.output_tokens,
+    async def _openai(self, prompt: Prompt, output_tokens: int) -> Reply:
+        body = {"model": self.model, "messages": prompt.messages, "max_tokens": output_tokens,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
         reply, clock, parts = Reply(output_ids=None), TokenClock(), []
         async with self.client.stream("POST", self._router(prompt) + "/v1/chat/completions", json=body) as r:
