@@ -103,8 +103,7 @@ class ResponsesHandlers:
         items.feed(message_delta(msg) if msg is not None else {"content": progress.text})
         status = status_of(progress.finish_reason)
         items.finish(status)
-        body = dumps(self._finish(turn, progress, items, status))
-        return Response(body, media_type="application/json")
+        return Response(self._finish(turn, progress, items, status), media_type="application/json")
 
     async def _events(self, turn: _Turn, p, first: str, run):
         """The stream: created and in_progress with the first token's events, then one write per
@@ -112,8 +111,8 @@ class ResponsesHandlers:
         events, items = ResponseEvents(), OutputItems(turn.key)
         read = delta_reader(turn.shape, p)
         try:
-            out = [{"type": "response.created", "response": turn.head},
-                   {"type": "response.in_progress", "response": turn.head}]
+            head = orjson.Fragment(dumps(turn.head))  # NOTE: serialized once for both events
+            out = [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head}]
             for delta in read(first, True):
                 out += items.feed(delta)
             while not p.finish_reason:
@@ -129,17 +128,17 @@ class ResponsesHandlers:
             return
         status = status_of(p.finish_reason)
         out += items.finish(status)
-        response = self._finish(turn, p, items, status)
+        response = orjson.Fragment(self._finish(turn, p, items, status))
         yield events.encode(out + [{"type": f"response.{status}", "response": response}])
 
-    def _finish(self, turn: _Turn, p, items: OutputItems, status: str) -> dict:
-        """The finished Response object, stored when asked."""
+    def _finish(self, turn: _Turn, p, items: OutputItems, status: str) -> bytes:
+        """The finished Response object (JSON), stored when asked."""
         thinking = "".join(i["content"][0]["text"] for i in items.items if i["type"] == "reasoning")
         reasoning_tokens = len(self.svc.tokenizer.encode(thinking, add_special_tokens=False)) if thinking else 0
-        response = finished(turn.head, status, items.items, usage(p, reasoning_tokens))
+        response = dumps(finished(turn.head, status, items.items, usage(p, reasoning_tokens)))
         if turn.store:
             output = item_messages([input_item(i, f"output.{n}") for n, i in enumerate(items.items)], "output")
-            self.store.put(response["id"], turn.parent, turn.root, dumps(turn.new + output), dumps(response))
+            self.store.put(turn.head["id"], turn.parent, turn.root, dumps(turn.new + output), response)
         return response
 
     def add_routes(self, app, auth) -> None:

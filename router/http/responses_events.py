@@ -28,11 +28,12 @@ class OutputItems:
         self.key = key
         self.items: list[dict] = []
         self._open: dict | None = None  # the item still growing
+        self._pieces: list[str] = []  # its text (arguments) so far, joined when it closes
         self._call = -1  # the chat index of the open function call
 
     def _add(self, item: dict, part: dict | None) -> list[dict]:
         self.items.append(item)
-        self._open = item
+        self._open, self._pieces = item, []
         index = len(self.items) - 1
         events = [{"type": "response.output_item.added", "output_index": index, "item": _copy(item)}]
         if part is not None:
@@ -73,7 +74,7 @@ class OutputItems:
             events += self._add(item, part)
         if not text:
             return events
-        item["content"][0]["text"] += text
+        self._pieces.append(text)
         event = {"type": "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta",
                  "item_id": item["id"], "output_index": len(self.items) - 1, "content_index": 0, "delta": text}
         if kind == "message":
@@ -94,7 +95,7 @@ class OutputItems:
             events += self._add(item, None)
         piece = fn.get("arguments") or ""
         if piece:
-            item["arguments"] += piece
+            self._pieces.append(piece)
             events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
                            "output_index": len(self.items) - 1, "delta": piece})
         return events
@@ -104,19 +105,21 @@ class OutputItems:
         item, self._open, self._call = self._open, None, -1
         if item is None:
             return []
-        index, events = len(self.items) - 1, []
+        index, events, text = len(self.items) - 1, [], "".join(self._pieces)
         item["status"] = status
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "function_call":
-            events.append({"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]})
+            item["arguments"] = text
+            events.append({"type": "response.function_call_arguments.done", **where, "arguments": text})
         else:
             part = item["content"][0]
+            part["text"] = text
             kind = "reasoning_text" if item["type"] == "reasoning" else "output_text"
             done = {"type": f"response.{kind}.done", **where, "content_index": 0, "text": part["text"]}
             if kind == "output_text":
                 done["logprobs"] = []
-            events += [done, {"type": "response.content_part.done", **where, "content_index": 0, "part": dict(part)}]
-        events.append({"type": "response.output_item.done", "output_index": index, "item": _copy(item)})
+            events += [done, {"type": "response.content_part.done", **where, "content_index": 0, "part": part}]
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})  # final now
         return events
 
     def finish(self, status: str) -> list[dict]:
@@ -130,7 +133,7 @@ class OutputItems:
 
 
 def _copy(item: dict) -> dict:
-    """The item as it is now (events keep their own copy; the item goes on growing)."""
+    """The item as it is now (the added event keeps its own copy; the item goes on growing)."""
     out = dict(item)
     if "content" in out:
         out["content"] = [dict(p) for p in out["content"]]
