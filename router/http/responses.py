@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from dataclasses import dataclass
 
 import orjson
 from pydantic import ValidationError
@@ -45,16 +46,18 @@ from router.http.responses_store import ResponseStore
 ROUTE = "/v1/responses"
 
 
+@dataclass(frozen=True, slots=True)
 class _Turn:
     """One request's response, as it is finished: its head (the echoed request), its place in the
     chain, this turn's input as chat messages, and how its output is read."""
 
-    __slots__ = ("head", "key", "new", "parent", "root", "shape", "store")
-
-    def __init__(self, head: dict, key: str, parent: str | None, root: str, new: list[dict], shape: ChatShape,
-                 store: bool):
-        self.head, self.key, self.parent, self.root, self.new = head, key, parent, root, new
-        self.shape, self.store = shape, store
+    head: dict
+    key: str  # the id's unique part (item ids are made from it)
+    parent: str | None  # previous_response_id
+    root: str  # the chain's first response id
+    new: list[dict]
+    shape: ChatShape
+    store: bool
 
 
 class ResponsesHandlers:
