@@ -29,7 +29,7 @@ from router.errors import APIError, bad_request, upstream_error
 from router.http.bodies import ChatCompletionRequest, _explain, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import dumps, json_response
-from router.http.generation import GenerationHandlers, SSEResponse
+from router.http.generation import GenerationHandlers, LastEvent, SSEResponse
 from router.http.responses_convert import (
     chat_body,
     check_served,
@@ -127,12 +127,13 @@ class ResponsesHandlers:
                 out = [e for delta in read(text, False) for e in items.feed(delta)]
         except StreamFailed as e:
             failed = finished(turn.head, "failed", items.items, None, str(e))
-            yield events.encode(items.close("incomplete") + [{"type": "response.failed", "response": failed}])
+            yield LastEvent(events.encode(items.close("incomplete") + [{"type": "response.failed", "response": failed}]))
             return
         status = status_of(p.finish_reason)
         out += items.finish(status)
         response = orjson.Fragment(self._finish(turn, p, items, status))
-        yield events.encode(out + [{"type": f"response.{status}", "response": response}])
+        # NOTE: the body ends in this write, before the run's cleanup (as a chat stream's [DONE] does)
+        yield LastEvent(events.encode(out + [{"type": f"response.{status}", "response": response}]))
 
     def _finish(self, turn: _Turn, p, items: OutputItems, status: str) -> bytes:
         """The finished Response object (JSON), stored when asked."""

@@ -190,3 +190,27 @@ def test_the_response_echoes_the_request():
 def test_a_failed_response_carries_its_error():
     r = Response.model_validate(finished(base(request(), "resp_3", 5, "m"), "failed", [], None, "decode worker died"))
     assert r.status == "failed" and r.error.code == "server_error" and r.error.message == "decode worker died"
+
+
+def test_the_last_event_ends_the_body_in_its_own_write_before_the_runs_cleanup():
+    """No [DONE] in a Responses stream: the terminal event is a LastEvent, which SSEResponse.pump writes
+    as the body's last (the chunked terminator in the same write) before `finalize` runs."""
+    import asyncio
+
+    from router.http.generation import LastEvent, SSEResponse
+
+    log = []
+
+    async def events():
+        yield b"event: a\n\n"
+        yield LastEvent(b"event: b\n\n")
+        log.append("generator went on")
+
+    async def finalize():
+        log.append("finalize")
+
+    async def write(chunk: bytes, last: bool):
+        log.append((chunk, last))
+
+    assert asyncio.run(SSEResponse(events(), finalize).pump(write)) is True
+    assert log == [(b"event: a\n\n", False), (b"event: b\n\n", True), "finalize"]

@@ -1,12 +1,12 @@
 """bench/router_overhead/responses.py: the two routes it compares ask the router for the same work (the
-same chat messages, tokens and sampling once converted), and its result is the median of paired
+same chat messages, tokens and sampling once converted), and its result is the median of the repeats'
 differences, not a difference of medians."""
 
 from __future__ import annotations
 
 import json
 
-from bench.router_overhead.responses import bodies, paired
+from bench.router_overhead.responses import added, bodies
 from router.http.bodies import ChatCompletionRequest, parse
 from router.http.responses_convert import chat_body, conversation, input_messages
 from router.http.responses_request import ResponsesRequest
@@ -23,6 +23,7 @@ def test_both_routes_ask_for_the_same_prompt_tokens_and_sampling():
     assert [path for path, _ in requests.values()] == ["/v1/chat/completions", "/v1/responses"]
 
 
-def test_the_result_is_the_median_of_paired_differences():
-    runs = {"responses": [{"x": 10.0}, {"x": 3.0}, {"x": 7.0}], "chat": [{"x": 9.0}, {"x": 1.0}, {"x": 2.0}]}
-    assert paired(runs, "x") == 2.0  # differences 1, 2, 5; the difference of medians would be 5
+def test_the_result_is_the_median_of_the_repeats_differences():
+    runs = [{"responses": {"x": 10.0}, "chat": {"x": 9.0}}, {"responses": {"x": 3.0}, "chat": {"x": 1.0}},
+            {"responses": {"x": 7.0}, "chat": {"x": 2.0}}]
+    assert added(runs, "x") == 2.0  # differences 1, 2, 5; the difference of medians would be 5

@@ -190,6 +190,7 @@ def test_a_wrong_model_is_a_404_and_the_api_key_is_checked(standins, make_router
 
 def test_the_route_is_served_by_the_hot_path_counted_and_documented(pd_router):
     r, _, _ = pd_router
+    assert r.app.hot_routes.handlers[b"/v1/responses"].__name__ == "create"  # answered without ASGI
     assert post(r, {"input": "x", "max_output_tokens": 1}).status_code == 200
     metrics = httpx.get(r.url + "/metrics", timeout=20).text
     assert 'pdorch_router_requests_total{route="/v1/responses",status="200"} 1.0' in metrics
