@@ -112,19 +112,21 @@ class ResponsesHandlers:
         """The stream: created and in_progress with the first token's events, then one write per
         batch of the worker's chunks; the last ends with the response's own end event."""
         events, items = ResponseEvents(), OutputItems(turn.key)
-        read = delta_reader(turn.shape, p)
+        feed = output_feeder(turn.shape, p, items)
         try:
             head = orjson.Fragment(dumps(turn.head))  # NOTE: serialized once for both events
-            out = [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head}]
-            for delta in read(first, True):
-                out += items.feed(delta)
-            while not p.finish_reason:
-                if out:
-                    yield events.encode(out)
-                text = await anext(run, None)
-                if text is None:
-                    break
-                out = [e for delta in read(text, False) for e in items.feed(delta)]
+            out = [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head},
+                   *feed(first, True)]
+            if not p.finish_reason:
+                yield events.encode(out)
+                out = []
+                async for text in run:
+                    out = feed(text, False)
+                    if p.finish_reason:  # the worker's last chunk: its events go with the end
+                        break
+                    if out:
+                        yield events.encode(out)
+                    out = []
         except StreamFailed as e:
             failed = finished(turn.head, "failed", items.items, None, str(e))
             yield LastEvent(events.encode(items.close("incomplete") + [{"type": "response.failed", "response": failed}]))
@@ -173,15 +175,15 @@ def _chat_request(body: dict) -> ChatCompletionRequest:
         raise bad_request(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
 
 
-def delta_reader(shape: ChatShape, p):
-    """read(text delta, first) -> the chat-shaped deltas of it. A plain chat's text is its content; a
-    shaped one's deltas are what ChatShape streams to a chat client (its chunks' `delta`s)."""
+def output_feeder(shape: ChatShape, p, items: OutputItems):
+    """feed(text delta, first) -> the events of it, `items` growing. A plain chat's text is its content;
+    a shaped one's deltas are what ChatShape streams to a chat client (its chunks' `delta`s)."""
     if shape.plain:
-        return lambda text, first: ({"content": text},) if text else ()
+        return lambda text, first: items.text("message", text) if text else []
     chunk = shape.stream(False)
 
-    def read(text: str, first: bool) -> list[dict]:
+    def feed(text: str, first: bool) -> list[dict]:
         raw = chunk(p, "", 0, "", text, first, False)
-        return [choice["delta"] for piece in raw.split(b"\n\n") if piece.startswith(b"data: {")
-                for choice in orjson.loads(piece[6:])["choices"]]
-    return read
+        return [event for piece in raw.split(b"\n\n") if piece.startswith(b"data: {")
+                for choice in orjson.loads(piece[6:])["choices"] for event in items.feed(choice["delta"])]
+    return feed

@@ -18,7 +18,7 @@ open as their first piece comes and close when another kind begins or the output
 
 from __future__ import annotations
 
-from router.http.formats import dumps
+import orjson
 
 
 class OutputItems:
@@ -50,15 +50,16 @@ class OutputItems:
         events: list[dict] = []
         thinking = delta.get("reasoning_content")
         if thinking:
-            events += self._text("reasoning", thinking)
+            events += self.text("reasoning", thinking)
         content = delta.get("content")
         if content:
-            events += self._text("message", content)
+            events += self.text("message", content)
         for call in delta.get("tool_calls") or ():
             events += self._call_piece(call)
         return events
 
-    def _text(self, kind: str, text: str) -> list[dict]:
+    def text(self, kind: str, text: str) -> list[dict]:
+        """The events of a piece of `kind` ("reasoning" or "message") text."""
         events: list[dict] = []
         item = self._open
         if item is None or item["type"] != kind:
@@ -127,7 +128,7 @@ class OutputItems:
         response has one)."""
         events = self.close(status)
         if not self.items:
-            events += self._text("message", "")
+            events += self.text("message", "")
             events += self.close(status)
         return events
 
@@ -158,5 +159,5 @@ class ResponseEvents:
         for event in events:
             event["sequence_number"] = self.seq
             self.seq += 1
-            out.append(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), dumps(event)))
+            out.append(b"event: %s\ndata: %s\n\n" % (event["type"].encode(), orjson.dumps(event)))
         return b"".join(out)

@@ -13,7 +13,7 @@ from pydantic import TypeAdapter
 from router.http.bodies import ChatCompletionRequest, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import Progress
-from router.http.responses import delta_reader
+from router.http.responses import output_feeder
 from router.http.responses_convert import chat_body, conversation, input_messages
 from router.http.responses_events import OutputItems, ResponseEvents, message_delta
 from router.http.responses_object import base, finished, status_of, usage
@@ -50,7 +50,8 @@ def stream(shape: ChatShape, pieces: list[str], finish: str, req: ResponsesReque
     """(events as the SDK parses them, final Response) of an output that arrives in `pieces`."""
     p = Progress("r", 40)
     p.device, p.store = 16, 8
-    read, items, numbering = delta_reader(shape, p), OutputItems("k"), ResponseEvents()
+    items, numbering = OutputItems("k"), ResponseEvents()
+    feed = output_feeder(shape, p, items)
     head = base(req or request(), "resp_k", 1, "m")
     raw = numbering.encode([{"type": "response.created", "response": head},
                             {"type": "response.in_progress", "response": head}])
@@ -59,7 +60,7 @@ def stream(shape: ChatShape, pieces: list[str], finish: str, req: ResponsesReque
         p.output_ids.append(i)
         if i == len(pieces) - 1:
             p.finish_reason = finish
-        raw += numbering.encode([e for d in read(piece, i == 0) for e in items.feed(d)])
+        raw += numbering.encode(feed(piece, i == 0))
     status = status_of(finish)
     end = items.finish(status)
     response = finished(head, status, items.items, usage(p, 0))
