@@ -229,6 +229,14 @@ class RouterConfig:
     circuit_breaker_cooldown_s: float = _key(10.0, "Seconds before an open circuit is retried", min=0.1)
     max_body_mb: int = _key(8, "Largest HTTP request body in MiB (a 128k-token prompt as token ids is ~1 MiB); "
                             "a larger one is answered 413", min=1, max=1024)
+    responses_store_max_entries: int = _key(100000, "/v1/responses with store: at most this many stored responses "
+                                            "(what previous_response_id continues, GET /v1/responses/{id} returns); "
+                                            "the least recently used go first", min=1)
+    responses_store_max_mb: int = _key(256, "/v1/responses with store: at most this many MiB of stored responses "
+                                       "(each kept as compact JSON: its turn's messages and its Response object)",
+                                       min=1, max=65536)
+    responses_store_ttl_s: float = _key(86400.0, "/v1/responses with store: a stored response unused this long is "
+                                        "gone (its chain's next turn is a 404)", min=1.0)
     metrics_port: int = _key(0, "Prometheus /metrics on a port of its own too (scrapers reach it where the API "
                              "port is closed to them; the chart uses 9390); 0 = only on the HTTP port, where it is "
                              "always served", min=0, max=65535)

@@ -26,7 +26,7 @@ from pdorch.worker.prefill_rpc import (
 
 # Labelled series exported at 0 from the start: `rate()` sees a counter's first increase only when
 # the series existed before it (the first 5xx or failed failover of a pod would count for nothing).
-GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate")
 PRECREATED_STATUSES = ("200", "500", "502", "503", "504")
 FAILOVER_OUTCOMES = ("resumed", "failed")
 

@@ -6,12 +6,13 @@ other studies of the same question are its sub-commands, each with its own flags
     python -m bench.router_overhead ttft-path [--json] [...]   the added TTFT step by step (ttft_path.py)
     python -m bench.router_overhead pick [--json] [...]        the worker choice at fleet scale (pick.py)
     python -m bench.router_overhead http-layer [--json] [...]  the HTTP layer alone (http_layer.py)
+    python -m bench.router_overhead responses [--json] [...]   /v1/responses against chat (responses.py)
 """
 
 import importlib
 import sys
 
-STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer"}
+STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses"}
 
 
 def main(argv: list[str]) -> int:

@@ -29,14 +29,14 @@ class Sample:
 
 # ------------------------------------------------------------------------------ lean HTTP
 class LeanHTTP:
-    """POST /generate over a raw asyncio stream; reads the chunked SSE body to its end."""
+    """POST `path` (/generate) over a raw asyncio stream; reads the chunked SSE body to its end."""
 
-    def __init__(self, url: str, body: bytes, keep_alive: bool):
+    def __init__(self, url: str, body: bytes, keep_alive: bool, path: str = "/generate"):
         hostport = url.split("://", 1)[1]
         self.host, port = hostport.rsplit(":", 1)
         self.port = int(port)
         self.keep_alive = keep_alive
-        self.request = (f"POST /generate HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n"
+        self.request = (f"POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n"
                         f"Content-Length: {len(body)}\r\nConnection: {'keep-alive' if keep_alive else 'close'}"
                         "\r\n\r\n").encode() + body
 
@@ -69,13 +69,18 @@ class LeanHTTP:
 
 
 # ------------------------------------------------------------------------------ targets
-async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
-    """(one(conn) -> Sample, close()) for `http://host:port` (/generate) or `grpc://host:port` (Generate)."""
+async def open_target(target: str, tokens: int, keep_alive: bool, client: str,
+                      request: tuple[str, dict] | None = None):
+    """(one(conn) -> Sample, close()) for `http://host:port` (/generate, or `request`: (path, streaming
+    body) of another route) or `grpc://host:port` (Generate)."""
     from proto.pdorch.v1 import worker_pb2 as pb
 
     body = dict(GENERATE_BODY, sampling_params={"max_new_tokens": tokens, "temperature": 0.0})
     grpc_req = pb.GenerateRequest(request_id="b", token_ids=body["input_ids"], prefill_address="unused",
                                   sampling=pb.SamplingParams(max_tokens=tokens, temperature=0.0))
+    path = "/generate"
+    if request is not None:
+        path, body = request
     if target.startswith("grpc://") and client == "lean":
         from router.dispatch.dispatch import GENERATE_PATH
         from router.grpc.stream import Channel
@@ -114,7 +119,7 @@ async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
         return one, aio_channel.close
     raw = json.dumps(body).encode()
     if client == "lean":
-        http = LeanHTTP(target, raw, keep_alive)
+        http = LeanHTTP(target, raw, keep_alive, path)
 
         async def close():
             pass
@@ -128,7 +133,7 @@ async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
     async def one(conn) -> Sample:
         t0 = time.perf_counter()
         ttft = None
-        async with session.post(target + "/generate", data=raw, headers={"Content-Type": "application/json"}) as r:
+        async with session.post(target + path, data=raw, headers={"Content-Type": "application/json"}) as r:
             if r.status != 200:
                 raise RuntimeError(f"{target}: HTTP {r.status}: {await r.text()}")
             async for line in r.content:
@@ -141,7 +146,7 @@ async def open_target(target: str, tokens: int, keep_alive: bool, client: str):
 
 async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: float, duration_s: float,
                       keep_alive: bool = False, stagger_s: float = 0.0, client: str = "lean",
-                      think_s: float = 0.0) -> dict:
+                      think_s: float = 0.0, request: tuple[str, dict] | None = None) -> dict:
     """`concurrency` clients each sending back-to-back requests; stats of those finished in the window.
 
     Client i starts `i * stagger_s / concurrency` late. NOTE: with stagger 0 and a fixed stream
@@ -163,7 +168,7 @@ async def closed_loop(target: str, concurrency: int, tokens: int, warmup_s: floa
     completed = [0]
     t_start = time.perf_counter()
     t_measure, t_end = t_start + warmup_s, t_start + warmup_s + duration_s
-    one, close = await open_target(target, tokens, keep_alive, client)
+    one, close = await open_target(target, tokens, keep_alive, client, request)
 
     async def run_client(i: int):
         await asyncio.sleep(i * stagger_s / concurrency)

@@ -33,6 +33,9 @@ from router.http.formats import json_response
 from router.http.generation import GenerationHandlers
 from router.http.hot_path import HotRoutes
 from router.http.openapi import document_bodies
+from router.http.responses import ResponsesHandlers
+from router.http.responses_request import ResponsesRequest
+from router.http.responses_store import ResponseStore, StoreLimits
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
 from router.kv.layout import KVLayout
@@ -41,7 +44,7 @@ from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")
 
-_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/generate", "/flush_cache", "/server_info",
+_ROUTES = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/generate", "/flush_cache", "/server_info",
            "/get_server_info", "/get_model_info", "/health", "/health_generate", "/metrics", "/workers",
            "/tokenize", "/detokenize"}
 
@@ -172,8 +175,14 @@ def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, met
     """The generation routes (served by RouterHttpProtocol itself, router/http/hot_path.py; through FastAPI
     only under another server) and /v1/models."""
     gen = GenerationHandlers(cfg, svc, auth)
+    rc = cfg.router
+    responses = ResponsesHandlers(gen, ResponseStore(StoreLimits(rc.responses_store_max_entries,
+                                                                 rc.responses_store_max_mb << 20,
+                                                                 rc.responses_store_ttl_s)))
+    app.state.responses_store = responses.store
     hot = HotRoutes({b"/v1/chat/completions": gen.chat, b"/v1/completions": gen.completions,
-                     b"/generate": gen.generate}, metrics, max_body_bytes=cfg.router.max_body_mb << 20)
+                     b"/v1/responses": responses.create, b"/generate": gen.generate}, metrics,
+                    max_body_bytes=rc.max_body_mb << 20)
     app.hot_routes = hot
 
     def _route(handler):
@@ -198,6 +207,10 @@ def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, met
     app.add_api_route("/v1/completions", _route(gen.completions), methods=["POST"], name="completions",
                       summary="OpenAI text completion (prompt as text or token ids)",
                       openapi_extra=document_bodies(CompletionRequest))
+    app.add_api_route("/v1/responses", _route(responses.create), methods=["POST"], name="responses",
+                      summary="OpenAI Responses API: input items, function tools, previous_response_id, events "
+                      "with `stream: true`", openapi_extra=document_bodies(ResponsesRequest))
+    responses.add_routes(app, auth)
     app.add_api_route("/generate", _route(gen.generate), methods=["POST"], name="generate",
                       summary="SGLang-native generation: `text` or `input_ids`, cumulative chunks",
                       openapi_extra=document_bodies(GenerateRequest))

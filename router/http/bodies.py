@@ -284,7 +284,7 @@ def parse(model_cls: type[BaseModel], body: bytes) -> BaseModel:
         err = errors[0]
         if err["type"] in ("json_invalid", "json_type"):
             raise bad_request(f"malformed JSON body: {err['msg']}") from None
-        loc, msg = _explain(errors)
+        loc, msg = explain(errors)
         if not loc:
             raise bad_request(f"request body: {msg}") from None
         raise bad_request(f"{loc}: {msg}", param=loc) from None
@@ -303,7 +303,7 @@ def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part[:1].isupper())
 
 
-def _explain(errors: list[dict]) -> tuple[str, str]:
+def explain(errors: list[dict]) -> tuple[str, str]:
     """(field path, message) for the first error. A value that fits no member of a union gets one
     message listing the accepted types, unless exactly one member got past the type check (then
     its own deeper error says more)."""

@@ -42,6 +42,11 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-
                (b"x-accel-buffering", b"no")]
 
 
+class LastEvent(bytes):
+    """The chunk that ends a stream which has no `data: [DONE]` (the Responses API's, router/http/responses.py):
+    written as the body's last, as a chunk ending with [DONE] is."""
+
+
 class SSEResponse(Response):
     """A lean server-sent-events response: the events, and `finalize`, run however the stream ends.
 
@@ -58,14 +63,14 @@ class SSEResponse(Response):
 
     async def pump(self, write, start=None) -> bool:
         """The one SSE writer of both serving paths: `start()`, then `write(event, last)` for each
-        event up to the one ending with `data: [DONE]` (True) or the events' end (False); the
+        event up to the one ending with `data: [DONE]` or a `LastEvent` (True) or the events' end (False); the
         events closed and `finalize` run however it ends. NOTE: the last event is the final body
         write (one write less per request: it matters at hundreds of requests/s)."""
         try:
             if start is not None:
                 await start()
             async for chunk in self.events:
-                last = chunk.endswith(formats.DONE)
+                last = chunk.endswith(formats.DONE) or chunk.__class__ is LastEvent
                 await write(chunk, last)
                 if last:
                     return True
@@ -126,7 +131,7 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
-        sampling, plan, start, top, echo, ids, job = self._openai_job(req, chat, request, arrived)
+        sampling, plan, start, top, echo, ids, job = self.openai_job(req, chat, request, arrived)
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
         created = int(time.time())
@@ -187,7 +192,7 @@ class GenerationHandlers:
 
         return SSEResponse(_sse_events(run, progress, first, one, tail), run.aclose)
 
-    def _openai_job(self, req, chat: bool, request: Request, arrived: float):
+    def openai_job(self, req, chat: bool, request: Request, arrived: float):
         """(sampling, tool plan, where a reasoning model's output starts, top logprobs, echo, prompt ids,
         the dispatch job) of an OpenAI body."""
         svc = self.svc

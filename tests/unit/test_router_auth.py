@@ -23,6 +23,7 @@ CLIENT_ROUTES = [
     ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                       "max_tokens": 2}),
     ("POST", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}),
+    ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2}),
     ("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
     ("GET", "/v1/models", None),
     ("GET", "/server_info", None),

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 MODEL = "SmolLM2-135M-Instruct"
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate")
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 
@@ -119,7 +119,9 @@ def small(body: dict) -> dict:
     NOTE: without one, a request would stream up to the whole context."""
     if "max_tokens" not in body and "max_completion_tokens" not in body:
         body["max_tokens"] = 8
-    for key in ("max_tokens", "max_completion_tokens"):
+    if "max_output_tokens" not in body:  # /v1/responses' name (ignored by the other routes)
+        body["max_output_tokens"] = 8
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and 64 < value <= 4096:
             body[key] = 64
@@ -144,6 +146,7 @@ def test_bodies_from_the_openapi_schema_never_get_a_5xx(fuzz_target, path):
 VALID = {
     "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
     "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 2}},
 }
 

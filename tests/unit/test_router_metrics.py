@@ -24,7 +24,7 @@ def test_histogram_and_counters_match_prometheus_client():
     ttft = Histogram("pdorch_router_ttft_seconds", "t", ["route"], registry=ref,
                      buckets=ours.ttft.buckets)
     requests = Counter("pdorch_router_requests", "r", ["route", "status"], registry=ref)
-    for route in ("/v1/chat/completions", "/v1/completions", "/generate"):  # ours are pre-created at 0
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"):  # ours are pre-created at 0
         ttft.labels(route)
         for status in ("200", "500", "502", "503", "504"):
             requests.labels(route, status)
@@ -67,7 +67,7 @@ def test_labelled_series_exist_at_zero_before_their_first_event():
     """`rate()` counts a series' first increase only if the series existed before it."""
     m = RouterMetrics()
     got = _samples(m.render(), "pdorch_router_")
-    for route in ("/v1/chat/completions", "/v1/completions", "/generate"):
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"):
         for status in ("500", "502", "503", "504", "200"):
             assert got[("pdorch_router_requests_total", (("route", route), ("status", status)))] == 0.0
         assert got[("pdorch_router_ttft_seconds_count", (("route", route),))] == 0.0
