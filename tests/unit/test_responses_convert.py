@@ -111,11 +111,12 @@ def test_function_tools_and_tool_choice_take_the_chat_shape_and_plan():
     assert chat.tools[0].model_dump(exclude_none=True) == {"type": "function", "function": {
         "name": "weather", "description": "Weather of a city", "parameters": SCHEMA, "strict": True}}
     assert chat.parallel_tool_calls is False
-    plan = tool_plan(chat)
+    plan = tool_plan(chat, "none")  # no call format: the bare JSON grammar (a family's: tests/unit/test_tool_grammar.py)
     assert plan.mode == "named" and plan.forced_name == "weather" and json.loads(plan.grammar.spec) == SCHEMA
-    assert tool_plan(chat_of(req(tools=[WEATHER], tool_choice="required"))).mode == "required"
-    assert tool_plan(chat_of(req(tools=[WEATHER]))).mode == "auto"
-    unknown = refused(tool_plan, chat_of(req(tools=[WEATHER], tool_choice={"type": "function", "name": "nope"})))
+    assert tool_plan(chat_of(req(tools=[WEATHER], tool_choice="required")), "none").mode == "required"
+    assert tool_plan(chat_of(req(tools=[WEATHER])), "hermes").mode == "auto"
+    unknown = refused(tool_plan, chat_of(req(tools=[WEATHER], tool_choice={"type": "function", "name": "nope"})),
+                      "hermes")
     assert responses_param(unknown).param == "tool_choice.name" and "tool_choice.name: no tool" in unknown.message
 
 

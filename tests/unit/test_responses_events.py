@@ -32,7 +32,7 @@ def request(**fields) -> ResponsesRequest:
 
 def shape_of(req: ResponsesRequest, tool_parser: str = "none", reasoning_parser: str = "none") -> ChatShape:
     chat = ChatCompletionRequest.model_validate(chat_body(req, conversation(req, [], input_messages(req)), "s"))
-    return ChatShape(tool_plan(chat), tool_parser, reasoning_parser)
+    return ChatShape(tool_plan(chat, tool_parser), tool_parser, reasoning_parser)
 
 
 def sse(raw: bytes) -> list[dict]:
@@ -99,7 +99,7 @@ def test_a_text_answer_streams_as_openai_does_and_completes_with_usage_and_cache
     assert (u.input_tokens, u.output_tokens, u.total_tokens) == (40, 3, 43)
     assert u.input_tokens_details.cached_tokens == 24
     assert u.input_tokens_details.model_extra["cached_tokens_details"] == {"device": 16, "host": 0, "store": 8,
-                                                                           "ssd": 0}
+                                                                           "ssd": 0, "inflight": 0}
     assert [i for i in whole(shape, "Hello there", "stop")] == [o.model_dump(exclude_none=True)
                                                                 for o in response.output]
 
