@@ -208,11 +208,13 @@ def pydantic_ai_model(served, recorder: Recorder):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_pydantic_ai_output_type_returns_the_nested_model(served, recorder, stream):
-    """The output as pydantic-ai's output tool (final_result, tool_choice required, strict)."""
-    from pydantic_ai import Agent
+@pytest.mark.parametrize("output", ["tool", "native"])
+def test_pydantic_ai_output_type_returns_the_nested_model(served, recorder, output, stream):
+    """output_type=Person: pydantic-ai's output tool (final_result, tool_choice required, strict);
+    NativeOutput(Person): response_format json_schema, strict."""
+    from pydantic_ai import Agent, NativeOutput
 
-    agent = Agent(pydantic_ai_model(served, recorder), output_type=Person,
+    agent = Agent(pydantic_ai_model(served, recorder), output_type=Person if output == "tool" else NativeOutput(Person),
                   model_settings={"max_tokens": MAX_TOKENS, "temperature": 0})
 
     async def streamed() -> Person:
@@ -222,9 +224,14 @@ def test_pydantic_ai_output_type_returns_the_nested_model(served, recorder, stre
     out = asyncio.run(streamed()) if stream else asyncio.run(agent.run(PROMPT)).output
     assert isinstance(out, Person), out
     (body,) = recorder.bodies  # no output retry
-    assert body["tool_choice"] == "required" and body["stream"] is stream
-    (tool,) = body["tools"]
-    assert tool["function"]["strict"] is True and has_defs(tool["function"]["parameters"])
+    assert body["stream"] is stream and body.get("stream_options") == ({"include_usage": True} if stream else None)
+    if output == "tool":
+        (tool,) = body["tools"]
+        assert body["tool_choice"] == "required" and "response_format" not in body
+        assert tool["function"]["strict"] is True and has_defs(tool["function"]["parameters"])
+    else:
+        fmt = body["response_format"]["json_schema"]
+        assert "tools" not in body and fmt["strict"] is True and has_defs(fmt["schema"])
 
 
 def test_pydantic_ai_calls_a_tool_then_returns_the_nested_model(served, recorder):
@@ -330,3 +337,27 @@ def test_openai_agents_required_tool_then_a_loop_that_ends_in_text(served, recor
     assert tool["function"]["strict"] is True and has_defs(tool["function"]["parameters"])
     assert "tool_choice" not in second  # reset after the call (the SDK's reset_tool_choice): auto
     assert [m["role"] for m in second["messages"]][-2:] == ["assistant", "tool"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_agents_output_type_returns_the_nested_model(served, recorder, stream):
+    """output_type=Person: response_format json_schema (final_output, strict); streamed with usage."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(served[1], openai_client=async_client(served, recorder))
+    agent = Agent(name="reader", model=model, output_type=Person,
+                  model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0, include_usage=stream))
+
+    async def run_streamed():
+        run = Runner.run_streamed(agent, PROMPT, max_turns=1)
+        async for _ in run.stream_events():
+            pass
+        return run
+
+    result = asyncio.run(run_streamed() if stream else Runner.run(agent, PROMPT, max_turns=1))
+    assert isinstance(result.final_output, Person), result.final_output
+    assert result.context_wrapper.usage.output_tokens > 0  # streamed: from the usage chunk
+    (body,) = recorder.bodies
+    fmt = body["response_format"]["json_schema"]
+    assert (fmt["name"], fmt["strict"]) == ("final_output", True) and has_defs(fmt["schema"]) and "tools" not in body
