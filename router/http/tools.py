@@ -8,6 +8,10 @@ under, how the output is read back) and the messages as chat templates read them
     {"function": f}    f's call in the family's format, under f's schema    the family's parser
     "required"         one call or more in the family's format, nothing     the family's parser
                        else (parallel_tool_calls false: one)
+    {"allowed_tools":  as "auto" / "required" with only the listed tools    the family's parser
+     {mode, tools}}    callable (a call, once begun, is one of them); every
+                       tool stays in the prompt (OpenAI's: the prompt, and
+                       its cached prefix, is the same whichever are allowed)
 
 The grammars are structural tags in the family's format (router/http/tool_grammar.py). A model
 with no call format (model.tool_call_parser none) refuses "auto" (as vLLM does) and writes forced
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from proto.pdorch.v1 import worker_pb2
 from router.errors import bad_request
 from router.http import tool_grammar
+from router.http.bodies import AllowedToolsChoice
 
 _ID_CHARS = string.ascii_letters + string.digits
 
@@ -88,6 +93,10 @@ def tool_plan(req, parser: str = "none") -> ToolPlan | None:
     if choice == "none":
         return plan
     schemas = {t.function.name: t.function.parameters or tool_grammar.NO_ARGUMENTS for t in tools}
+    if isinstance(choice, AllowedToolsChoice):  # every tool stays in the prompt; these alone may be called
+        tools = _allowed(choice, tools)
+        choice = choice.allowed_tools.mode
+        plan = replace(plan, names=tuple(t.function.name for t in tools))
     if choice is None or choice == "auto":
         if parser == "none":
             raise bad_request('tool_choice "auto" needs a tool call parser, and this model has none '
@@ -96,14 +105,15 @@ def tool_plan(req, parser: str = "none") -> ToolPlan | None:
         tags = tuple(tool_grammar.call_tag(parser, t.function.name, schemas[t.function.name] if t.function.strict
                                            else tool_grammar.ANY_OBJECT) for t in tools)
         plan = replace(plan, mode="auto", call_tags=tags)
-        if not any(t.function.strict for t in tools):
+        # free text: a call, once begun, is one of the callable tools (under its schema if strict)
+        if not any(t.function.strict for t in tools) and plan.names == names:
             return plan
         return replace(plan, grammar=tool_grammar.structural_tag(tool_grammar.free_text_format(parser, list(tags),
                                                                                               plan.one_call)))
     if choice == "required":
         if parser == "none":
             return replace(plan, mode="required", grammar=tool_grammar.required_grammar(tools, plan.one_call))
-        tags = [tool_grammar.call_tag(parser, n, schemas[n]) for n in names]
+        tags = [tool_grammar.call_tag(parser, n, schemas[n]) for n in plan.names]
         return replace(plan, mode="required",
                        grammar=tool_grammar.structural_tag(tool_grammar.calls_format(parser, tags, plan.one_call)))
     name = choice.function.name
@@ -116,6 +126,18 @@ def tool_plan(req, parser: str = "none") -> ToolPlan | None:
         grammar = tool_grammar.structural_tag(tool_grammar.calls_format(
             parser, [tool_grammar.call_tag(parser, name, schemas[name])], True))
     return replace(plan, mode="named", grammar=grammar, forced_name=name, names=(name,), one_call=True)
+
+
+def _allowed(choice: AllowedToolsChoice, tools: list) -> list:
+    """The tools `allowed_tools` lets the model call, in the request's order; a name that is not a
+    tool is a 400 naming it."""
+    by_name = {t.function.name: t for t in tools}
+    wanted = [t.function.name for t in choice.allowed_tools.tools]
+    for i, name in enumerate(wanted):
+        if name not in by_name:
+            raise bad_request(f"tool_choice.allowed_tools.tools.{i}.function.name: no tool named {name!r} "
+                              f"(tools: {', '.join(by_name)})", param=f"tool_choice.allowed_tools.tools.{i}.function.name")
+    return [t for t in tools if t.function.name in wanted]
 
 
 def template_messages(messages) -> list[dict]:

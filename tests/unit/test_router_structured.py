@@ -190,6 +190,49 @@ def test_strict_tools_in_auto_constrain_their_calls_and_leave_the_text_free():
     assert [t["content"]["json_schema"] for t in fmt["tags"]] == [SCHEMA, {"type": "object"}]  # TIME: not strict
 
 
+def allowed(mode: str, *names: str) -> dict:
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [
+        {"type": "function", "function": {"name": n}} for n in names]}}
+
+
+@pytest.mark.parametrize("parser", ["hermes", "none"])
+def test_allowed_tools_required_forces_a_call_of_the_listed_tools_with_every_tool_in_the_prompt(parser):
+    """OpenAI's allowed_tools (pydantic-ai sends it for a tool_choice of several names): the prompt
+    keeps every tool, the grammar holds the listed ones only."""
+    plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice=allowed("required", "time")), parser)
+    assert plan.mode == "required" and plan.names == ("time",) and plan.forced
+    assert [t["function"]["name"] for t in plan.template_tools] == ["weather", "time"]
+    if parser == "hermes":
+        calls = structural(plan)
+        assert [t["begin"] for t in calls["tags"]] == ['<tool_call>\n{"name": "time", "arguments": ']
+    else:
+        assert json.loads(plan.grammar.spec)["items"]["properties"]["name"]["enum"] == ["time"]
+
+
+def test_allowed_tools_auto_leaves_text_free_and_a_begun_call_one_of_the_listed_tools():
+    plan = tool_plan(chat(tools=[WEATHER, TIME], tool_choice=allowed("auto", "weather")), "hermes")
+    assert plan.mode == "auto" and plan.names == ("weather",) and not plan.forced
+    fmt = structural(plan)
+    assert fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<tool_call>"]
+    assert [t["begin"] for t in fmt["tags"]] == ['<tool_call>\n{"name": "weather", "arguments": ']
+    every = tool_plan(chat(tools=[WEATHER, TIME], tool_choice=allowed("auto", "time", "weather")), "hermes")
+    assert every.grammar is None and every.names == ("weather", "time")  # all allowed: plain "auto"
+
+
+@pytest.mark.parametrize("choice, param, words", [
+    (allowed("required", "wether"), "tool_choice.allowed_tools.tools.0.function.name", "no tool named 'wether'"),
+    (allowed("any", "weather"), "tool_choice", ""),
+    (allowed("auto"), "tool_choice", ""),
+])
+def test_allowed_tools_that_cannot_be_served_are_refused_naming_the_field(choice, param, words):
+    from router.http.bodies import parse
+
+    with pytest.raises(APIError) as e:
+        tool_plan(parse(ChatCompletionRequest, json.dumps({"messages": [{"role": "user", "content": "hi"}],
+                                                           "tools": [WEATHER], "tool_choice": choice}).encode()))
+    assert e.value.status == 400 and e.value.param.startswith(param) and words in e.value.message, e.value
+
+
 def test_the_named_call_streams_its_arguments_and_ends_with_tool_calls():
     plan = tool_plan(chat(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "weather"}}))
     stream = ToolStream(plan)
