@@ -136,18 +136,6 @@ def _grammar(schema: dict) -> worker_pb2.Grammar:
     return worker_pb2.Grammar(kind="json_schema", spec=json.dumps(schema))
 
 
-def _required_schema(tools, exactly_one: bool) -> dict:
-    """Every tool's call in one array schema; the tools' definitions hoisted to its root (below)."""
-    params, defs = hoisted_definitions([(t.function.name, t.function.parameters or NO_ARGUMENTS) for t in tools])
-    call = [{"type": "object", "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                                              "parameters": p},
-             "required": ["name", "parameters"]} for t, p in zip(tools, params)]
-    schema = {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}}
-    if exactly_one:
-        schema["maxItems"] = 1
-    return {**schema, **defs}
-
-
 _DEFS_KEYS = ("$defs", "definitions")  # where JSON schemas keep the definitions "#/$defs/X" points at
 
 

@@ -1,6 +1,6 @@
 """Tool calls and reasoning as agent frameworks meet them (issue 51), on the real stack: the official
-`openai` client -> the real router -> D -> P (tiny random-weights Llama: its call format is
-Llama 3.1's JSON). Forced calls over nested pydantic models ($defs) come back as calls whose
+`openai` client -> the real router -> D -> P (tiny random-weights Llama with SmolLM2's tool-blind
+template: its tool turns go through the built-in ChatML template, whose call format is hermes'). Forced calls over nested pydantic models ($defs) come back as calls whose
 arguments fit; streamed tool chats carry their logprobs; a template that opens <think> gets its
 thinking in reasoning_content and its grammar only after </think>, across P and D.
 

@@ -3,10 +3,9 @@
 stream_options, ...), and vLLM's request fields (data below), for chat and completions.
 
 Each field is in exactly one class: honoured (declared in the router's body models, and shown by a
-test that exercises it), accepted with no effect on the output (docs/api.md says why), refused (a
-body with it is a 400 naming it, through the real router, and nothing reaches a worker), or owned by
-work that honours it elsewhere (expected honoured: declared in the body models). A refused or
-no-effect field covers what is nested under it (a value that is refused never gets that far).
+test that exercises it), accepted with no effect on the output (docs/api.md says why), or refused (a
+body with it is a 400 naming it, through the real router, and nothing reaches a worker). A refused
+or no-effect field covers what is nested under it (a value that is refused never gets that far).
 """
 
 from __future__ import annotations
@@ -102,6 +101,17 @@ HONOURED_CHAT = HONOURED_COMMON | {
     "tools[].function.parameters": "tests/unit/test_router_structured.py",
     "chat_template_kwargs": "tests/unit/test_router_vllm_extras.py",
     "add_generation_prompt": "tests/unit/test_router_vllm_extras.py",
+    "tools[].function.strict": "tests/unit/test_router_structured.py",
+    "response_format.json_schema.strict": "tests/integration/test_agent_frameworks.py",
+    "parallel_tool_calls": "tests/unit/test_router_structured.py",
+    "messages[].reasoning_content": "tests/unit/test_router_structured.py",
+    "tool_choice": "tests/unit/test_router_structured.py", "tool_choice.type": "tests/unit/test_router_structured.py",
+    "tool_choice.function": "tests/unit/test_router_structured.py",
+    "tool_choice.function.name": "tests/unit/test_router_structured.py",
+    "tool_choice.allowed_tools": "tests/unit/test_router_structured.py",
+    "tool_choice.allowed_tools.mode": "tests/unit/test_router_structured.py",
+    "tool_choice.allowed_tools.tools": "tests/unit/test_router_structured.py",
+    "continue_final_message": "tests/unit/test_router_chat_templates.py",
 }
 HONOURED_COMPLETION = HONOURED_COMMON | {"prompt": "tests/unit/test_router_api.py",
                                         "echo": "tests/integration/test_agent_api.py"}
@@ -116,9 +126,6 @@ NO_EFFECT = {
     "messages[].content[].prompt_cache_breakpoint": "a caching hint: every full page is cached anyway",
 }
 
-# honoured by work on other branches (issue 51); docs/api.md says honoured once it lands
-OWNED_ELSEWHERE = ["tools[].function.strict", "response_format.json_schema.strict", "parallel_tool_calls",
-                   "messages[].reasoning_content", "tool_choice", "chat_template", "continue_final_message"]
 
 # refused: field -> (the body's fields that carry it, the `param` its 400 names); a field of the
 # router's REFUSED tables is refused with any value but its default
@@ -151,6 +158,9 @@ REFUSED_CHAT |= {
     "messages[].tool_calls[].custom": ({"messages": [{"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "custom", "custom": {"name": "f", "input": "x"}}]}]}, "messages.0.tool_calls.0.type"),
     "tools[].custom": ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools.0.type"),
+    "tool_choice.custom": ({"tools": [{"type": "function", "function": {"name": "f"}}],
+                            "tool_choice": {"type": "custom", "custom": {"name": "f"}}}, "tool_choice"),
+    "chat_template": ({"chat_template": "{{ messages }}"}, "chat_template"),
 }
 REFUSED_COMPLETION = {name: ({name: {"x": 1}}, name) for name in REFUSED_COMMON + [
     "best_of", "suffix", "top_logprobs", "prompt_embeds"]}
@@ -192,14 +202,14 @@ def _walk(t, path: str, out: set[str], seen: set) -> None:
 
 
 def classify(route: str, field: str) -> str:
-    """honoured / no_effect / refused / elsewhere, by the field or the nearest class covering it; "" if none."""
+    """honoured / no_effect / refused, by the field or the nearest class covering it; "" if none."""
     _, _, honoured, refused, _ = ROUTES[route]
     if field in honoured:
         return "honoured"
-    at = covering(field, refused.keys() | NO_EFFECT.keys() | set(OWNED_ELSEWHERE))
+    at = covering(field, refused.keys() | NO_EFFECT.keys())
     if at is None:
         return ""
-    return "refused" if at in refused else "no_effect" if at in NO_EFFECT else "elsewhere"
+    return "refused" if at in refused else "no_effect"
 
 
 def covering(field: str, fields) -> str | None:
@@ -278,16 +288,6 @@ def test_a_field_without_effect_is_read_and_documented(route, field):
     at = covering(field, NO_EFFECT)
     section = api_sections()["Accepted with no effect on the output"]
     assert documented(at.split(".")[-1].replace("[]", ""), section), f"docs/api.md does not say why {at} has no effect"
-
-
-@pytest.mark.parametrize("field", OWNED_ELSEWHERE)
-def test_a_field_owned_by_other_work_is_honoured(field):
-    """Red until that work is merged: read by the chat body, and documented as honoured (outside the
-    sections of refused fields and of fields without effect)."""
-    assert declared(ChatCompletionRequest, field), f"{field} is not read by the chat body"
-    honoured = [text for title, text in api_sections().items()
-                if not title.startswith(("Refused", "Accepted with no effect"))]
-    assert any(documented(field.split(".")[-1], text) for text in honoured), f"docs/api.md does not list {field}"
 
 
 @pytest.fixture(scope="module")
