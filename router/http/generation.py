@@ -323,12 +323,18 @@ def template_kwargs(req, plan) -> dict:
 def constraint(req, plan, start: str = NO_THINKING):
     """(Grammar, the field it came from) of a request: a structured output, tool calls (forced, or
     strict tools), or response_format's answer or calls ("auto"); after the thinking of a reasoning
-    model (`start`: router/http/reasoning.py start_of). Another structured output (regex, grammar,
-    ...) with "auto" tools constrains the whole output, as on vLLM."""
+    model (`start`: router/http/reasoning.py start_of). A forced call with response_format: the call
+    (the format shapes text answers). Another structured output (regex, grammar, ...) with "auto"
+    tools constrains the whole output, as on vLLM; with a forced call or strict tools it is a 400."""
     grammar = grammar_of(req)
     if plan is not None and grammar is not None:
         if plan.mode == "auto" and grammar[1].startswith("response_format"):
             grammar = answer_or_calls(grammar[0], plan.parser, list(plan.call_tags), plan.one_call), grammar[1]
+        elif plan.forced and grammar[1].startswith("response_format"):
+            # NOTE: a forced call's turn is calls only: response_format shapes a text answer, and this
+            # turn has none (OpenAI, and vLLM's tool schema taking over); the Agents SDK sends both
+            # with output_type and tool_choice "required"
+            grammar = plan.grammar, "tool_choice"
         elif plan.grammar is not None:
             what = f"tool_choice {plan.mode!r}" if plan.forced else "tools with strict: true"
             raise APIError(400, f"{what} and {grammar[1]} both constrain the output; give one", param=grammar[1])

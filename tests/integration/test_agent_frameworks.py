@@ -1,7 +1,8 @@
 """Agent frameworks, unmodified (dev dependencies), on the real stack: each framework's own openai
 client -> the real router -> D -> P (tiny random-weights model; every prompt prefilled by P).
-LangChain's ChatOpenAI, instructor, pydantic-ai and the OpenAI Agents SDK's chat-completions model,
-each over nested pydantic models (their JSON schemas carry $defs).
+LangChain's ChatOpenAI, instructor, pydantic-ai and the OpenAI Agents SDK (its chat-completions model,
+and its default Responses model on /v1/responses), each over nested pydantic models (their JSON
+schemas carry $defs).
 
 Random weights cannot be smart: the checks are that the framework parsed what it asked for (an
 instance of the nested model, a call whose arguments validate, a loop that ends in text) from the
@@ -292,7 +293,7 @@ def test_pydantic_ai_tool_or_output_is_an_allowed_tools_choice_the_call_keeps_to
     assert calls and set(calls) <= {"save_person", "final_result"}, calls
 
 
-# OpenAI Agents SDK (chat completions model; its default Responses model is served by /v1/responses)
+# OpenAI Agents SDK, its chat-completions model
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -361,3 +362,79 @@ def test_openai_agents_output_type_returns_the_nested_model(served, recorder, st
     (body,) = recorder.bodies
     fmt = body["response_format"]["json_schema"]
     assert (fmt["name"], fmt["strict"]) == ("final_output", True) and has_defs(fmt["schema"]) and "tools" not in body
+
+
+# OpenAI Agents SDK, its default model: the Responses API (/v1/responses, router/http/responses.py)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_agents_default_responses_model_forces_a_call_of_a_nested_model_tool(served, recorder, stream):
+    """The Agents SDK's own default (OpenAIResponsesModel) with output_type and tool_choice required: the
+    call's arguments are validated into the nested model and the tool runs (stop_on_first_tool: its
+    output is the run's). The SDK sends text.format beside the forced call: the call is the turn."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    saved: list[Person] = []
+
+    @function_tool
+    def save_person(person: Person) -> str:
+        """Store a person."""
+        saved.append(person)
+        return "saved"
+
+    model = OpenAIResponsesModel(served[1], openai_client=async_client(served, recorder))
+    agent = Agent(name="saver", instructions="Save people.", model=model, tools=[save_person], output_type=Person,
+                  tool_use_behavior="stop_on_first_tool",
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0))
+
+    async def run_streamed():
+        run = Runner.run_streamed(agent, PROMPT, max_turns=1)
+        async for _ in run.stream_events():
+            pass
+        return run
+
+    result = asyncio.run(run_streamed() if stream else Runner.run(agent, PROMPT, max_turns=1))
+    assert result.final_output == "saved" and len(saved) == 1 and isinstance(saved[0], Person), saved
+    (body,) = recorder.bodies
+    assert body["tool_choice"] == "required" and body.get("stream", False) is stream
+    assert body["instructions"] == "Save people." and body["max_output_tokens"] == MAX_TOKENS
+    (tool,) = body["tools"]
+    assert tool["type"] == "function" and tool["strict"] is True and has_defs(tool["parameters"])
+    assert body["text"]["format"]["type"] == "json_schema"  # beside the forced call: the call wins
+
+
+def test_openai_agents_default_responses_model_continues_a_previous_response(served, recorder):
+    """Two runs chained by previous_response_id (the SDK sends only the new input): the second answers
+    on the first's conversation, stored by the router, and reads its prompt pages from the KV cache
+    (the chain is routed to where its KV lives)."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    model = OpenAIResponsesModel(served[1], openai_client=async_client(served, recorder))
+    agent = Agent(name="reader", model=model, output_type=Person,
+                  model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0))
+    first = asyncio.run(Runner.run(agent, PROMPT, max_turns=1))
+    second = asyncio.run(Runner.run(agent, "And Bo, who lives in Rome.", max_turns=1,
+                                    previous_response_id=first.last_response_id))
+    assert isinstance(first.final_output, Person) and isinstance(second.final_output, Person)
+    _, body = recorder.bodies
+    assert body["previous_response_id"] == first.last_response_id and len(body["input"]) == 1
+    usage = second.context_wrapper.usage
+    assert usage.input_tokens > first.context_wrapper.usage.input_tokens  # the first turn is in its prompt
+    assert usage.input_tokens_details.cached_tokens > 0
+
+
+def test_openai_agents_default_responses_model_output_type_returns_the_nested_model(served, recorder):
+    """output_type=Person on the Responses model: text.format json_schema, the answer parsed by the SDK."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    model = OpenAIResponsesModel(served[1], openai_client=async_client(served, recorder))
+    agent = Agent(name="reader", model=model, output_type=Person,
+                  model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0))
+    result = asyncio.run(Runner.run(agent, PROMPT, max_turns=1))
+    assert isinstance(result.final_output, Person), result.final_output
+    (body,) = recorder.bodies
+    fmt = body["text"]["format"]
+    assert (fmt["type"], fmt["name"], fmt["strict"]) == ("json_schema", "final_output", True) and has_defs(fmt["schema"])

@@ -330,8 +330,13 @@ def test_one_grammar_per_request_from_tools_structured_outputs_and_thinking():
     strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     req = chat(tools=[strict], regex="a+")
     assert refused(constraint, req, tool_plan(req, "hermes")).param == "regex"
+    # a forced call with response_format (the Agents SDK's output_type + tool_choice "required"): the call
+    # is the turn, the format shapes text answers (OpenAI; vLLM's tool schema takes over too)
     req = chat(tools=[WEATHER], tool_choice="required", **rf)
-    assert refused(constraint, req, tool_plan(req, "hermes")).param == "response_format.json_schema.schema"
+    grammar, param = constraint(req, tool_plan(req, "hermes"))
+    assert param == "tool_choice" and grammar.spec == tool_plan(req, "hermes").grammar.spec
+    req = chat(tools=[WEATHER], tool_choice="required", regex="a+")  # what a regex asks for cannot be a call
+    assert refused(constraint, req, tool_plan(req, "hermes")).param == "regex"
     req = chat(tools=[WEATHER], tool_choice="required")
     grammar, param = constraint(req, tool_plan(req, "hermes"), INSIDE)
     think, calls = json.loads(grammar.spec)["format"]["elements"]
