@@ -12,6 +12,14 @@ for pages to come back;
 at most `max_queued_requests` wait at once, beyond that new requests are rejected (RESOURCE_EXHAUSTED)
 so the worker never crashes or queues without bound.
 
+In-flight sharing (`decode.share_inflight_prefix`): an admitted request CLAIMS the reusable prompt
+pages its lookup missed (P or D's own forward is filling them now) until they are in the prefix
+cache (`filled`: its prompt is in place) or it ends. A ticket whose lookup meets another request's
+claims waits for them (still admitting the tickets behind it), then is admitted with those pages as
+prefix-cache hits: identical prompts arriving together are pushed from P (or computed) once, and a
+duplicate's whole prompt but its last page is shared in the pool. Its hits among the pages it waited
+for are counted (`AdmitTicket.shared`) and reported as cached tier `inflight`.
+
 NOTE: runs on the decode scheduler thread only, which owns the allocator (the one concurrency
 rule of both workers, pdorch/worker/loop.py). A handler thread posts an AdmitTicket and waits for
 its future (DecodeScheduler.admit); the scheduler answers it from `admit_ready()` every iteration.
@@ -24,6 +32,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from decode_node.growth import GrowthReserve
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
@@ -44,12 +53,29 @@ class AdmitTicket:
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     since: float = field(default_factory=time.monotonic)
     hits: tuple[int, ...] = ()  # set before the future: page indexes found in the prefix cache
+    waited: frozenset[str] = frozenset()  # hashes it waited for (other requests' claims)
+    shared: int = 0  # set before the future: of `hits`, the pages it waited for
+
+
+class Admitted(NamedTuple):
+    """A prompt's admission: its page ids, the indexes found in the prefix cache, and how many of those
+    it waited for while another request filled them (tier `inflight`)."""
+
+    pages: list[int]
+    hits: tuple[int, ...]
+    shared: int
 
 
 class Admission:
-    def __init__(self, allocator, max_queued: int, watermark: float, reserve: GrowthReserve | None = None):
-        """`reserve`: the fraction of the admitted requests' growth kept back (None: nothing)."""
+    def __init__(self, allocator, max_queued: int, watermark: float, reserve: GrowthReserve | None = None,
+                 share_inflight: bool = False, metrics: InFlightWaits | None = None):
+        """`reserve`: the fraction of the admitted requests' growth kept back (None: nothing);
+        `share_inflight`: wait for the pages another admitted request is filling (module docstring)."""
         self._alloc = allocator
+        self._share = share_inflight
+        self._metrics = metrics
+        self._claims: dict[str, tuple[str, ...]] = {}  # request id -> the hashes it fills
+        self._filler: dict[str, str] = {}  # hash -> the request filling it
         self._max_queued = max_queued
         self._watermark = watermark
         self._reserve = reserve
@@ -85,6 +111,26 @@ class Admission:
         """An admitted request joined the batch or failed: its growth is no longer counted here."""
         self._pending.pop(request_id, None)
 
+    def filled(self, request_id: str) -> None:
+        """The request's prompt is in place (its pages cached), or it ended: its claims end."""
+        for h in self._claims.pop(request_id, ()):
+            if self._filler.get(h) == request_id:
+                del self._filler[h]
+
+    def _claim(self, t: AdmitTicket, found: list) -> None:
+        if not self._share:
+            return
+        mine = tuple(h for h, page in zip(t.lookup, found) if page is None and h not in self._filler)
+        if mine:
+            self._claims[t.request_id] = mine
+            self._filler.update(dict.fromkeys(mine, t.request_id))
+
+    def _waits_for(self, t: AdmitTicket) -> frozenset[str]:
+        """The ticket's pages another admitted request is filling now."""
+        if not self._filler:
+            return frozenset()
+        return frozenset(h for h in t.lookup if self._filler.get(h, t.request_id) != t.request_id)
+
     def offer(self, ticket: AdmitTicket) -> None:
         """Queue a ticket, or reject it at once when the wait queue is full and it does not fit."""
         if len(self._queue) >= self._max_queued and not self._fits(ticket.num_pages):
@@ -100,6 +146,7 @@ class Admission:
         preempted request waits to resume)."""
         for rid in [r for r, (_, deadline) in self._pending.items() if now > deadline + PENDING_GRACE_S]:
             del self._pending[rid]  # never settled (a handler that died): its deadline has passed anyway
+            self.filled(rid)
         growth += self.pending_growth()
         keep: collections.deque[AdmitTicket] = collections.deque()
         for t in self._queue:
@@ -110,6 +157,10 @@ class Admission:
                                           f"{t.num_pages} KV pages and hit its deadline"))
             elif t.is_cancelled():
                 _fail(t, Aborted(f"request {t.request_id} cancelled while waiting for KV pages"))
+            elif self._share and t.lookup and (waits := self._waits_for(t)):
+                t.waited |= waits  # another request is filling these pages: take them from the cache
+                keep.append(t)
+                wake_at(t.deadline)
             elif not hold and self._fits(t.num_pages, growth + t.growth):
                 # NOTE: RUNNING first: from here on the handler can no longer cancel the future, so
                 # the pages always reach it (no leak between its timeout and our answer).
@@ -128,8 +179,13 @@ class Admission:
         elsewhere. NOTE: _fits() counted every page as new, which holds: a hit on an evictable
         page takes it out of the available ones just as an allocation would."""
         found = self._alloc.lookup(t.lookup) if t.lookup else []
+        self._claim(t, found)
         found += [None] * (t.num_pages - len(found))
         t.hits = tuple(i for i, p in enumerate(found) if p is not None)
+        if t.waited:
+            t.shared = sum(1 for i in t.hits if t.lookup[i] in t.waited)
+            if self._metrics is not None:
+                self._metrics.count(t.shared)
         fresh = iter(self._alloc.allocate(t.num_pages - len(t.hits)))
         return [p if p is not None else next(fresh) for p in found]
 
@@ -138,7 +194,28 @@ class Admission:
             _fail(t, err)
         self._queue.clear()
         self._pending.clear()
+        self._claims.clear()
+        self._filler.clear()
         self.waiting = 0
+
+
+class InFlightWaits:
+    """pdorch_decode_inflight_*: requests that waited for pages another request was filling."""
+
+    def __init__(self, registry):
+        from prometheus_client import Counter
+
+        self.waits = Counter("pdorch_decode_inflight_waits", "Requests that waited for prompt pages another request "
+                             "on this decode worker was filling, by how it ended (shared: the pages were cached; "
+                             "owner_gone: none was, its owner ended without them)", ["outcome"], registry=registry)
+        for outcome in ("shared", "owner_gone"):
+            self.waits.labels(outcome)
+        self.pages = Counter("pdorch_decode_inflight_pages", "Prompt pages shared from another request's in-flight "
+                             "prefill instead of being pushed (or computed) again", registry=registry)
+
+    def count(self, shared: int) -> None:
+        self.waits.labels("shared" if shared else "owner_gone").inc()
+        self.pages.inc(shared)
 
 
 def _fail(ticket: AdmitTicket, err: Exception) -> None:

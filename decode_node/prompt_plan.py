@@ -86,8 +86,9 @@ class PromptPlan:
         if self.local:
             req.compute.plan(compute_ranges(holes, n, page_size), computed_full_pages(holes, n, page_size),
                              sample_first=True)
-            req.cached = CachedTokens(device=len(self.held) * page_size, store=(len(read) - n_ssd) * page_size,
-                                      ssd=n_ssd * page_size)
+            req.cached = CachedTokens(device=(len(self.held) - req.inflight_pages) * page_size,
+                                      store=(len(read) - n_ssd) * page_size, ssd=n_ssd * page_size,
+                                      inflight=req.inflight_pages * page_size)
             return
         req.compute.plan([[i * page_size, (i + 1) * page_size] for i in holes], holes)
 

@@ -110,6 +110,7 @@ class DecodeRequest:
     done: bool = False  # answered (finished, failed or aborted); pages go back once it holds no I/O lease
     io: IOLeases = field(default_factory=IOLeases)  # step writes still reading page_ids (decode_node/step_writes.py)
     l1_pages: tuple[int, ...] = ()  # reusable prompt pages found in this worker's own prefix cache
+    inflight_pages: int = 0  # of those, the pages it waited for while another request filled them
     unstored_pages: tuple[int, ...] = ()  # pages P pushed but does not write to the store
     compute: LocalCompute = field(default_factory=LocalCompute)
     arrival: int = 0  # the order it joined the batch in (the scheduler's; preemption's victim is the latest)

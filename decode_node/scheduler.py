@@ -28,7 +28,7 @@ import time
 import torch
 from prometheus_client import Counter
 
-from decode_node.admission import Admission, AdmitTicket
+from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.messages import Admit, Join, Release, ResumeRead
@@ -53,9 +53,10 @@ ADMIT_GRACE_S = 1.0  # a handler waits this long past its deadline for the sched
 class DecodeScheduler:
     def __init__(self, rt, max_running: int, offload: bool, recorder, max_queued: int = 64,
                  watermark: float = 1.0, local_prefill_tokens: int = 256, prefix_cache: bool = False,
-                 preemption: bool = False, reserve: GrowthReserve | None = None):
+                 preemption: bool = False, reserve: GrowthReserve | None = None, share_inflight: bool = False):
         """`preemption`: a running request that finds no page preempts one (else it fails, as before);
-        `reserve`: the growth admission keeps pages back for (None: none)."""
+        `reserve`: the growth admission keeps pages back for (None: none); `share_inflight`: a request
+        waits for the prompt pages another one is filling (decode_node/admission.py)."""
         self._rt = rt
         # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
         self._local_budget = max(local_prefill_tokens, rt.page_size)
@@ -65,7 +66,8 @@ class DecodeScheduler:
         self._page_size = rt.page_size
         self._max_context = rt.max_context
         self._reserve = reserve
-        self.admission = Admission(rt.allocator, max_queued, watermark, reserve)
+        self.admission = Admission(rt.allocator, max_queued, watermark, reserve, share_inflight and prefix_cache,
+                                   InFlightWaits(recorder.registry))
         self.cache = DecodePrefixCache(rt.allocator, self._page_size, prefix_cache, recorder.registry)
         self._preempt_on = preemption
         self.preemption = Preemption(rt, self.cache, recorder.registry)
@@ -96,13 +98,14 @@ class DecodeScheduler:
     def admit(self, request_id: str, num_pages: int, deadline: float, is_cancelled) -> list[int]:
         """The prompt's pages (handler thread): waits, up to `deadline`, while the pool is over the
         watermark; raises InvalidRequest, Overloaded, DeadlineExceeded or Aborted."""
-        return self.admit_prompt(request_id, num_pages, deadline, is_cancelled)[0]
+        return self.admit_prompt(request_id, num_pages, deadline, is_cancelled).pages
 
     def admit_prompt(self, request_id: str, num_pages: int, deadline: float, is_cancelled,
-                     lookup: tuple[str, ...] = (), growth: int = 0) -> tuple[list[int], tuple[int, ...]]:
+                     lookup: tuple[str, ...] = (), growth: int = 0) -> Admitted:
         """As admit(), looking the leading pages' hashes `lookup` up in the prefix cache first (when
-        it is on): (page ids, indexes of the pages found there). `growth`: pages the request may
-        need after these (admission keeps a share of it back, decode_node/growth.py)."""
+        it is on): the page ids, the indexes of the pages found there, and how many of those it
+        waited for while another request filled them. `growth`: pages the request may need after
+        these (admission keeps a share of it back, decode_node/growth.py)."""
         self.admission.check_size(request_id, num_pages)
         ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled,
                              lookup=tuple(lookup) if self.cache.enabled else (), growth=growth)
@@ -114,7 +117,7 @@ class DecodeScheduler:
                 raise DeadlineExceeded(f"request {request_id} got no KV pages before its deadline") from None
             pages = ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
         self.cache.hits.inc(len(ticket.hits))
-        return pages, ticket.hits
+        return Admitted(pages, ticket.hits, ticket.shared)
 
     def store_evicted(self, keys) -> None:
         """Called by the store evictor's thread: these keys left the store."""
@@ -179,6 +182,7 @@ class DecodeScheduler:
             self.admission.settled(msg.req.request_id)
             if not msg.req.compute.todo:  # nothing left to compute here: the prompt KV is in place
                 self.cache.prompt_in_place(msg.req)
+                self.admission.filled(msg.req.request_id)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Fork):
@@ -188,6 +192,7 @@ class DecodeScheduler:
         elif isinstance(msg, Release):
             if msg.request_id:
                 self.admission.settled(msg.request_id)
+                self.admission.filled(msg.request_id)
             self._rt.allocator.release(list(msg.page_ids))
         elif isinstance(msg, Evicted):
             self.cache.left_store([k.rpartition("/")[2] for k in msg.keys])
@@ -234,6 +239,7 @@ class DecodeScheduler:
     def _finish(self, req: DecodeRequest, event: DecodeEvent, aborted: bool = False) -> None:
         """Send the final event and take the request out of the batch; pages go back once no save reads them."""
         req.emit(event)
+        self.admission.filled(req.request_id)  # ended before its prompt was in place: its claims end
         if event.error is None:
             self._rec.request_finished()
         else:
@@ -379,6 +385,7 @@ class DecodeScheduler:
             self.preemption.resumed(req, time.monotonic())
         else:
             self.cache.prompt_in_place(req)
+        self.admission.filled(req.request_id)
         for k in req.compute.take_pages():
             self._writes.queue(req, k, kind="writeback")
 

@@ -75,7 +75,8 @@ class DecodeWorker:
             if dc.growth_reserve > 0 else None
         self.scheduler = DecodeScheduler(rt, dc.max_running_requests, dc.offload_generated_kv, self.recorder,
                                          dc.max_queued_requests, dc.kv_watermark, dc.max_local_prefill_tokens,
-                                         dc.prefix_cache, preemption=dc.preemption, reserve=reserve)
+                                         dc.prefix_cache, preemption=dc.preemption, reserve=reserve,
+                                         share_inflight=dc.share_inflight_prefix)
         self.prefill_client = PrefillClient(rpc)
         self.prompt_kv = PromptKV(rt, decode, store, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
@@ -170,7 +171,7 @@ class DecodeWorker:
             first_pages = pages_for(n + 1, page_size)
             growth = growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size)
             # n > 1: one spare page per further sequence, its copy of the last page (decode_node/forks.py)
-            pages, req.l1_pages = self.scheduler.admit_prompt(
+            pages, req.l1_pages, req.inflight_pages = self.scheduler.admit_prompt(
                 req.request_id, first_pages + sequences - 1, req.deadline, cancelled,
                 lookup=() if req.job.params.prompt_logprobs is not None else
                 tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
@@ -326,6 +327,9 @@ class DecodeWorker:
         """Take P's answer (KV in our pages, first token) and account the first token."""
         n = req.prompt_len
         req.cached = res.cached
+        if req.inflight_pages:  # D's own pages it waited for (decode_node/admission.py): P counts them as device
+            moved = min(req.inflight_pages * self.rt.page_size, res.cached.device)
+            req.cached = replace(res.cached, device=res.cached.device - moved, inflight=res.cached.inflight + moved)
         req.unstored_pages = res.unstored_pages
         if res.sampler_state and req.generator is not None:
             req.generator = self._generator(req.job.params, res.sampler_state)

@@ -163,6 +163,10 @@ class DecodeConfig:
     load_prefix_from_store: bool = _key(True, "With the store on: the decode worker reads the prompt pages the "
                                         "store holds into its own pages itself, while the prefill worker computes "
                                         "the rest and pushes only the pages the decode worker lacks")
+    share_inflight_prefix: bool = _key(True, "A request whose prompt pages another request on this decode worker "
+                                       "is receiving from a prefill worker (or computing) right now waits for them and "
+                                       "shares them in the pool instead of having them pushed again (cached tier "
+                                       "inflight); needs prefix_cache")
     max_local_prefill_tokens: int = _key(256, "Conditional disaggregation: when the decode worker's prefix cache "
                                          "or the store holds the prompt's prefix and at most this many prompt "
                                          "tokens are left to compute, the decode worker takes the prefix and "

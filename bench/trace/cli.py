@@ -3,8 +3,8 @@ TTFT / ITL percentiles, goodput under SLOs, prompt tokens by tier, errors; a tab
 and with --json one JSON line.
 
     pdorch bench trace TRACE.jsonl [--format auto] [--block-tokens 16] [--speedup 1] [--json]
-    pdorch bench trace TRACE.jsonl --compare-inflight     the same trace on two fresh clusters:
-                                                          prefill.share_inflight_prefix false, then true
+    pdorch bench trace TRACE.jsonl --compare-inflight     the same trace on two fresh clusters: in-flight
+                                                          prefix sharing (prefill and decode) off, then on
     pdorch bench trace generate OUT.jsonl [...]           write a synthetic trace (bench/trace/generate.py)
     python -m bench.trace ...                             (the same)
 
@@ -34,9 +34,10 @@ from bench.trace.tokens import BlockTokens, ordinary_vocabulary
 from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
 from tests.fixtures.hf_checkpoints import FAMILIES
 
-INFLIGHT_KEY = "prefill.share_inflight_prefix"
-INFLIGHT_RUNS = (RunSpec("inflight off", (f"{INFLIGHT_KEY}=false",)),
-                 RunSpec("inflight on", (f"{INFLIGHT_KEY}=true",)))
+# in-flight prefix sharing: on prefill workers and on decode workers (one switch each)
+INFLIGHT_KEYS = ("prefill.share_inflight_prefix", "decode.share_inflight_prefix")
+INFLIGHT_RUNS = (RunSpec("inflight off", tuple(f"{k}=false" for k in INFLIGHT_KEYS)),
+                 RunSpec("inflight on", tuple(f"{k}=true" for k in INFLIGHT_KEYS)))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", type=int, default=1, help="decode workers of the cluster")
     p.add_argument("--url", help="replay against a running router instead of starting a cluster")
     p.add_argument("--compare-inflight", action="store_true",
-                   help=f"run twice on fresh clusters: {INFLIGHT_KEY}=false, then true")
+                   help=f"run twice on fresh clusters: {' and '.join(INFLIGHT_KEYS)} false, then true")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s)")
     p.add_argument("--bin-s", type=float, default=60.0, help="the per-bin rates and the plot's bins (s)")
     p.add_argument("--plot-dir", help="where the PNG goes (default: a new temp dir)")
@@ -91,8 +92,9 @@ def check(p: argparse.ArgumentParser, args) -> None:
             p.error(f"{name} must be {need}, got {value}")
     if args.url and args.compare_inflight:
         p.error("--compare-inflight starts its own clusters: not with --url")
-    if args.compare_inflight and any(s.startswith(INFLIGHT_KEY + "=") for s in args.config_overrides):
-        p.error(f"--compare-inflight sets {INFLIGHT_KEY} itself: not with --set {INFLIGHT_KEY}=...")
+    taken = [k for k in INFLIGHT_KEYS if any(s.startswith(k + "=") for s in args.config_overrides)]
+    if args.compare_inflight and taken:
+        p.error(f"--compare-inflight sets {taken[0]} itself: not with --set {taken[0]}=...")
 
 
 def prompts(planned, fmt: str, args, tokenizer) -> tuple[list, list]:

@@ -72,7 +72,8 @@ def test_compare_inflight_runs_the_same_trace_twice(tmp_path, tiny_model_dir):
     res = run_bench([sys.executable, "-m", "bench.trace", str(trace), "--compare-inflight"], tmp_path, tiny_model_dir)
     off, on = res["runs"]
     assert (off["name"], on["name"]) == ("inflight off", "inflight on")
-    assert "prefill.share_inflight_prefix=false" in off["sets"] and "prefill.share_inflight_prefix=true" in on["sets"]
+    for key in ("prefill.share_inflight_prefix", "decode.share_inflight_prefix"):
+        assert f"{key}=false" in off["sets"] and f"{key}=true" in on["sets"]
     for run in (off, on):
         # 3 x 9 blocks + the session's 8 = 35 pages = 560 tokens; instant: the 2nd and 3rd member reuse
         # the 8 prefix pages (all they may: the 9th holds the last token) = 256

@@ -27,11 +27,11 @@ def make():
     made = []
 
     def _make(num_pages: int, max_queued: int, watermark: float, prefix_cache: bool = False,
-              reserve: GrowthReserve | None = None) -> DecodeScheduler:
+              reserve: GrowthReserve | None = None, share_inflight: bool = False) -> DecodeScheduler:
         rt = stand_in_runtime(None, num_pages, page_size=4, max_positions=64)  # no forward runs here
         sched = DecodeScheduler(rt, max_running=4, offload=False, recorder=WorkerRecorder("decode"),
                                 max_queued=max_queued, watermark=watermark, prefix_cache=prefix_cache,
-                                reserve=reserve)
+                                reserve=reserve, share_inflight=share_inflight)
         sched.start()
         made.append(sched)
         return sched
@@ -108,7 +108,7 @@ def test_prefix_cache_hits_are_taken_as_they_are_and_only_the_rest_is_allocated(
     sched.call(lambda: [alloc.cache(h, p) for h, p in zip(("h0", "h1", "h2"), first)])  # served: cached
     sched.release(first)  # evictable now, still matchable
     # The next turn: pages 0 and 2 of its prompt are cached ("h1" is not its page 1), 5 pages in all.
-    pages, hits = sched.admit_prompt("b", 5, time.monotonic() + 1, never, lookup=("h0", "x1", "h2"))
+    pages, hits, _ = sched.admit_prompt("b", 5, time.monotonic() + 1, never, lookup=("h0", "x1", "h2"))
     assert hits == (0, 2)
     assert (pages[0], pages[2]) == (first[0], first[2])  # shared, not copied
     assert pages[1] not in first[:3] and len(set(pages)) == 5
@@ -116,7 +116,7 @@ def test_prefix_cache_hits_are_taken_as_they_are_and_only_the_rest_is_allocated(
     assert sched.cache.hits._value.get() == 2  # pdorch_decode_l1_hit_pages_total
     # The cache off: the same call allocates everything
     off = make(10, max_queued=1, watermark=1.0)
-    pages, hits = off.admit_prompt("c", 3, time.monotonic() + 1, never, lookup=("h0",))
+    pages, hits, _ = off.admit_prompt("c", 3, time.monotonic() + 1, never, lookup=("h0",))
     assert hits == () and len(pages) == 3
     sched.call(alloc.check_integrity)
 
@@ -145,3 +145,53 @@ def test_nothing_new_is_admitted_while_a_preempted_request_waits():
     assert not ticket.future.done() and admission.waiting == 1
     admission.admit_ready(time.monotonic(), lambda t: None)
     assert ticket.future.result(0) == [0, 1]
+
+
+# --- in-flight sharing: a request waits for the prompt pages another one is filling --------------------
+
+def admit_in_thread(sched, rid: str, lookup: tuple, n: int = 4):
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(got=sched.admit_prompt(rid, n, time.monotonic() + 10, never,
+                                                                          lookup=lookup)))
+    t.start()
+    return t, box
+
+
+def test_a_request_waits_for_the_pages_another_is_filling_and_shares_them(make):
+    """a's lookup misses h0-h2: it claims them (P is pushing them). b, the same prompt, waits (c, another
+    prompt, is admitted meanwhile); once a's prompt is in place (cached, `filled`) b gets a's very pages
+    as hits, counted as shared."""
+    sched = make(16, max_queued=4, watermark=1.0, prefix_cache=True, share_inflight=True)
+    alloc, lookup = sched._rt.allocator, ("h0", "h1", "h2")
+    a = sched.admit_prompt("a", 4, time.monotonic() + 5, never, lookup=lookup)
+    assert a.hits == () and a.shared == 0
+    t, box = admit_in_thread(sched, "b", lookup)
+    c = sched.admit_prompt("c", 4, time.monotonic() + 5, never, lookup=("x0", "x1"))
+    assert len(c.pages) == 4 and not box, "b was admitted while a's pages were still being filled"
+
+    def in_place():
+        for h, page in zip(lookup, a.pages):
+            alloc.cache(h, page)
+        sched.admission.filled("a")
+    sched.call(in_place)
+    t.join(5)
+    b = box["got"]
+    assert b.hits == (0, 1, 2) and b.shared == 3 and b.pages[:3] == a.pages[:3]
+    m = sched.admission._metrics
+    assert (m.waits.labels("shared")._value.get(), m.pages._value.get()) == (1, 3)
+    sched.release(a.pages + b.pages + c.pages)
+    sched.call(alloc.check_integrity)
+
+
+def test_a_waiting_request_goes_on_without_the_pages_when_their_owner_fails(make):
+    sched = make(16, max_queued=4, watermark=1.0, prefix_cache=True, share_inflight=True)
+    a = sched.admit_prompt("a", 4, time.monotonic() + 5, never, lookup=("h0", "h1"))
+    t, box = admit_in_thread(sched, "b", ("h0", "h1"))
+    time.sleep(0.2)
+    assert not box
+    sched.release(a.pages, "a")  # a failed before its prompt was in place
+    t.join(5)
+    assert box["got"].hits == () and box["got"].shared == 0
+    assert sched.admission._metrics.waits.labels("owner_gone")._value.get() == 1
+    sched.release(box["got"].pages)
+    sched.call(sched._rt.allocator.check_integrity)
