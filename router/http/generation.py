@@ -294,7 +294,8 @@ class GenerationHandlers:
         return sampling, start, prompt, job
 
 
-async def _collect(run, final) -> Response:
+async def drain(run) -> None:
+    """Run a worker stream to its end (its chunks fold into its progress); a failure is a 502."""
     try:
         async for _ in run:
             pass
@@ -302,6 +303,10 @@ async def _collect(run, final) -> Response:
         raise upstream_error(str(e)) from None
     finally:
         await run.aclose()
+
+
+async def _collect(run, final) -> Response:
+    await drain(run)
     return formats.json_response(final())
 
 

@@ -25,11 +25,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from router.dispatch.dispatch import StreamFailed
-from router.errors import APIError, bad_request, upstream_error
+from router.errors import APIError, bad_request
 from router.http.bodies import ChatCompletionRequest, explain, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import dumps, json_response
-from router.http.generation import GenerationHandlers, LastEvent, SSEResponse
+from router.http.generation import GenerationHandlers, LastEvent, SSEResponse, drain
 from router.http.responses_convert import (
     chat_body,
     check_served,
@@ -94,13 +94,7 @@ class ResponsesHandlers:
         return SSEResponse(self._events(turn, progress, first, run), run.aclose)
 
     async def _whole(self, turn: _Turn, progress, run) -> Response:
-        try:
-            async for _ in run:
-                pass
-        except StreamFailed as e:
-            raise upstream_error(str(e)) from None
-        finally:
-            await run.aclose()
+        await drain(run)
         msg, _ = turn.shape.message(progress.text, progress.finish_reason)
         items = OutputItems(turn.key)
         items.feed(message_delta(msg) if msg is not None else {"content": progress.text})

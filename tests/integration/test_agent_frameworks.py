@@ -102,6 +102,19 @@ def async_client(served, recorder: Recorder) -> openai.AsyncOpenAI:
                               http_client=recorder.async_http_client())
 
 
+def run_agent(agent, stream: bool, max_turns: int):
+    """An Agents SDK run of PROMPT, streamed (its events consumed) or not, in an event loop of its own."""
+    from agents import Runner
+
+    async def streamed():
+        run = Runner.run_streamed(agent, PROMPT, max_turns=max_turns)
+        async for _ in run.stream_events():
+            pass
+        return run
+
+    return asyncio.run(streamed() if stream else Runner.run(agent, PROMPT, max_turns=max_turns))
+
+
 def has_defs(schema: dict) -> bool:
     """The schema sent carries the nested model as a definition and refers to it (what issue 51's
     first requests failed on)."""
@@ -305,7 +318,6 @@ def test_openai_agents_required_tool_then_a_loop_that_ends_in_text(served, recor
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
-        Runner,
         function_tool,
         set_tracing_disabled,
     )
@@ -323,13 +335,7 @@ def test_openai_agents_required_tool_then_a_loop_that_ends_in_text(served, recor
     agent = Agent(name="saver", instructions="Save people.", model=model, tools=[save_person],
                   model_settings=ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0))
 
-    async def run_streamed():
-        run = Runner.run_streamed(agent, PROMPT, max_turns=3)
-        async for _ in run.stream_events():
-            pass
-        return run
-
-    result = asyncio.run(run_streamed() if stream else Runner.run(agent, PROMPT, max_turns=3))
+    result = run_agent(agent, stream, max_turns=3)
     assert isinstance(result.final_output, str) and result.final_output, result
     assert len(saved) == 1 and isinstance(saved[0], Person), saved
     first, second = recorder.bodies
@@ -343,20 +349,14 @@ def test_openai_agents_required_tool_then_a_loop_that_ends_in_text(served, recor
 @pytest.mark.parametrize("stream", [False, True])
 def test_openai_agents_output_type_returns_the_nested_model(served, recorder, stream):
     """output_type=Person: response_format json_schema (final_output, strict); streamed with usage."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, set_tracing_disabled
 
     set_tracing_disabled(True)
     model = OpenAIChatCompletionsModel(served[1], openai_client=async_client(served, recorder))
     agent = Agent(name="reader", model=model, output_type=Person,
                   model_settings=ModelSettings(max_tokens=MAX_TOKENS, temperature=0, include_usage=stream))
 
-    async def run_streamed():
-        run = Runner.run_streamed(agent, PROMPT, max_turns=1)
-        async for _ in run.stream_events():
-            pass
-        return run
-
-    result = asyncio.run(run_streamed() if stream else Runner.run(agent, PROMPT, max_turns=1))
+    result = run_agent(agent, stream, max_turns=1)
     assert isinstance(result.final_output, Person), result.final_output
     assert result.context_wrapper.usage.output_tokens > 0  # streamed: from the usage chunk
     (body,) = recorder.bodies
@@ -372,7 +372,7 @@ def test_openai_agents_default_responses_model_forces_a_call_of_a_nested_model_t
     """The Agents SDK's own default (OpenAIResponsesModel) with output_type and tool_choice required: the
     call's arguments are validated into the nested model and the tool runs (stop_on_first_tool: its
     output is the run's). The SDK sends text.format beside the forced call: the call is the turn."""
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
     saved: list[Person] = []
@@ -388,13 +388,7 @@ def test_openai_agents_default_responses_model_forces_a_call_of_a_nested_model_t
                   tool_use_behavior="stop_on_first_tool",
                   model_settings=ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0))
 
-    async def run_streamed():
-        run = Runner.run_streamed(agent, PROMPT, max_turns=1)
-        async for _ in run.stream_events():
-            pass
-        return run
-
-    result = asyncio.run(run_streamed() if stream else Runner.run(agent, PROMPT, max_turns=1))
+    result = run_agent(agent, stream, max_turns=1)
     assert result.final_output == "saved" and len(saved) == 1 and isinstance(saved[0], Person), saved
     (body,) = recorder.bodies
     assert body["tool_choice"] == "required" and body.get("stream", False) is stream

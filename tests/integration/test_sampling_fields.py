@@ -7,6 +7,7 @@ allowed_token_ids, bad_words, include_stop_str_in_output, skip_special_tokens, p
 and completions), min_tokens under a grammar that may only end, and top_logprobs on completions refused.
 """
 
+# ruff: noqa: F811  (the agent API's fixtures, imported below, are the tests' parameters)
 from __future__ import annotations
 
 import os
@@ -18,39 +19,14 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
-from store_client.master import MasterProcess
-from tests.fixtures.router import cluster_router, wait_until
-from tests.fixtures.workers import WorkerCluster, make_config
+from tests.fixtures.router import wait_until
 from tests.integration.fault_helpers import iter_sse
+from tests.integration.test_agent_api import client, cluster, router  # noqa: F401  (P, 2 D, store, offload)
 
-PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a killed decode worker's segment holds nothing
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 PROMPT = "The sea is"
 MODEL = None  # the served model
 IM_START = "<|im_start|>"  # a special token of the tiny model's (SmolLM2's) tokenizer
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, tiny_model_dir):
-    tmp = tmp_path_factory.mktemp("sampling_fields")
-    master = MasterProcess(log_dir=str(tmp)).start()
-    c = WorkerCluster(make_config(tmp, tiny_model_dir, master, decode={"offload_generated_kv": True}), tmp, master)
-    with c.stopped_on_failure():
-        c.wait_ready(c.spawn_worker("prefill"), *[c.spawn_worker("decode", sections=PURE_CLIENT) for _ in range(2)])
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def router(cluster, tiny_model_dir):
-    r = cluster_router(cluster, tiny_model_dir)
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def client(router):
-    return openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
