@@ -1,4 +1,4 @@
-"""What the prefill workers count during a replay (their Prometheus counters, before and after):
+"""What the workers count during a replay (their Prometheus counters, before and after):
 
     prefill_computed_tokens   pdorch_prefill_prompt_tokens_total{source="computed"}: prompt tokens the
                               prefill workers computed (a prefix computed once for several requests
@@ -7,6 +7,9 @@
                               owner_gone, not_cheaper, deadline)
     inflight_pages            pdorch_prefill_inflight_pages_total: pages reused from another request's
                               computation in flight
+    decode_inflight_waits     pdorch_decode_inflight_waits_total by outcome (shared, owner_gone): requests
+                              a decode worker had wait for the prompt pages another one was receiving
+    decode_inflight_pages     pdorch_decode_inflight_pages_total: those pages, shared in its pool
 
 None where no worker answered the scrape (a benchmark goes on without its counters).
 """
@@ -23,7 +26,9 @@ def snapshot(urls: list[str]) -> dict | None:
         return None
     return {"prefill_computed_tokens": metrics.total(samples, "pdorch_prefill_prompt_tokens_total", source="computed"),
             "inflight_waits": metrics.by_label(samples, "pdorch_prefill_inflight_waits_total", "outcome"),
-            "inflight_pages": metrics.total(samples, "pdorch_prefill_inflight_pages_total")}
+            "inflight_pages": metrics.total(samples, "pdorch_prefill_inflight_pages_total"),
+            "decode_inflight_waits": metrics.by_label(samples, "pdorch_decode_inflight_waits_total", "outcome"),
+            "decode_inflight_pages": metrics.total(samples, "pdorch_decode_inflight_pages_total")}
 
 
 def change(before: dict | None, after: dict | None) -> dict | None:
@@ -32,4 +37,6 @@ def change(before: dict | None, after: dict | None) -> dict | None:
         return None
     return {"prefill_computed_tokens": int(d["prefill_computed_tokens"]),
             "inflight_waits": {k: int(v) for k, v in d["inflight_waits"].items()},
-            "inflight_pages": int(d["inflight_pages"])}
+            "inflight_pages": int(d["inflight_pages"]),
+            "decode_inflight_waits": {k: int(v) for k, v in d["decode_inflight_waits"].items()},
+            "decode_inflight_pages": int(d["decode_inflight_pages"])}

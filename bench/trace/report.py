@@ -27,16 +27,16 @@ def runs_table(runs: list[dict]) -> str:
                                                         for r in runs))
     lines.append(f"{'prefill computed tokens':<26}" + "".join(
         f"{_f((r['counters'] or {}).get('prefill_computed_tokens'), 'd'):>{width}}" for r in runs))
-    lines.append(f"{'in-flight waits':<26}" + "".join(
-        f"{_waits(r):>{width}}" for r in runs))
+    lines.append(f"{'in-flight waits P / D':<26}" + "".join(
+        f"{_waits(r, 'inflight_waits') + ' / ' + _waits(r, 'decode_inflight_waits'):>{width}}" for r in runs))
     for r in runs:
         if r["error_samples"]:
             lines.append(f"errors of {r['name']}: {r['error_samples']}")
     return "\n".join(lines)
 
 
-def _waits(run: dict) -> str:
-    waits = (run["counters"] or {}).get("inflight_waits")
+def _waits(run: dict, key: str) -> str:
+    waits = (run["counters"] or {}).get(key)
     if waits is None:
         return "-"
     return ",".join(f"{k[0]}{v}" for k, v in sorted(waits.items()) if v) or "0"
