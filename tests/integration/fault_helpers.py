@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import time
 
 import httpx
@@ -60,6 +62,15 @@ def start_router(cluster, model_dir, **router_keys) -> RouterThread:
 def router_workers(router) -> dict[str, dict]:
     """address -> the router's /workers entry (healthy, in_flight, routed, ...)."""
     return {w["address"]: w for w in httpx.get(router.url + "/workers", timeout=30).json()["workers"]}
+
+
+def kill_serving_decode(router, cluster) -> None:
+    """SIGKILL the decode worker (its process group) that serves the router's one stream in flight."""
+    workers = router_workers(router)
+    (serving,) = [w for w in cluster.workers if w.role == "decode" and w.proc.poll() is None
+                  and workers[w.address]["in_flight"] == 1]
+    os.killpg(serving.proc.pid, signal.SIGKILL)
+    serving.proc.wait(10)
 
 
 def iter_sse(lines):

@@ -9,9 +9,7 @@ The schemas bound every value (enums, fixed array lengths) so a random model end
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 
 import httpx
 import openai
@@ -22,7 +20,7 @@ from engine.tokenizer import Tokenizer
 from store_client.master import MasterProcess
 from tests.fixtures.router import cluster_router, wait_until
 from tests.fixtures.workers import WorkerCluster, make_config
-from tests.integration.fault_helpers import iter_sse
+from tests.integration.fault_helpers import iter_sse, kill_serving_decode
 from tests.integration.test_agent_tools import streamed_calls
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a killed decode worker's segment holds nothing
@@ -283,11 +281,7 @@ def test_a_grammar_stream_resumed_after_its_decode_worker_died_still_parses(clus
                                                      (ev["choices"][0]["logprobs"] or {"content": []})["content"]]
                 if kill_after is not None and not killed and len(pieces) >= kill_after:
                     assert not ev["choices"][0]["finish_reason"]
-                    workers = httpx.get(router.url + "/workers", timeout=30).json()["workers"]
-                    (serving,) = [w for w in cluster.workers if w.role == "decode" and w.proc.poll() is None
-                                  and next(x for x in workers if x["address"] == w.address)["in_flight"] == 1]
-                    os.killpg(serving.proc.pid, signal.SIGKILL)
-                    serving.proc.wait(10)
+                    kill_serving_decode(router, cluster)
                     killed = True
         assert kill_after is None or killed
         return "".join(pieces)

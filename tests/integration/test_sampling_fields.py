@@ -10,9 +10,7 @@ and completions), min_tokens under a grammar that may only end, and top_logprobs
 # ruff: noqa: F811  (the agent API's fixtures, imported below, are the tests' parameters)
 from __future__ import annotations
 
-import os
 import re
-import signal
 
 import httpx
 import openai
@@ -20,7 +18,7 @@ import pytest
 
 from engine.tokenizer import Tokenizer
 from tests.fixtures.router import wait_until
-from tests.integration.fault_helpers import iter_sse
+from tests.integration.fault_helpers import iter_sse, kill_serving_decode
 from tests.integration.test_agent_api import client, cluster, router  # noqa: F401  (P, 2 D, store, offload)
 
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
@@ -151,11 +149,7 @@ def test_a_stream_resumed_after_its_decode_worker_died_keeps_the_fields(cluster,
                 pieces.append(ev["choices"][0]["text"])
                 if kill_after is not None and not killed and len(pieces) >= kill_after:
                     assert not ev["choices"][0]["finish_reason"]
-                    workers = httpx.get(router.url + "/workers", timeout=30).json()["workers"]
-                    (serving,) = [w for w in cluster.workers if w.role == "decode" and w.proc.poll() is None
-                                  and next(x for x in workers if x["address"] == w.address)["in_flight"] == 1]
-                    os.killpg(serving.proc.pid, signal.SIGKILL)
-                    serving.proc.wait(10)
+                    kill_serving_decode(router, cluster)
                     killed = True
         assert kill_after is None or killed
         return "".join(pieces)
