@@ -111,12 +111,15 @@ def test_a_missing_middle_page_costs_one_page_and_output_is_unchanged(smol, smol
 # --------------------------------------------------------------------------- (b), (c) tiny model
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, tiny_model_dir):
+    # NOTE: in-flight sharing off: these tests queue turn 2 behind turn 1's pages for the pool pressure they
+    # check; with it on, turn 2 would wait for turn 1's pages instead (tests/integration/test_inflight_prefix.py)
     c = start_cluster(tmp_path_factory.mktemp("reuse_tiny"), tiny_model_dir, with_store=True,
-                      prefill={"num_pages": 24, "persist_wait_s": 10.0},
+                      prefill={"num_pages": 24, "persist_wait_s": 10.0, "share_inflight_prefix": False},
                       store={"io_threads": 1, "eviction": "master"},
                       # P's pool pressure: every turn goes through P, which pushes every page
                       decode={"offload_generated_kv": True, "max_running_requests": 16,
-                              "load_prefix_from_store": False, "max_local_prefill_tokens": 0})
+                              "load_prefix_from_store": False, "max_local_prefill_tokens": 0,
+                              "share_inflight_prefix": False})
     reader = StoreReader(c.master, tiny_model_dir)
     yield c, reader
     reader.close()
