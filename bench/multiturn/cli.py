@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from bench.multiturn import report
-from bench.multiturn.cluster import ServeCluster, effective_config, metrics_urls, port_overrides
-from bench.multiturn.facts import commit, model_facts, test_model_dir
+from bench.multiturn.cluster import ServeCluster, bench_config, effective_config, metrics_urls, port_overrides
+from bench.multiturn.facts import commit, model_facts
 from bench.multiturn.presets import (
     PRESET_WORKLOADS,
     PRESETS,
@@ -47,7 +47,7 @@ from bench.multiturn.presets import (
 )
 from bench.multiturn.run import Target, run_workload
 from bench.multiturn.stats import rounded, run_summary
-from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
+from pdorch.config_loader import add_config_args
 from pdorch.launch_plan import torch_threads_per_worker
 from tests.fixtures.hf_checkpoints import FAMILIES
 
@@ -172,15 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.flush_l1_between_rounds and not args.round_barrier:
         p.error("--flush-l1-between-rounds needs the round barrier (a flush mid-round hits requests in flight)")
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-    if args.config is None and not args.url:
-        args.config = str(default_config_path())
-    if args.test_model:  # before the user's own --set, which win
-        args.config_overrides = [f"model.source={test_model_dir(args.test_model)}", "model.name=",
-                                 *args.config_overrides]
-    try:
-        cfg = effective_config(args.config, args.config_overrides)
-    except ConfigError as e:
-        exit_on_config_error(e, "pdorch bench multiturn")
+    cfg = bench_config(args, "pdorch bench multiturn")
     t0 = time.monotonic()
     facts = model_facts(args.url, cfg)
     w = Workload(args.clients, args.rounds, args.first_tokens, args.turn_tokens, args.output_tokens, args.api,

@@ -24,7 +24,13 @@ from pathlib import Path
 
 from pdorch.child_process import die_with_parent, pid_alive, proc_stat
 from pdorch.config import Config
-from pdorch.config_loader import load_config, parse_overrides
+from pdorch.config_loader import (
+    ConfigError,
+    default_config_path,
+    exit_on_config_error,
+    load_config,
+    parse_overrides,
+)
 from pdorch.ports import free_port, free_port_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +52,23 @@ def port_overrides(num_prefill: int, num_decode: int, num_routers: int = 1) -> l
 def effective_config(config_path: str | None, overrides: list[str]) -> Config:
     """The config every child sees: file, PDORCH_* env, then the --set flags in order."""
     return load_config(config_path, parse_overrides(overrides))
+
+
+def bench_config(args, prog: str) -> Config:
+    """A benchmark's effective config from its arguments (`--config`, `--set`, `--url`, `--test-model`):
+    the embedded default config unless it replays against a running router; a test model goes in before
+    the user's own --set, which win. A config error ends the program, naming the key."""
+    from bench.multiturn.facts import test_model_dir
+
+    if args.config is None and not args.url:
+        args.config = str(default_config_path())
+    if args.test_model:
+        args.config_overrides = [f"model.source={test_model_dir(args.test_model)}", "model.name=",
+                                 *args.config_overrides]
+    try:
+        return effective_config(args.config, args.config_overrides)
+    except ConfigError as e:
+        exit_on_config_error(e, prog)
 
 
 def metrics_urls(cfg: Config, num_prefill: int, num_decode: int) -> tuple[list[str], str | None]:

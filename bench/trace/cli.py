@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.multiturn.cluster import effective_config
-from bench.multiturn.facts import commit, model_facts, test_model_dir
+from bench.multiturn.cluster import bench_config
+from bench.multiturn.facts import commit, model_facts
 from bench.multiturn.stats import rounded
 from bench.trace import generate, report
 from bench.trace.formats import BLOCK_SIZES, FORMATS, read_trace
@@ -31,7 +31,7 @@ from bench.trace.plan import PlanOptions, plan
 from bench.trace.request import TraceError
 from bench.trace.run import RunSpec, replay_once
 from bench.trace.tokens import BlockTokens, ordinary_vocabulary
-from pdorch.config_loader import ConfigError, add_config_args, default_config_path, exit_on_config_error
+from pdorch.config_loader import add_config_args
 from tests.fixtures.hf_checkpoints import FAMILIES
 
 # in-flight prefix sharing: on prefill workers and on decode workers (one switch each)
@@ -118,15 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     check(p, args)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-    if args.config is None and not args.url:
-        args.config = str(default_config_path())
-    if args.test_model:  # before the user's own --set, which win
-        args.config_overrides = [f"model.source={test_model_dir(args.test_model)}", "model.name=",
-                                 *args.config_overrides]
-    try:
-        cfg = effective_config(args.config, args.config_overrides)
-    except ConfigError as e:
-        exit_on_config_error(e, "pdorch bench trace")
+    cfg = bench_config(args, "pdorch bench trace")
     t0 = time.monotonic()
     try:
         fmt, requests = read_trace(args.trace, args.format)
