@@ -116,10 +116,14 @@ def values_schema() -> dict[str, Any]:
                  extraArgs={"type": "array", "items": STR}, resources=OBJ,
                  podDisruptionBudget=_budget("master PDB"), **_placement())
     etcd = obj("etcd StatefulSet or external endpoints", enabled=BOOL,
-               replicas={"type": "integer", "minimum": 1}, clientPort=PORT, peerPort=PORT,
+               replicas=COUNT, allowSingleMember=BOOL, clientPort=PORT, peerPort=PORT,
+               autoCompactionMode={"enum": ["periodic", "revision"]},
+               autoCompactionRetention={"type": ["string", "integer"]},
+               quotaBackendBytes={"type": "integer", "minimum": 1},
                externalEndpoints={"type": "array", "items": {"type": "string", "pattern": r"^[^\s:/]+:\d{1,5}$"}},
                image=obj("etcd image", repository=STR, tag=STR),
-               persistence=obj("etcd data volume", enabled=BOOL, size=QUANTITY, storageClass=STR),
+               persistence=obj("etcd data volume", enabled={"type": ["boolean", "null"]}, size=QUANTITY,
+                                 storageClass=STR),
                resources=OBJ, **_placement())
     monitoring = obj("Prometheus Operator and Grafana objects",
                      serviceMonitor=obj("ServiceMonitor", enabled=BOOL, interval=STR, labels=OBJ),

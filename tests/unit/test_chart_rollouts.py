@@ -13,7 +13,7 @@ from helm_python import HelmRenderError
 
 from pdorch.config import Config
 from pdorch.config_values import field_default, field_kind
-from tests.fixtures.chart import FULLNAME, containers, find, render_chart, workloads
+from tests.fixtures.chart import FULLNAME, containers, find, lint, render_chart, workloads
 
 COMPONENTS = {"router", "prefill", "decode", "master", "etcd"}
 WORKERS = {"prefill", "decode"}
@@ -167,16 +167,59 @@ def test_grace_periods_cover_the_drains_and_the_router_has_a_prestop():
 def test_etcd_refuses_three_members_without_persistence():
     """A member restarted without its data dir cannot rejoin ("has already been bootstrapped")."""
     with pytest.raises(HelmRenderError, match=r"etcd.replicas: 3 needs etcd.persistence.enabled"):
-        render_chart({"etcd": {"replicas": 3}})
-    objs = render_chart({"etcd": {"replicas": 3, "persistence": {"enabled": True}}})
+        render_chart({"etcd": {"replicas": 3, "persistence": {"enabled": False}}})
+    objs = render_chart({"etcd": {"replicas": 3}})  # persistence empty: on with more than one member
     sts = find(objs, "StatefulSet", f"{FULLNAME}-etcd")
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    assert "data" not in [v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]]  # not an emptyDir
     anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "rel"
-    assert find(objs, "PodDisruptionBudget", f"{FULLNAME}-etcd")["spec"]["minAvailable"] == 2  # quorum of 3
-    assert not [o for o in render_chart({}) if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"].endswith("etcd")]
+    assert find(objs, "PodDisruptionBudget", f"{FULLNAME}-etcd")["spec"] == {
+        "maxUnavailable": 1, "selector": sts["spec"]["selector"]}  # one member at a time: 2 of 3 keep quorum
+    single = render_chart({})
+    assert not [o for o in single if o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"].endswith("etcd")]
+    assert "volumeClaimTemplates" not in find(single, "StatefulSet", f"{FULLNAME}-etcd")["spec"]
+
+
+def _etcd_flags(objs) -> dict[str, str]:
+    command = containers(find(objs, "StatefulSet", f"{FULLNAME}-etcd"))[0]["command"]
+    return dict(arg[2:].split("=", 1) for arg in command[1:])
+
+
+def test_etcd_compacts_and_has_a_quota_from_values():
+    flags = _etcd_flags(render_chart({}))
+    assert (flags["auto-compaction-mode"], flags["auto-compaction-retention"]) == ("periodic", "1h")
+    assert flags["quota-backend-bytes"] == str(2 << 30)
+    flags = _etcd_flags(render_chart({"etcd": {"autoCompactionMode": "revision", "autoCompactionRetention": 1000,
+                                               "quotaBackendBytes": 8 << 30}}))
+    assert (flags["auto-compaction-mode"], flags["auto-compaction-retention"]) == ("revision", "1000")
+    assert flags["quota-backend-bytes"] == str(8 << 30)
+
+
+def test_ha_masters_get_three_persistent_etcd_members_by_default():
+    objs = render_chart({"master": {"replicas": 2}})
+    sts = find(objs, "StatefulSet", f"{FULLNAME}-etcd")
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["volumeClaimTemplates"]
+    peers = _etcd_flags(objs)["initial-cluster"].split(",")
+    assert [p.split("=")[0] for p in peers] == [f"{FULLNAME}-etcd-{i}" for i in range(3)]
+    assert find(objs, "PodDisruptionBudget", f"{FULLNAME}-etcd")["spec"]["maxUnavailable"] == 1
+    lint_report = lint({"master": {"replicas": 2}})
+    assert lint_report["errors"] == [], lint_report
+    assert find(render_chart({}), "StatefulSet", f"{FULLNAME}-etcd")["spec"]["replicas"] == 1  # one master: 1
+
+
+def test_ha_masters_on_one_etcd_member_are_refused_naming_both_keys_unless_allowed():
+    with pytest.raises(HelmRenderError, match=r"master.replicas: 2 \(HA masters\) with etcd.replicas: 1.*"
+                                              r"etcd.allowSingleMember: true"):
+        render_chart({"master": {"replicas": 2}, "etcd": {"replicas": 1}})
+    objs = render_chart({"master": {"replicas": 2}, "etcd": {"replicas": 1, "allowSingleMember": True}})
+    assert find(objs, "StatefulSet", f"{FULLNAME}-etcd")["spec"]["replicas"] == 1
+    assert find(objs, "Deployment", f"{FULLNAME}-master")["spec"]["replicas"] == 2
+    # an external etcd's size is the operator's: nothing to count
+    render_chart({"master": {"replicas": 2}, "etcd": {"enabled": False, "externalEndpoints": ["e1:2379"]}})
 
 
 def test_etcd_image_needs_a_tag():

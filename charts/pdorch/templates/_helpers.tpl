@@ -79,6 +79,30 @@ replica count below 1 and HA without an etcd to elect the leader in, naming the 
 {{- printf "%s-master" (include "pdorch.fullname" .) }}
 {{- end }}
 
+{{/*
+The chart's etcd members: etcd.replicas, or with 0 (the default) 3 when HA masters keep their leader
+and oplog in it (master.replicas 2+), else 1. HA masters on a 1-member etcd are refused unless
+etcd.allowSingleMember: one etcd pod lost would stop every election and the oplog with it.
+*/}}
+{{- define "pdorch.etcdReplicas" -}}
+{{- $n := int .Values.etcd.replicas }}
+{{- $ha := include "pdorch.masterHA" . }}
+{{- if eq $n 0 }}{{ $n = ternary 3 1 (eq $ha "true") }}{{ end }}
+{{- if and (eq $ha "true") .Values.etcd.enabled (eq $n 1) (not .Values.etcd.allowSingleMember) }}
+{{- fail (printf "master.replicas: %d (HA masters) with etcd.replicas: 1: the masters' election and oplog would stop with that one etcd pod; set etcd.replicas: 3 (or 0, the default: 3 with HA masters), or etcd.allowSingleMember: true to accept it" (int .Values.master.replicas)) }}
+{{- end }}
+{{- $n }}
+{{- end }}
+
+{{/* "true" when the etcd members keep their data on a PersistentVolumeClaim: etcd.persistence.enabled,
+or when it is empty (the default), with more than one member (a member must find its data dir again to
+rejoin). */}}
+{{- define "pdorch.etcdPersistent" -}}
+{{- $set := .Values.etcd.persistence.enabled }}
+{{- if kindIs "invalid" $set }}{{ $set = gt (int (include "pdorch.etcdReplicas" .)) 1 }}{{ end }}
+{{- if $set }}{{ print "true" }}{{ end }}
+{{- end }}
+
 {{/* etcd client endpoints host:port, as a list. */}}
 {{- define "pdorch.etcdEndpoints" -}}
 {{- if .Values.etcd.enabled }}
