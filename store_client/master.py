@@ -77,10 +77,11 @@ class MasterProcess:
                  eviction_high_watermark_ratio: float = 0.9, log_dir: str | None = None,
                  binary: str | None = None, eviction_ratio: float = 0.05, enable_offload: bool = False,
                  bind_host: str | None = None, offload_on_evict: bool = False, ha_etcd: tuple[str, ...] = (),
-                 cluster_id: str = "mooncake_cluster"):
+                 cluster_id: str = "mooncake_cluster", extra_args: tuple[str, ...] = ()):
         """`ha_etcd`: etcd endpoints (host:port): run in HA mode (leader election in etcd, metadata
         replicated to the standbys by Mooncake's oplog); clients then address the masters as
-        etcd://... and keep the transfer engine's metadata in etcd (no HTTP metadata server)."""
+        etcd://... and keep the transfer engine's metadata in etcd (no HTTP metadata server).
+        `extra_args`: more mooncake_master flags, appended as given."""
         ports: set[int] = set()
         chosen = []
         for p in (rpc_port, metadata_port, metrics_port):
@@ -100,6 +101,7 @@ class MasterProcess:
         # listens on every interface while clients dial its Service name (`host`).
         self.bind_host = bind_host or host
         self.ha_etcd, self.cluster_id = tuple(ha_etcd), cluster_id
+        self.extra_args = tuple(extra_args)
         self.binary = binary or find_master_binary()
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="mooncake_master_")
         self.log_path = os.path.join(self.log_dir, f"master_{self.rpc_port}.log")
@@ -154,7 +156,7 @@ class MasterProcess:
             f"--eviction_high_watermark_ratio={self.eviction_high_watermark_ratio}",
             f"--eviction_ratio={self.eviction_ratio}",
             f"--enable_offload={str(self.enable_offload).lower()}",
-        ] + (["--offload_on_evict=true"] if self.offload_on_evict else [])
+        ] + (["--offload_on_evict=true"] if self.offload_on_evict else []) + list(self.extra_args)
 
     def start(self, timeout_s: float = 20.0) -> MasterProcess:
         """Start and wait until the RPC, metadata and metrics ports all answer (deadline timeout_s)."""
