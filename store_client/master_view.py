@@ -6,8 +6,8 @@ docs/workers.md, "Master HA"). The evictor reads the leader's metrics through it
 shows it.
 
 A leader is one term, not one address: a master killed and restarted at the same host:port (fixed
-ports in `pdorch serve`, a pod that keeps its IP) that wins the election again starts empty, so it
-is a switch like any other. Each win writes the key anew under a new lease, so `Leader` carries the
+ports in `pdorch serve`, a pod that keeps its IP) that wins the election again holds only what its
+oplog replay gave it (nothing without the oplog), so it is a switch like any other. Each win writes the key anew under a new lease, so `Leader` carries the
 key's etcd create revision and lease id beside the address; two terms of one address differ in them.
 """
 

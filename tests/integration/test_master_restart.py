@@ -1,10 +1,10 @@
 """A leader switch is a new term, not a new address, and the audit after it covers what it claims
 (real mooncake_masters in HA mode, a real etcd, a real prefill and decode worker, the tiny model).
 
-1. The only master SIGKILLed and restarted at its own address wins again (empty): the workers count
-   a leader change, audit their recent writes, write again the lost pages their L1s hold (prompt
-   pages from the prefill worker, generated pages from the decode worker), and the next turn reads
-   its whole prefix from the store.
+1. The only master SIGKILLed and restarted at its own address wins again (with only what its oplog
+   replayed): the workers count a leader change, audit their recent writes, write again the lost
+   pages their L1s hold (prompt pages from the prefill worker, generated pages from the decode
+   worker), and the next turn reads its whole prefix from the store.
 2. With a standby: pages removed from the store just before the leader's kill (as writes the oplog
    had not replicated) include the decode worker's generated pages; the decode worker writes them
    again and the next turn reads them from the store.
@@ -79,7 +79,7 @@ def test_a_leader_restarted_at_its_address_is_a_switch_and_its_lost_pages_come_b
     cluster.wait_idle("prefill", timeout_s=60, wp=prefill)
     cluster.wait_idle("decode", timeout_s=60)
     only.kill()
-    only.start()  # the same ports: once the old lease runs out it wins again, with an empty store
+    only.start()  # the same ports: once the old lease runs out it wins again
     assert masters.leader(LEAD_TIMEOUT_S) is only
     after = view.term()
     assert after.address == before.address and after != before, (before, after)
