@@ -123,6 +123,10 @@ class DecodeScheduler:
         """Called by the store evictor's thread: these keys left the store."""
         self._loop.post(Evicted(tuple(keys)))
 
+    def store_lost(self, keys) -> None:
+        """Called by the store connector's thread: a master leader switch lost these keys."""
+        self._loop.post(Evicted(tuple(keys), lost=True))
+
     def join(self, req: DecodeRequest) -> None:
         """Hand a prefilled request to the batch (from a handler thread)."""
         self._loop.post(Join(req))
@@ -194,6 +198,8 @@ class DecodeScheduler:
                 self.admission.settled(msg.request_id)
                 self.admission.filled(msg.request_id)
             self._rt.allocator.release(list(msg.page_ids))
+        elif isinstance(msg, Evicted) and msg.lost:  # written again from L1 (decode_node/restore.py)
+            self._writes.restore.rewrite(msg.keys)
         elif isinstance(msg, Evicted):
             self.cache.left_store([k.rpartition("/")[2] for k in msg.keys])
         else:

@@ -19,6 +19,7 @@ from prometheus_client import Counter
 
 from decode_node.messages import PageWrite, StepSaved
 from decode_node.request import DecodeRequest
+from decode_node.restore import LostPages, Restore
 from store_client.page_hash import store_key
 
 
@@ -27,6 +28,8 @@ class StepWrites:
         self._rt, self._cache, self._rec = rt, cache, recorder
         self._filled: list[PageWrite] = []
         self._writes = 0  # step writes submitted: the next one's lease is step_write:<_writes + 1>
+        # Pages a master leader switch lost, written again from L1; their completions come here too.
+        self.restore = LostPages(rt, cache, recorder.registry)
         registry = recorder.registry
         self._steps = Counter("pdorch_decode_offload_steps", "Decode steps that filled pages to offload "
                               "(each submits ONE store write for all of them)", registry=registry)
@@ -73,7 +76,10 @@ class StepWrites:
         return f"step_write:{self._writes + 1}"
 
     def saved(self, done) -> None:
-        """A step's write completed (IOCompletion tagged StepSaved)."""
+        """A step's write completed (IOCompletion tagged StepSaved), or a rewrite (Restore)."""
+        if isinstance(done.tag, Restore):
+            self.restore.saved(done)
+            return
         saved: StepSaved = done.tag
         for req in saved.owners:
             req.io.give_back(saved.lease)

@@ -89,7 +89,7 @@ class DecodeWorker:
         self.recorder.bind_load(self.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: the prefix cache keeps what the store dropped
         self.kv_events = worker_journal(rt, store.evict_index_pages, worker_id, self.load, self.recorder.registry,
-                                        self.scheduler.store_evicted)
+                                        self.scheduler.store_evicted, self.scheduler.store_lost)
         self.scheduler.start()
 
     def close(self) -> None:

@@ -29,12 +29,14 @@ from prometheus_client import Counter, Gauge
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
 from engine.page_allocator import UNWRITTEN
 from pdorch.config import PrefillConfig
+from pdorch.worker.restore_backlog import RestoreBacklog
 from prefill_node.messages import EvictSaved, TaskSaved
 from prefill_node.write_policy import DEFERRED, WritePolicy
 from store_client.config import StoreConfig
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
+LOST = "lost_on_leader_change"  # a master leader switch lost it: waiting for (or failed) its rewrite
 
 
 def needs_write(alloc, page: int) -> bool:
@@ -92,6 +94,7 @@ class Persister:
         # write_back: page hash -> its depth in its chain, for the write at eviction (the store
         # evictor ranks written pages by it). Entries of pages L1 no longer holds are pruned.
         self._deferred_depths: dict[str, int] = {}
+        self._restore = RestoreBacklog()  # pages a leader switch lost, written again a few chunks at a time
 
     @property
     def usable(self) -> bool:
@@ -185,25 +188,38 @@ class Persister:
         self._submit(EvictSaved, pages, depths, ["evict"] * len(pages))
         return len(pages)
 
-    def rewrite_lost(self, keys) -> int:
+    def rewrite_lost(self, keys) -> None:
         """A master leader switch lost these keys (the new leader does not know them): write again
-        the pages L1 still holds, retained until the store has them, as a write-before-evict.
-        Returns the pages submitted."""
+        the pages L1 still holds, retained until the store has them, as a write-before-evict, a few
+        chunks at a time (pdorch/worker/restore_backlog.py: one submission of thousands would be
+        dropped whole by the I/O queue's budget)."""
         alloc = self._rt.allocator
         pages = [p for p in alloc.pages_of([k.rpartition("/")[2] for k in keys])
                  if alloc.unpersisted_reason(p) != PENDING]
-        if not (self.usable and pages):
-            return 0
+        alloc.mark_left_store(pages, LOST)  # not in the store now: L1 keeps them, write-before-evict writes them
+        self._restore.add(alloc.page_hash(p) for p in pages)
+        self._restore.pump(self._rewrite_chunk)
+
+    def _rewrite_chunk(self, hashes: list[str]) -> bool:
+        alloc = self._rt.allocator
+        if not self.usable:
+            self._restore.clear()  # the store is gone again: they stay lost (LOST)
+            return False
+        pages = [p for p in alloc.pages_of(hashes) if alloc.unpersisted_reason(p) == LOST]  # still held, still lost
+        if not pages:
+            return False
         alloc.retain(pages)
         self.metrics.written.labels("restore").inc(len(pages))
-        self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
-        return len(pages)
+        return self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
 
     def on_saved(self, done) -> collections.Counter:
         """Apply a save completion: which pages the store now holds, and why the others are not.
         Returns the pages the store took, by why they were written (TaskSaved.why)."""
         alloc, tag = self._rt.allocator, done.tag
         pages, keys, depths = tag.pages, tag.keys, tag.depths
+        if isinstance(tag, EvictSaved) and tag.why[:1] == ["restore"]:  # the next chunk of the rewrite
+            self._restore.landed()
+            self._restore.pump(self._rewrite_chunk)
         ok = list(done.page_ok) + [False] * (len(pages) - len(done.page_ok))
         taken = collections.Counter(why for why, good in zip(tag.why, ok) if good)
         if not pages:  # no L1 to track: every page of the save was computed here

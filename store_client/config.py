@@ -57,6 +57,13 @@ class StoreConfig:
                                 "find the leader's address in etcd)", min=1, max=65535)
     master_cluster_id: str = _key("mooncake_cluster", "Masters in HA mode: their --cluster_id, which names "
                                   "their leader's key in etcd (mooncake-store/<id>/master_view)")
+    audit_window_s: float = _key(20.0, "Masters in HA mode: after a leader switch each worker asks the new leader "
+                                 "for the pages it wrote in the last this many seconds and writes again, from its "
+                                 "L1, those the new leader lacks (writes the oplog had not replicated, or all of "
+                                 "them when a master restarted empty)", min=1.0)
+    audit_max_pages: int = _key(131072, "Masters in HA mode: the most pages the audit after a leader switch "
+                                "remembers (~250 bytes each: 32 MiB at the default); a worker writing more within audit_window_s audits "
+                                "the newest this many", min=1)
     master_metrics_port: int = _key(9103, "mooncake_master metrics port (local launcher; workers read the "
                                     "store's fill level there for eviction)", min=1, max=65535)
     master_eviction_high_watermark: float = _key(0.9, "mooncake_master's own generic eviction starts above "

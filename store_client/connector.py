@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
-from store_client.master_view import master_view
+from store_client.master_view import Leader, master_view
 from store_client.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class StoreConnector:
         self._thread: threading.Thread | None = None
         master = parse_master_address(cfg.master_address)
         self._view = master_view(master.etcd_endpoints, cfg.master_cluster_id) if master.ha else None
-        self._leader: str | None = None  # the last leader seen (HA masters)
+        self._leader: Leader | None = None  # the last leader's term seen (HA masters)
         # HA masters: after a leader switch, `audit(switched_at) -> done` runs each tick while connected
         # until it is done or AUDIT_DEADLINE_S passed (KVStore checks its recent writes).
         self.audit: Callable[[float], bool] | None = None
@@ -180,18 +180,24 @@ class StoreConnector:
     def leader(self) -> str | None:
         """HA masters: the leader's RPC address as last read from etcd (None before any, or for a
         single master)."""
-        return self._leader
+        return None if self._leader is None else self._leader.address
 
     def _watch_leader(self) -> None:
-        """HA masters: which one leads, from etcd (metrics, and a log line when the lead moves)."""
+        """HA masters: which one leads, from etcd (metrics, and a log line when the lead moves).
+
+        A switch is a new term, not a new address: a master restarted at the same address that wins
+        again starts empty, and its clients' recent writes are audited like after any switch
+        (master_view.Leader)."""
         if self._view is None:
             return
-        leader = self._view.leader()
+        leader = self._view.term()
         self.metrics.master_leading.set(1 if leader else 0)
-        if leader and leader != self._leader:
+        if leader is not None and leader != self._leader:
             if self._leader is not None:
                 self.metrics.master_leader_changes.inc()
-                log.warning("store: mooncake_master %s leads now (was %s)", leader, self._leader)
+                again = " again, a new term" if leader.address == self._leader.address else ""
+                log.warning("store: mooncake_master %s leads now%s (was %s)", leader.address, again,
+                            self._leader.address)
                 self._audit_due = time.monotonic()
             self._leader = leader
 

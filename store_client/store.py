@@ -84,9 +84,9 @@ class KVStore:
         self._connector = StoreConnector(cfg, self.metrics, component)
         # Called with the number of pages a save is about to put (the chain evictor makes room).
         self.before_write = None
-        # HA masters: the keys written lately, audited after a leader switch; the keys the new leader
+        # HA masters: the pages written lately, audited after a leader switch; the pages the new leader
         # lacks go to on_lost (the worker writes again those it holds; recent_writes.py).
-        self.recent = RecentWrites()
+        self.recent = RecentWrites(cfg.audit_window_s, cfg.audit_max_pages, self.objects)
         self.on_lost: Callable[[list[str]], None] | None = None
         self._connector.audit = self._audit_recent_writes
         # The SSD tier's replica lookup runs on its own thread, beside the read it attributes: under a
@@ -276,8 +276,8 @@ class KVStore:
             log.warning("store save raised: %s", e)
             codes = [_RPC_FAILED] * len(objects)
         elapsed = self._observe("save", t0, codes)
-        self.recent.add([k for k, c in zip(objects, codes) if c == 0])
         pages = [_page_save(cs) for cs in _chunks(codes, per)]   # per page: 0 written, 1 skipped, or error
+        self.recent.add([k for k, cs in zip(keys, _chunks(codes, per)) if 0 in cs])  # any object written here
         written = pages.count(0)
         failed = [c for c in pages if c not in (0, 1)]
         self.metrics.pages_written.inc(written)
@@ -290,8 +290,9 @@ class KVStore:
         return SaveResult(written, pages.count(1), len(failed), reason, tuple(c in (0, 1) for c in pages))
 
     def _audit_recent_writes(self, switched_at: float) -> bool:
-        """After a leader switch (connector thread, each tick until True): the keys written lately
-        that the new leader lacks (recent_writes.py) are counted and handed to on_lost."""
+        """After a leader switch (connector thread, each tick until True): the pages written lately
+        that the new leader lacks, any object of them (recent_writes.py), are dropped whole (their
+        other objects removed: no reader finds half a page), counted and handed to on_lost."""
         client = self._connector.client()
         if client is None:
             return False
@@ -304,8 +305,8 @@ class KVStore:
             return False
         log.warning("store: after the leader switch the new leader lacks %d of the pages written lately%s",
                     len(lost), "; writing again those L1 holds" if lost else "")
-        lost = list(dict.fromkeys(self.objects.page_key(k) for k in lost))  # objects -> their pages
         if lost:
+            self.remove_many(lost)  # NOTE: a leased object stays (-706); a read of its page misses anyway
             self.metrics.lost_on_leader_change.inc(len(lost))
             if self.on_lost is not None:
                 self.on_lost(lost)

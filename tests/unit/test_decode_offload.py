@@ -69,3 +69,37 @@ def test_extend_rejects_gaps_and_partial_pages():
 @pytest.mark.parametrize("n,expected", [(1, 0), (4, 0), (5, 1), (8, 1), (9, 2), (40, 9)])
 def test_reusable_pages_never_include_the_last_prompt_token(n, expected):
     assert reusable_pages(n, PAGE_SIZE) == expected
+
+
+def test_pages_a_leader_switch_lost_are_written_again_from_the_prefix_cache(model):
+    """The store client's audit hands over generated pages the new leader lacks: the decode worker
+    writes again those its prefix cache holds, retained until the write lands; unknown keys are skipped."""
+    io = HeldStoreIO()
+    sched, rt = start_scheduler(model, 8, store_io=io, prefix_cache=True)
+    try:
+        req = prefilled(sched, model[3], "turn1", list(range(10, 30)), max_tokens=40)
+        sched.join(req)
+        assert events_until_final(req)[-1].finish_reason == "length"
+        io.release()
+        written = [k for keys in io.saves for k in keys]
+        assert len(written) == 2  # pages 1 and 2, generated
+        deadline = time.monotonic() + 10
+        while sched.call(rt.allocator.num_available) != 8 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the request's pages go back (cached, evictable) once its writes landed
+        free = sched.call(rt.allocator.num_available)
+        assert free == 8
+        sched.store_lost([written[1], store_key("fp", "not-held")])
+        deadline = time.monotonic() + 10
+        while len(io.saves) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert io.saves[2] == [written[1]]
+        assert sched.call(rt.allocator.num_available) == free - 1  # retained while it is written
+        io.release()
+        deadline = time.monotonic() + 10
+        while sched.call(rt.allocator.num_available) != free and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched.call(rt.allocator.num_available) == free  # released once it landed
+        restored = sched._writes.restore.restored._value.get()
+        assert restored == 1
+    finally:
+        sched.stop()

@@ -390,3 +390,37 @@ def test_a_queued_prompt_waits_for_the_one_before_it_rather_than_evict_what_the_
         assert not rt.allocator.evicted_unpersisted
     finally:
         sched.stop()
+
+
+def test_pages_a_leader_switch_lost_are_written_again_in_chunks_that_never_outrun_the_io_queue():
+    tokens = list(range(2000, 2000 + 40 * PAGE_SIZE))  # 40 full pages
+    keys = [store_key("fp", h) for h in page_hashes(tokens, PAGE_SIZE)]
+    io = FakeStoreIO()
+    sched, rt, _ = make(num_pages=48, chunk_tokens=1024, store_io=io)
+    sched._persist._restore.chunk_pages, sched._persist._restore.max_in_flight = 8, 2
+    try:
+        submit(sched, tokens, "a").future.result(5)
+        settle(sched, rt)
+        io.saved.clear()
+        io.hold_saves.set()
+        sched.store_lost(keys + [store_key("fp", "not-held")])
+        deadline = time.monotonic() + 5
+        while len(io.saved) < 16 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert io.saved == keys[:16]  # two chunks of 8 queued, the rest waits for them
+        assert sched.call(lambda: rt.allocator.num_unpersisted()) == 40
+        deadline = time.monotonic() + 5
+        while len(io.saved) < 40 and time.monotonic() < deadline:
+            io.release()  # each landed chunk lets the next one go
+            io.hold_saves.set()
+            time.sleep(0.02)
+        io.release()
+        settle(sched, rt)
+        assert sorted(io.saved) == sorted(keys)  # every held page once
+        deadline = time.monotonic() + 5
+        while sched.call(lambda: rt.allocator.num_unpersisted()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sched.call(lambda: rt.allocator.num_unpersisted()) == 0
+    finally:
+        sched.stop()

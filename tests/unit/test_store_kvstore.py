@@ -102,11 +102,15 @@ class FakeAuditClient:
     """batch_is_exist of a new leader: `absent` keys answered 0, the others 1."""
 
     def __init__(self, absent: set[str]):
-        self.absent, self.asked = absent, []
+        self.absent, self.asked, self.removed = absent, [], []
 
     def batch_is_exist(self, keys):
         self.asked.append(list(keys))
         return [0 if k in self.absent else 1 for k in keys]
+
+    def batch_remove(self, keys):
+        self.removed.append(list(keys))
+        return [-704 if k in self.absent else 0 for k in keys]
 
 
 def test_after_a_leader_switch_keys_missing_at_two_looks_are_lost_and_handed_back(monkeypatch, disabled):
@@ -125,7 +129,29 @@ def test_after_a_leader_switch_keys_missing_at_two_looks_are_lost_and_handed_bac
     fake.absent = {"a"}  # b read back a moment later (a new leader's first answers are not final)
     assert store._audit_recent_writes(switched) is True
     assert fake.asked == [["a", "b", "c"], ["a", "b"]] and lost == [["a"]]
+    assert fake.removed == [["a"]]  # dropped whole: no object of a lost page stays behind
     assert reg.get_sample_value("pdorch_store_lost_on_leader_change_pages_total") == 1
     # nothing missing at the first look: done at once, nothing handed back
     fake.absent = set()
     assert store._audit_recent_writes(switched + 1) is True and lost == [["a"]]
+
+
+def test_a_page_the_new_leader_holds_only_part_of_is_dropped_whole(monkeypatch):
+    import store_client.recent_writes as recent_mod
+    from store_client.page_objects import PageObjects
+
+    monkeypatch.setattr(recent_mod, "RECHECK_S", 0.0)
+    store = KVStore(StoreConfig(enabled=False), 2048, StoreMetrics(CollectorRegistry()),
+                    objects=PageObjects(2, range(2), 1024))
+    try:
+        fake = FakeAuditClient({"p-g1"})  # one object of page p lost, its other one still there
+        store._connector.client = lambda: fake
+        lost = []
+        store.on_lost = lost.append
+        store.recent.add(["p", "q"])
+        switched = store.recent._clock()
+        assert store._audit_recent_writes(switched) is False
+        assert store._audit_recent_writes(switched) is True
+        assert lost == [["p"]] and fake.removed == [["p-g0", "p-g1"]]
+    finally:
+        store.close()
