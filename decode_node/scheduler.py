@@ -29,6 +29,7 @@ import torch
 from prometheus_client import Counter
 
 from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
+from decode_node.drain_writeback import DrainSaved, write_back_saved
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.messages import Admit, Join, Release, ResumeRead
@@ -217,6 +218,9 @@ class DecodeScheduler:
             req = self.preemption.read_done(done)
             if req is not None:
                 self._ready(req, time.monotonic())
+            return
+        if isinstance(done.tag, DrainSaved):  # the drain's write-back of L1 (decode_node/drain_writeback.py)
+            write_back_saved(self._rt, self.cache, self._rec, done)
             return
         self._writes.saved(done)  # a step's store write (decode_node/step_writes.py)
 

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import torch
 
+from decode_node.drain_writeback import pages_pending, submit_write_back
 from decode_node.fence import PageFence
 from decode_node.forks import Fork, fork_sequences, shared_pages
 from decode_node.growth import GrowthReserve, growth_pages
@@ -291,6 +292,18 @@ class DecodeWorker:
                     break
             time.sleep(DRAIN_POLL_S)
         return len(left)
+
+    def in_flight(self) -> int:
+        """Streams not ended yet (what a drain waits for)."""
+        with self._lock:
+            return len(self._requests)
+
+    def start_write_back(self) -> list[int]:
+        """The drain's write-back of the prefix cache's pages the store lacks; the pages submitted."""
+        return self.scheduler.call(lambda: submit_write_back(self.rt))
+
+    def write_back_left(self, pages: list[int]) -> int:
+        return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
 
     def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None) -> None:
         """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left

@@ -125,6 +125,12 @@ class PageAllocator:
                        key=self._released_at.__getitem__)
         return list(self._free) + stale + [p for p in tiers if p not in set(stale)]
 
+    def unstored_pages(self) -> list[int]:
+        """Every cached page the store lacks but those it dropped on purpose (LEFT_STORE), whatever the
+        write policy held back and whether in use or not: what a draining worker writes back."""
+        return [p for p in self._page_to_hash
+                if p not in self._persisted and self._unpersisted_reason.get(p) != LEFT_STORE]
+
     def lru_unpersisted(self, n: int) -> list[int]:
         """Up to n unpersisted evictable pages, the ones allocate() would drop first."""
         out = []

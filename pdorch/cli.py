@@ -62,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
                        "Service spreads clients over a router Deployment's pods (default 1)")
     serve.add_argument("--masters", type=int, default=1, metavar="K",
                        help="mooncake_masters (default 1); K > 1 runs them in HA mode, one leading, against the etcd "
-                       "of store.master_address=etcd://host:port (its RPC and metrics ports + i each)")
+                       "of store.master_address=etcd://host:port (its RPC and metrics ports + i each), or against "
+                       "a local etcd serve starts when store.master_address names none")
+    serve.add_argument("--autoscale", action="store_true",
+                       help="the workers are a local fleet that changes size, driven by the planner section "
+                       "(planner.*); --prefill/--decode are the sizes it starts at. The routers find the workers "
+                       "through etcd (discovery.mode etcd; a local etcd is started when the config names none); a "
+                       "worker taken away drains first (docs/operations.md, \"What a drain guarantees\")")
     serve.add_argument("--log-dir", help="where each component's log goes (default: a new temp dir)")
     serve.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
                        help="give up if not ready after S seconds (default 600)")
@@ -146,7 +152,7 @@ def _serve(args, cfg) -> int:
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
     opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout,
                         restart=not args.exit_on_failure, num_routers=args.routers,
-                        num_masters=args.masters)
+                        num_masters=args.masters, autoscale=args.autoscale)
     try:
         return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
     except KeyboardInterrupt:  # during model preparation, before any child runs

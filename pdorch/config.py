@@ -124,6 +124,9 @@ class PrefillConfig:
     request_timeout_s: float = _key(60.0, "Default deadline when the caller gives none", min=0.1)
     drain_timeout_s: float = _key(10.0, "On SIGTERM, after leaving discovery: running prefills get this long to "
                                   "finish before the server stops", min=0.0, max=3600.0)
+    drain_writeback_s: float = _key(10.0, "On SIGTERM, once its prefills are over: the L1 pages the store lacks "
+                                    "(write_back, write_through_selective, failed writes) get this long to be "
+                                    "written back, so the next turns read them from the store", min=0.0, max=3600.0)
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,9 @@ class DecodeConfig:
                                   "the rest are handed to other decode workers (ended UNAVAILABLE once their "
                                   "offloaded pages are written; the router resumes them: router.mid_stream_failover)",
                                   min=0.0, max=3600.0)
+    drain_writeback_s: float = _key(5.0, "On SIGTERM, once its streams are over or handed on: the prefix-cache "
+                                    "pages the store lacks (failed writes, offload off) get this long to be written "
+                                    "back, so the next turns read them from the store", min=0.0, max=3600.0)
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,8 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ChildSpec:
-    name: str  # "master" (or "master-0".. with --masters N), "prefill-0", "decode-1", "router"
-    role: str  # "master" | "prefill" | "decode" | "router"
+    name: str  # "etcd", "master" (or "master-0".. with --masters N), "prefill-0", "decode-1", "router"
+    role: str  # "etcd" | "master" | "prefill" | "decode" | "router"
     argv: tuple[str, ...]
     host: str  # where its ports listen
     ports: tuple[tuple[str, int], ...]  # (config key, port) it listens on; ports[0] answers when ready
@@ -65,7 +65,7 @@ class ChildSpec:
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     config: Config  # the effective config as the router sees it (ports and discovery filled in)
-    children: tuple[ChildSpec, ...]  # in start order: master, prefill-*, decode-*, router
+    children: tuple[ChildSpec, ...]  # in start order: etcd (when local), master, prefill-*, decode-*, router
     torch_threads: int
     router_url: str  # the first router's (with --routers N: router_urls[0])
     devices: tuple[str, ...] = ()  # each worker's model.device, prefill-0.. then decode-0..
@@ -122,13 +122,15 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
                        user_overrides: tuple[str, ...] = (), python: str = sys.executable,
                        master_argv: tuple[str, ...] | None = None,
                        cpu_count: int | None = None, gpu_count: int | None = None,
-                       num_routers: int = 1, master_argvs: tuple[tuple[str, ...], ...] = ()) -> LaunchPlan:
+                       num_routers: int = 1, master_argvs: tuple[tuple[str, ...], ...] = (),
+                       etcd: ChildSpec | None = None) -> LaunchPlan:
     """Children for `pdorch serve`. `master_argv` is the mooncake_master command for the store's
     ports (None: store disabled or the caller builds it later); raises PlanError.
     `master_argvs` (two or more): masters in HA mode, master-i on store.master_rpc_port + i and
     store.master_metrics_port + i (master_ports(cfg, i)), one command each.
     `num_routers` > 1: router replicas on router.port + i (and router.metrics_port + i), named
-    router-0.., all routing to the same workers (each keeps its own index from the workers' KV events)."""
+    router-0.., all routing to the same workers (each keeps its own index from the workers' KV events).
+    `etcd`: a local etcd (pdorch/local_etcd.py), the first child."""
     if num_prefill < 1 or num_decode < 1:
         raise PlanError(f"--prefill and --decode must be >= 1, got {num_prefill} and {num_decode}")
     if num_routers < 1:
@@ -136,16 +138,15 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     threads = torch_threads_per_worker(cfg, num_prefill + num_decode, cpu_count)
     widths = [cfg.prefill.tp_size] * num_prefill + [cfg.decode.tp_size] * num_decode
     devices = iter(worker_devices(cfg, widths, gpu_count))
-    public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
-    base = ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
-    children: list[ChildSpec] = []
+    base = child_base(config_path, user_overrides)
+    children: list[ChildSpec] = [etcd] if etcd is not None else []
     if cfg.store.enabled and len(master_argvs) > 1:
         children += [_master_spec(cfg, argv, i) for i, argv in enumerate(master_argvs)]
     elif cfg.store.enabled:
         children.append(_master_spec(cfg, master_argv))
     addresses: dict[str, list[str]] = {}
     for role, section, count in (("prefill", cfg.prefill, num_prefill), ("decode", cfg.decode, num_decode)):
-        workers = [_worker_spec(cfg, role, section, i, base, python, threads, next(devices)) for i in range(count)]
+        workers = [_numbered_worker(cfg, role, section, i, base, python, threads, next(devices)) for i in range(count)]
         children += workers
         addresses[role] = [f"{_advertised(section.host)}:{w.ports[0][1]}" for w in workers]
     discovery = cfg.discovery
@@ -172,19 +173,33 @@ def plan_local_cluster(cfg: Config, num_prefill: int, num_decode: int, config_pa
     return LaunchPlan(effective, tuple(children), threads, urls[0], placed, tuple(urls))
 
 
-def _worker_spec(cfg: Config, role: str, section, i: int, base: tuple[str, ...], python: str, threads: int,
-                 device: str) -> ChildSpec:
-    """Worker i of `role`: its ports (section.port + i, metrics + i), threads and device."""
+def child_base(config_path: str, user_overrides: tuple[str, ...]) -> tuple[str, ...]:
+    """Every child's first arguments: the config file and the user's `--set` flags, secrets left out."""
+    public = tuple(o for o in user_overrides if _override_key(o) not in SECRET_KEYS)
+    return ("--config", config_path) + tuple(a for o in public for a in ("--set", o))
+
+
+def _numbered_worker(cfg: Config, role: str, section, i: int, base: tuple[str, ...], python: str, threads: int,
+                     device: str) -> ChildSpec:
+    """Worker i of `role` as `pdorch serve --prefill N --decode M` places it: section.port + i, metrics + i."""
     port = section.port + i
     metrics = section.metrics_port + i if section.metrics_port else 0
     for p, key in ((port, f"{role}.port"), (metrics, f"{role}.metrics_port")):
         if p > 65535:
             raise PlanError(f"{key}: {role}-{i} would need port {p}; choose a lower base port")
-    sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics}", f"model.torch_threads={threads}",
+    return worker_spec(cfg, role, f"{role}-{i}", port, metrics, base, python, threads, device)
+
+
+def worker_spec(cfg: Config, role: str, name: str, port: int, metrics_port: int, base: tuple[str, ...],
+                python: str, threads: int, device: str) -> ChildSpec:
+    """One worker child: its ports (metrics 0 = none), threads and device as the launcher's own `--set`
+    flags, after `base` (child_base). The local fleet (pdorch/local_fleet.py) starts its workers with it."""
+    section = getattr(cfg, role)
+    sets = [f"{role}.port={port}", f"{role}.metrics_port={metrics_port}", f"model.torch_threads={threads}",
             f"model.device={device}"]
     argv = (python, "-m", f"{role}_node") + base + tuple(a for s in sets for a in ("--set", s))
-    ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics),) if metrics else ())
-    return ChildSpec(f"{role}-{i}", role, argv, section.host, ports, secret_env(cfg, role))
+    ports = ((f"{role}.port", port),) + (((f"{role}.metrics_port", metrics_port),) if metrics_port else ())
+    return ChildSpec(name, role, argv, section.host, ports, secret_env(cfg, role))
 
 
 def _override_key(override: str) -> str:

@@ -1,6 +1,6 @@
 """`pdorch serve`: run a whole local cluster (master, workers, router) as children, until stopped.
 
-    prepare model -> check ports free -> mooncake_master -> N prefill + M decode workers -> router
+    prepare model -> check ports free -> [etcd] -> mooncake_master -> N prefill + M decode workers -> router
     -> wait for /health_generate -> print URL + curl -> watch children
     Ctrl-C / SIGTERM: stop all (SIGTERM, deadline, SIGKILL), exit 0.
     A child dies during start-up (or with --exit-on-failure): stop the rest, show its last log
@@ -9,37 +9,42 @@
     to 30 s; back to 1 s after it ran a minute), as Kubernetes restarts a pod's container; the
     router routes around it meanwhile and finds it again by its health checks.
 
+A local etcd (pdorch/local_etcd.py) starts first when --masters N >= 2 or --autoscale needs one and
+the config names none. With --autoscale the workers are a LocalFleet's (pdorch/local_fleet.py): it
+starts them on free ports (etcd discovery), and `attach` gives a planner the fleet to drive once
+the cluster is ready.
+
 Every wait has a deadline and checks, each tick, for a stop signal and for dead children.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shlex
 import signal
-import socket
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TextIO
 
 from pdorch.child_process import Child, stop_children
 from pdorch.config import Config
-from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_env, plan_local_cluster
+from pdorch.config_loader import config_to_dict, load_config, parse_overrides
+from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_base, child_env, plan_local_cluster
+from pdorch.local_etcd import LocalEtcd, etcd_needs
+from pdorch.local_fleet import LocalFleet
 from pdorch.master_cmd import etcd_unreachable, master_process
+from pdorch.ports import port_answers
 from pdorch.progress import Progress
+from pdorch.serve_model import ServeError, chat_template_summary, curl_example, prepare_model_with_progress
+from pdorch.serve_probes import PORT_LABELS, health_ok, masters_ready, port_in_use
+
+__all__ = ["LocalCluster", "ServeError", "ServeOptions", "chat_template_summary", "curl_example", "port_in_use",
+           "prepare_model_with_progress"]
 
 _TICK_S = 0.2
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class ServeError(RuntimeError):
-    """`pdorch serve` cannot start or keep running; the message says why and where to look."""
 
 
 class _Stopped(Exception):
@@ -66,54 +71,7 @@ class ServeOptions:
     restart_reset_s: float = 60.0  # a child that ran this long starts again from restart_backoff_s
     num_routers: int = 1  # router replicas (router.port + i), all routing to the same workers
     num_masters: int = 1  # mooncake_masters; > 1: HA mode (store.master_address etcd://), ports + i
-
-
-def curl_example(url: str, model: str, with_api_key: bool) -> str:
-    body = json.dumps({"model": model, "max_tokens": 64, "temperature": 0, "messages": [
-        {"role": "user", "content": "What is the capital of France? Answer in one sentence."}]})
-    auth = ' -H "Authorization: Bearer $PDORCH_ROUTER_API_KEY"' if with_api_key else ""
-    return (f"curl -s {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-            f"  -d {shlex.quote(body)}")
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when binding host:port fails.
-
-    NOTE: gRPC servers bind with SO_REUSEPORT, so a second worker on a taken port would start
-    silently and share the traffic; this check is what catches a stale cluster.
-    """
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host or "0.0.0.0", port))
-        except OSError:
-            return True
-    return False
-
-
-def _port_open(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host if host not in ("0.0.0.0", "") else "127.0.0.1", port)) == 0
-
-
-_PORT_LABELS = {"store.master_address": "rpc", "store.master_rpc_port": "rpc", "store.metadata_server": "metadata",
-                "store.master_metrics_port": "metrics"}
-
-
-def _masters_ready(specs: list[ChildSpec]) -> bool:
-    """Every master answers on its first port, and one on all of its ports: with masters in HA mode
-    that one leads (a standby opens its RPC port only when it takes the lead)."""
-    return (all(_port_open(s.host, s.ports[0][1]) for s in specs)
-            and any(all(_port_open(s.host, p) for _, p in s.ports) for s in specs))
-
-
-def _health_ok(url: str, timeout_s: float) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    autoscale: bool = False  # workers in a LocalFleet (num_prefill/num_decode to start), a planner may attach
 
 
 class LocalCluster:
@@ -131,6 +89,14 @@ class LocalCluster:
         self._ready = False  # restarts only once the whole cluster has been ready
         self._failures: dict[str, int] = {}  # child name -> consecutive quick deaths
         self._restart_at: dict[str, float] = {}  # child name -> when to start it again
+        self.fleet: LocalFleet | None = None  # --autoscale: the workers, made with the plan
+        self._attached: list = []  # start(fleet) -> stop, called once ready (attach)
+        self._detach: list = []  # the stops they returned, called first when serve stops
+
+    def attach(self, start) -> None:
+        """`start(fleet) -> stop` runs once the cluster is ready (--autoscale: a planner driving the
+        fleet); the `stop` it returns (or None) runs first when serve stops."""
+        self._attached.append(start)
 
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
@@ -172,6 +138,7 @@ class LocalCluster:
         master_argv, master_argvs = None, ()
         if self.opts.num_masters < 1:
             raise ServeError(f"--masters must be >= 1, got {self.opts.num_masters}")
+        etcd = self._local_etcd()
         if self.opts.num_masters > 1:
             from store_client.addresses import parse_master_address
             if not parse_master_address(self.cfg.store.master_address).ha:
@@ -179,7 +146,7 @@ class LocalCluster:
                                  "store.master_address=etcd://host:port (an etcd they elect their leader in) and "
                                  f"store.metadata_server=etcd://host:port, got {self.cfg.store.master_address!r}")
         if self.cfg.store.enabled:
-            err = etcd_unreachable(self.cfg)  # HA masters would wait as candidates until the start-up timeout
+            err = None if etcd else etcd_unreachable(self.cfg)  # HA masters would wait until the start-up timeout
             if err:
                 raise ServeError(err)
             from store_client.master import MasterError  # NOTE: lazy, only serve needs it
@@ -193,9 +160,36 @@ class LocalCluster:
                 master_argvs = argvs
         elif self.opts.num_masters > 1:
             raise ServeError("--masters: store.enabled is false; there is no store to run masters for")
-        return plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
+        plan = plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
                                   self.user_overrides, master_argv=master_argv, num_routers=self.opts.num_routers,
-                                  master_argvs=master_argvs)
+                                  master_argvs=master_argvs, etcd=etcd.spec() if etcd else None)
+        if not self.opts.autoscale:
+            return plan
+        # The fleet starts the workers (free ports, etcd discovery); the plan keeps the others.
+        self.fleet = LocalFleet(self.cfg, child_base(self.config_path, self.user_overrides), self.log_dir,
+                                plan.torch_threads, say=self._say)
+        return dataclasses.replace(plan, children=tuple(c for c in plan.children
+                                                        if c.role not in ("prefill", "decode")))
+
+    def _local_etcd(self) -> LocalEtcd | None:
+        """A local etcd when the cluster needs one the config does not name; the children (and this
+        process) are pointed at it with `--set` flags. ServeError when a named one does not answer."""
+        needs = etcd_needs(self.cfg, self.opts.num_masters, self.opts.autoscale)
+        if self.opts.autoscale and not needs.discovery:
+            from store_client.connector import reachable
+            endpoints = [tuple(e.rsplit(":", 1)) for e in self.cfg.discovery.etcd_endpoints]
+            err = reachable([(h, int(p)) for h, p in endpoints], 2.0)
+            if err:
+                raise ServeError(f"discovery.etcd_endpoints: no endpoint answers ({err})")
+        if not needs.any:
+            return None
+        etcd = LocalEtcd.on_free_ports(str(self.log_dir / "etcd-data"))
+        sets = etcd.overrides(needs)
+        self.user_overrides = self.user_overrides + sets
+        values = {f"{section}.{key}": value for section, keys in config_to_dict(self.cfg).items()
+                  for key, value in keys.items()}
+        self.cfg = load_config(None, {**values, **parse_overrides(list(sets))}, environ={})
+        return etcd
 
     def _check_ports_free(self, plan: LaunchPlan) -> None:
         taken = [f"{port} ({key} of {c.name})" for c in plan.children for key, port in c.ports
@@ -209,12 +203,17 @@ class LocalCluster:
         deadline = t0 + self.opts.startup_timeout_s
         for step, (role, specs) in enumerate(self._stages(plan), 1):
             started = time.monotonic()
+            if role == "fleet":
+                self._start_fleet(step, deadline)
+                continue
             for spec in specs:
                 self._spawn(spec, plan.torch_threads)
             pids = {c.name: c.pid for c in self.children}
-            if role == "master":
+            if role == "etcd":
+                what = f"etcd {specs[0].host}:{specs[0].ports[0][1]}"
+            elif role == "master":
                 what = "mooncake_master " + "; ".join(
-                    (f"{s.name} " if len(specs) > 1 else "") + ", ".join(f"{_PORT_LABELS[k]} :{p}" for k, p in s.ports)
+                    (f"{s.name} " if len(specs) > 1 else "") + ", ".join(f"{PORT_LABELS[k]} :{p}" for k, p in s.ports)
                     for s in specs)
             elif role == "router":
                 what = "router " + ", ".join(plan.router_urls)
@@ -222,25 +221,38 @@ class LocalCluster:
                 what = "workers " + ", ".join(f"{s.name} :{s.ports[0][1]}" for s in specs)
             if role == "router":
                 self._wait(f"[{step}] {what}: waiting for /health_generate", deadline,
-                           lambda: all(_health_ok(u + "/health_generate", 30.0) for u in plan.router_urls))
+                           lambda: all(health_ok(u + "/health_generate", 30.0) for u in plan.router_urls))
             elif role == "master":
-                self._wait(f"[{step}] {what}: starting", deadline, lambda specs=specs: _masters_ready(specs))
+                self._wait(f"[{step}] {what}: starting", deadline, lambda specs=specs: masters_ready(specs))
+            elif role == "etcd":
+                self._wait(f"[{step}] {what}: starting", deadline,
+                           lambda spec=specs[0]: port_answers(spec.host, spec.ports[0][1]))
             else:
                 self._wait(f"[{step}] {what}: loading the model", deadline,
-                           lambda specs=specs: all(_port_open(s.host, p) for s in specs for _, p in s.ports))
+                           lambda specs=specs: all(port_answers(s.host, p) for s in specs for _, p in s.ports))
             pid_list = ", ".join(f"{s.name} {pids[s.name]}" for s in specs)
             self._say(f"[{step}] {what}: ready in {time.monotonic() - started:.1f} s (pid {pid_list})")
         self._announce_ready(time.monotonic() - t0)
         self._ready = True
+        for start in self._attached:
+            self._detach.append(start(self.fleet))
         while True:
             self._tick()
             time.sleep(_TICK_S)
 
     def _stages(self, plan: LaunchPlan):
-        stages = [("master", plan.by_role("master")),
+        stages = [("etcd", plan.by_role("etcd")), ("master", plan.by_role("master")),
                   ("workers", plan.by_role("prefill") + plan.by_role("decode")),
-                  ("router", plan.by_role("router"))]
+                  ("fleet", [None] if self.fleet else []), ("router", plan.by_role("router"))]
         return [(role, specs) for role, specs in stages if specs]
+
+    def _start_fleet(self, step: int, deadline: float) -> None:
+        started = time.monotonic()
+        self.fleet.apply({"prefill": self.opts.num_prefill, "decode": self.opts.num_decode})
+        self._wait(f"[{step}] fleet of {self.opts.num_prefill} prefill + {self.opts.num_decode} decode workers: "
+                   "loading the model", deadline, self.fleet.ready)
+        self._say(f"[{step}] fleet ready in {time.monotonic() - started:.1f} s: "
+                  + ", ".join(f"{w.spec.name} :{w.spec.ports[0][1]} (pid {w.child.pid})" for w in self.fleet.workers))
 
     def _spawn(self, spec: ChildSpec, torch_threads: int) -> None:
         env = child_env(dict(os.environ, PYTHONUNBUFFERED="1"), spec)  # secrets only where they are used
@@ -272,6 +284,10 @@ class LocalCluster:
     def _tick(self) -> None:
         if self._signal is not None:
             raise _Stopped()
+        if self.fleet is not None:
+            died = self.fleet.tick()  # it starts another in their place (with backoff)
+            if died and not (self._ready and self.opts.restart):
+                raise _ChildDied(died[0].child)
         for child in self.children:
             if child.exit_code() is not None:
                 if not (self._ready and self.opts.restart):
@@ -328,19 +344,26 @@ class LocalCluster:
             self._say(f"  | {line}")
 
     def _stop_all(self) -> None:
+        for stop in self._detach:  # the planner first: nothing scales while the cluster stops
+            if stop is not None:
+                stop()
         if not self.children:
             return
         # Router first (stop taking requests), then the workers, then the master last.
         # NOTE: in stages, not all at once: a worker's shutdown still talks to the master
         # (unmounting its store segment) and hangs until SIGKILL when the master is gone first.
+        # etcd after the master (it leads through it) and the workers (they leave discovery through it).
         router = [c for c in self.children if c.name.partition("-")[0] == "router"]
         master = [c for c in self.children if c.name.partition("-")[0] == "master"]
-        workers = [c for c in self.children if c not in router and c not in master]
-        killed = []
-        for stage in (router, workers, master):
+        etcd = [c for c in self.children if c.name == "etcd"]
+        workers = [c for c in self.children if c not in router + master + etcd]
+        killed, fleet = [], len(self.fleet.workers) if self.fleet else 0
+        for stage in (router, workers, master, etcd):
+            if stage is workers and self.fleet is not None:
+                killed += self.fleet.stop(self.opts.stop_timeout_s)
             killed += stop_children(stage, self.opts.stop_timeout_s) if stage else []
         note = f" ({', '.join(killed)} needed SIGKILL)" if killed else ""
-        self._say(f"pdorch serve: stopped {len(self.children)} processes{note}; logs in {self.log_dir}")
+        self._say(f"pdorch serve: stopped {len(self.children) + fleet} processes{note}; logs in {self.log_dir}")
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -351,30 +374,3 @@ def _how_it_ended(child: Child) -> str:
     if code is not None and code < 0:
         return f"was killed by {signal.Signals(-code).name}"
     return f"exited with {code}"
-
-
-def chat_template_summary(cfg: Config) -> str:
-    """The chat template the router will render with (engine/chat_prompts.py), tried before any child
-    starts: a model.chat_template the router would refuse stops `pdorch serve` at once."""
-    from engine.prepare import prepare_tokenizer  # NOTE: lazy, as above
-    from engine.tokenizer import Tokenizer
-    from pdorch.config_loader import ConfigError
-    from router.http.chat_prompt import chat_prompts
-
-    try:
-        return chat_prompts(Tokenizer.from_dir(prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)),
-                            cfg.model).setup.describe()
-    except ConfigError as e:
-        raise ServeError(f"invalid configuration: {e}") from None
-
-
-def prepare_model_with_progress(cfg: Config, out: TextIO = sys.stdout) -> Path:
-    """Convert the model once before any worker starts, so the conversion's progress is visible
-    and N workers don't convert it at the same time."""
-    from engine.arch import ModelDirError  # NOTE: lazy; the config-only CLI paths stay light
-    from engine.prepare import prepare_model
-    try:
-        return prepare_model(cfg.model.source, cfg.model.cache_dir,
-                             progress=lambda msg: print(f"  {msg}", file=out, flush=True))
-    except ModelDirError as e:
-        raise ServeError(f"model.source: {e}") from None

@@ -74,4 +74,4 @@ class EvictSaved:
     pages: list[int]
     keys: list[str]
     depths: list  # per page, its index in its chain when known (write_back keeps it), else None
-    why: list[str]  # all "evict"
+    why: list[str]  # all "evict", "restore" (after a leader switch) or "drain" (written back as the worker drains)

@@ -55,7 +55,8 @@ class PersistMetrics:
                                "them, by why it lacked them", ["reason"], registry=registry)
         self.written = Counter(p + "l1_persist_pages", "L1 pages queued for a store write, by kind "
                                "(writeback = computed here, backfill = L1 hit the store lacked, selective = "
-                               "at the use store.write_policy asked for, evict = written before eviction)",
+                               "at the use store.write_policy asked for, evict = written before eviction, drain = written back "
+                               "as the worker drained)",
                                ["kind"], registry=registry)
         self.skipped = Counter(p + "store_writes_skipped_pages", "Computed pages not written: the store is "
                                "full and its chain eviction would remove them at once (they stay in L1)",
@@ -70,7 +71,7 @@ class PersistMetrics:
         self.cancelled = Counter(p + "persist_wait_expired", "Times prefill.persist_wait_s ran out under pool "
                                  "pressure and queued writes were cancelled", registry=registry)
         self._seen: dict[str, int] = {}
-        for kind in ("writeback", "backfill", "selective", "evict", "restore"):
+        for kind in ("writeback", "backfill", "selective", "evict", "restore", "drain"):
             self.written.labels(kind)
 
     def sync(self, alloc) -> None:
@@ -211,6 +212,20 @@ class Persister:
         alloc.retain(pages)
         self.metrics.written.labels("restore").inc(len(pages))
         return self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
+
+    def write_back_unstored(self) -> list[int]:
+        """The worker drains: write every L1 page the store lacks (whatever the write policy held back;
+        not the pages the store dropped on purpose, nor those being written), retained until written,
+        so the next turns of its conversations read them from the store. Returns the pages submitted."""
+        alloc = self._rt.allocator
+        pages = [p for p in alloc.unstored_pages() if alloc.unpersisted_reason(p) != PENDING]
+        if not (self.usable and pages):
+            return []
+        alloc.retain(pages)
+        self.metrics.written.labels("drain").inc(len(pages))
+        depths = [self._deferred_depths.pop(alloc.page_hash(p), None) for p in pages]
+        self._submit(EvictSaved, pages, depths, ["drain"] * len(pages))
+        return pages
 
     def on_saved(self, done) -> collections.Counter:
         """Apply a save completion: which pages the store now holds, and why the others are not.

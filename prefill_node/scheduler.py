@@ -101,6 +101,11 @@ class PrefillScheduler:
         """Run fn() on the scheduler thread (between forwards) and return its result."""
         return self._loop.call(fn, timeout_s)
 
+    @property
+    def persister(self) -> Persister:
+        """Its store writes of L1 pages; scheduler thread only (through call())."""
+        return self._persist
+
     def store_evicted(self, keys) -> None:
         """Called by the store evictor's thread: these keys left the store (see Persister.left_store)."""
         self._loop.post(Evicted(tuple(keys)))

@@ -27,6 +27,7 @@ from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
+from prefill_node.persistence import PENDING
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
@@ -149,6 +150,21 @@ class PrefillWorker:
 
     def flush(self) -> int:
         return self._scheduler.call(self.rt.allocator.flush)
+
+    # ------------------------------------------------------------------------------------- drain
+    def in_flight(self) -> int:
+        """Prefills queued or running (what a drain waits for)."""
+        load = self._scheduler.load
+        return load.queued + load.running
+
+    def start_write_back(self) -> list[int]:
+        """The drain's write-back of the L1 pages the store lacks (Persister.write_back_unstored)."""
+        return self._scheduler.call(self._scheduler.persister.write_back_unstored)
+
+    def write_back_left(self, pages: list[int]) -> int:
+        """Of the pages start_write_back submitted, those whose write has not completed yet."""
+        alloc = self.rt.allocator
+        return self._scheduler.call(lambda: sum(1 for p in pages if alloc.unpersisted_reason(p) == PENDING))
 
     # ------------------------------------------------------------------------------------ status
     def info(self) -> pb.WorkerInfo:

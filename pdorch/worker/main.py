@@ -8,7 +8,9 @@ gRPC on `{role}.host:port` and Prometheus on `{role}.metrics_port`, registers in
     drain               a decode worker streams on for decode.drain_timeout_s, then hands what is left to
                         other decode workers (DecodeWorker.drain); a prefill worker's calls get
                         prefill.drain_timeout_s to finish (the server refuses new ones meanwhile)
-    end the KV event streams (WatchKV), stop the server, the metrics server, the worker
+    end the KV event streams (WatchKV), stop the server
+    write back         the L1 pages the store lacks, for {role}.drain_writeback_s (pdorch/worker/drain.py)
+    stop the metrics server, the worker
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.worker.drain import WorkerDrain
 from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.worker.rpc import add_port, server_interceptors
 from pdorch.worker.runtime import configure_torch
@@ -109,10 +112,14 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     metrics_server = None
     if section.metrics_port:
         metrics_server, _ = worker.recorder.serve(section.metrics_port, host=section.host)
+    drain = WorkerDrain(role, worker, worker.recorder.registry)
+    # NOTE: registered last, once the model is loaded and the servers listen: a router sends a worker
+    # traffic only once it is in discovery, so a new worker gets none before it is ready.
     registration = _register(cfg, role, worker, worker_id, advertised, section.metrics_port)
     log.info("%s worker %s serving on %s (metrics on %s)", role, worker_id, address, section.metrics_port or "off")
     stop.wait()
     log.info("shutting down: leaving discovery, then draining")
+    drain.begin()
     if registration is not None:
         registration.stop()
     grace = section.drain_timeout_s
@@ -121,6 +128,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         grace = 2.0
     worker.kv_events.end_streams()  # WatchKV streams never end by themselves: the grace would run out
     server.stop(grace=grace).wait(grace + 5.0)
+    drain.write_back(section.drain_writeback_s)  # after the work: its pages are written back too
     if metrics_server is not None:
         metrics_server.shutdown()
     worker.close()

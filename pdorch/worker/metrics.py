@@ -46,8 +46,8 @@ class WorkerRecorder:
                                      "selective = at the use the policy asked for, evict = as L1 gave them up, "
                                      "backfill = an L1 hit or a page read from the decode worker the store "
                                      "lacked, generated = decode offload, restore = written again after a master "
-                                     "leader switch lost them", ["reason"], registry=r)
-        for reason in ("computed", "backfill", "selective", "evict", "restore") if role == "prefill" else ("computed", "generated"):
+                                     "leader switch lost them, drain = written back as the worker drained", ["reason"], registry=r)
+        for reason in ("computed", "backfill", "selective", "evict", "restore", "drain") if role == "prefill" else ("computed", "generated", "drain"):
             self._store_policy.labels(reason)  # zeros from the start
         self._store_loaded = Counter(f"{ns}_store_pages_loaded", "Pages read from the store", registry=r)
         self._transfer_bytes = Counter(f"{ns}_transfer_bytes", "Bytes pushed P->D", registry=r)

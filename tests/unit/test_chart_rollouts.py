@@ -154,12 +154,15 @@ def test_grace_periods_cover_the_drains_and_the_router_has_a_prestop():
     sleep = int(router["lifecycle"]["preStop"]["exec"]["command"][1])
     assert router["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and sleep >= 5
     assert spec["router"]["terminationGracePeriodSeconds"] >= sleep + 600  # streams last up to 600 s
-    assert spec["decode"]["terminationGracePeriodSeconds"] >= 30 + 20
-    assert spec["prefill"]["terminationGracePeriodSeconds"] >= 10 + 5
+    assert spec["decode"]["terminationGracePeriodSeconds"] >= 30 + 5 + 20  # drain, write-back, hand-off
+    assert spec["prefill"]["terminationGracePeriodSeconds"] >= 10 + 10 + 5
     with pytest.raises(HelmRenderError, match=r"router.terminationGracePeriodSeconds \(60\) must cover"):
         render_chart({"router": {"terminationGracePeriodSeconds": 60}})
     with pytest.raises(HelmRenderError, match=r"decode.terminationGracePeriodSeconds \(40\) must cover"):
         render_chart({"decode": {"terminationGracePeriodSeconds": 40}})
+    with pytest.raises(HelmRenderError, match=r"prefill.terminationGracePeriodSeconds \(30\) must cover "
+                       r"config.prefill.drain_timeout_s \(10\) plus config.prefill.drain_writeback_s \(20\)"):
+        render_chart({"config": {"prefill": {"drain_writeback_s": 20}}})
     ok = render_chart({"decode": {"terminationGracePeriodSeconds": 40}, "config": {"decode": {"drain_timeout_s": 5}}})
     assert workloads(ok)["decode"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 40
 

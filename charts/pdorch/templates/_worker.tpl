@@ -3,7 +3,8 @@ A prefill or decode worker Deployment: (dict "root" $ "role" "prefill").
 Each pod advertises its own IP (downward API) to the store, the transfer engine and etcd;
 the gRPC server listens on 0.0.0.0 and registers <pod IP>:<port> under its etcd lease.
 On SIGTERM it leaves etcd, drains (config.<role>.drain_timeout_s; a decode worker then hands the
-streams left to the others) and exits: terminationGracePeriodSeconds must cover that.
+streams left to the others), writes back the L1 pages the store lacks (config.<role>.drain_writeback_s)
+and exits: terminationGracePeriodSeconds must cover that (pdorch/worker/drain.py, drain_budget_s).
 */}}
 {{- define "pdorch.workerDeployment" -}}
 {{- $root := .root }}
@@ -11,9 +12,10 @@ streams left to the others) and exits: terminationGracePeriodSeconds must cover 
 {{- $v := index $root.Values $role }}
 {{- $cfg := index (include "pdorch.config" $root | fromYaml) $role }}
 {{- $drain := dig "drain_timeout_s" (ternary 30.0 10.0 (eq $role "decode")) $cfg }}
-{{- $need := add (int (ceil $drain)) (ternary 20 5 (eq $role "decode")) }}
+{{- $writeback := dig "drain_writeback_s" (ternary 5.0 10.0 (eq $role "decode")) $cfg }}
+{{- $need := add (int (ceil $drain)) (int (ceil $writeback)) (ternary 20 5 (eq $role "decode")) }}
 {{- if lt (int $v.terminationGracePeriodSeconds) $need }}
-{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must cover config.%s.drain_timeout_s (%v) plus the hand-off and shutdown: at least %d" $role (int $v.terminationGracePeriodSeconds) $role $drain $need) }}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must cover config.%s.drain_timeout_s (%v) plus config.%s.drain_writeback_s (%v) plus the hand-off and shutdown: at least %d" $role (int $v.terminationGracePeriodSeconds) $role $drain $role $writeback $need) }}
 {{- end }}
 {{- $res := deepCopy $v.resources }}
 {{- $extra := dict }}

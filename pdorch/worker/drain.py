@@ -1,0 +1,89 @@
+"""A worker's drain, from SIGTERM to exit (pdorch/worker/main.py runs the steps in this order):
+
+    leave discovery    etcd key revoked: routers drop the worker and their KV index forgets what it
+                       held (router/kv/watch.py); a request routed just before gets UNAVAILABLE from
+                       the stopped server and the router retries it on another pair (before its first token)
+    finish work        prefill: running prefills get prefill.drain_timeout_s (the server refuses new
+                       ones); decode: streams get decode.drain_timeout_s, the rest are handed to other
+                       decode workers through the failover resume path (DecodeWorker.drain)
+    write L1 back      the pages its L1 holds that the store lacks are written, retained until written,
+                       for at most {role}.drain_writeback_s: the next turns read them from the store
+    exit
+
+Seen as pdorch_worker_draining (1 from SIGTERM on) and pdorch_worker_drain_remaining{kind}
+(streams, prefills, writeback_pages: what the current step still waits for; 0 outside a drain).
+`drain_budget_s` is the longest that takes when nothing hangs: the chart's
+terminationGracePeriodSeconds check (charts/pdorch/templates/_worker.tpl) and the local fleet's
+SIGKILL (pdorch/local_fleet.py) both follow it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import Gauge
+
+from pdorch.config import Config
+
+log = logging.getLogger(__name__)
+
+KINDS = ("streams", "prefills", "writeback_pages")
+# Past its two deadlines: the decode hand-off waits up to store.op_timeout_s + 5 s for the handed-on
+# streams' pages, then the server's 2 s grace and the shutdown; the prefill server's shutdown.
+SHUTDOWN_MARGIN_S = {"prefill": 5.0, "decode": 20.0}
+POLL_S = 0.05
+
+
+def drain_budget_s(cfg: Config, role: str) -> float:
+    """Seconds from SIGTERM to exit when nothing hangs."""
+    section = getattr(cfg, role)
+    return section.drain_timeout_s + section.drain_writeback_s + SHUTDOWN_MARGIN_S[role]
+
+
+class WorkerDrain:
+    """The drain's state and metrics. `worker` has in_flight(), start_write_back() -> pages and
+    write_back_left(pages) -> int (PrefillWorker, DecodeWorker)."""
+
+    def __init__(self, role: str, worker, registry):
+        self.role, self.worker = role, worker
+        self.draining = False
+        self.writeback_left = 0
+        Gauge("pdorch_worker_draining", "1 while the worker drains (out of discovery, finishing or handing on "
+              "its work, writing its L1 back), else 0", registry=registry).set_function(lambda: int(self.draining))
+        remaining = Gauge("pdorch_worker_drain_remaining", "What the drain still waits for, by kind: streams "
+                          "(decode), prefills, writeback_pages (L1 pages being written back); 0 outside a drain",
+                          ["kind"], registry=registry)
+        for kind in KINDS:
+            remaining.labels(kind).set_function(lambda kind=kind: self.remaining(kind))
+
+    def remaining(self, kind: str) -> int:
+        if not self.draining:
+            return 0
+        if kind == "writeback_pages":
+            return self.writeback_left
+        if kind == ("streams" if self.role == "decode" else "prefills"):
+            return self.worker.in_flight()
+        return 0
+
+    def begin(self) -> None:
+        self.draining = True
+
+    def write_back(self, timeout_s: float) -> tuple[int, int]:
+        """Write the L1 pages the store lacks, waiting up to timeout_s: (pages submitted, pages not
+        written in time)."""
+        if timeout_s <= 0:
+            return 0, 0
+        deadline = time.monotonic() + timeout_s
+        try:
+            pages = self.worker.start_write_back()
+            self.writeback_left = len(pages)
+            while self.writeback_left and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+                self.writeback_left = self.worker.write_back_left(pages)
+        except Exception as e:  # noqa: BLE001 - the scheduler stopped or hangs: exit without the write-back
+            log.warning("drain: L1 write-back failed: %s", e)
+            return 0, 0
+        log.info("drain: wrote %d L1 pages the store lacked back (%d not in time)",
+                 len(pages) - self.writeback_left, self.writeback_left)
+        return len(pages), self.writeback_left
