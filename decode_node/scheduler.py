@@ -329,6 +329,7 @@ class DecodeScheduler:
     def _preempt(self, victim: DecodeRequest) -> None:
         self._running.remove(victim)
         self.preemption.preempt(victim, time.monotonic())
+        victim.emit(DecodeEvent(preemptions=1, paused=True))  # at once: the router keeps its client meanwhile
         if self._reserve is not None:
             self._reserve.preempted()
         log.info("preempted %s after %d generated tokens (%d preempted now)", victim.request_id,

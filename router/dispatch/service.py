@@ -246,6 +246,11 @@ class RouterService:
         return run.progress, first, run
 
 
+def _paused_only(batch: list) -> bool:
+    """D's chunks say only that the request was preempted (decode_node/preemption.py): no text."""
+    return all(m.paused and not m.token_ids and not m.finish_reason for m in batch)
+
+
 def _n_param(prompt_param: str) -> str:
     return "sampling_params.n" if prompt_param == "input_ids" else "n"
 
@@ -266,6 +271,7 @@ class _Run:
         self._agen = svc.dispatcher.stream(job)
         self._closed = False
         self._last = t0
+        self.on_pause = None  # the stream's keep-alive, told when D pauses the request (router/http/keepalive.py)
 
     async def first(self) -> str:
         batch = await self._agen.__anext__()
@@ -289,6 +295,11 @@ class _Run:
 
     async def __anext__(self) -> str:
         batch = await self._agen.__anext__()  # StopAsyncIteration ends this iterator too
+        while _paused_only(batch):  # D preempted the request: counted, the client kept, no event
+            self._fold(batch)
+            if self.on_pause is not None:
+                self.on_pause()
+            batch = await self._agen.__anext__()
         now = time.perf_counter()
         self.svc.metrics.itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
         self._last = now
