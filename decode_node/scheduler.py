@@ -224,7 +224,9 @@ class DecodeScheduler:
         self._draining = still
 
     def _reap(self, now: float) -> None:
-        for req in self._running + list(self._waiting) + list(self.preemption.waiting):
+        # NOTE: a resume whose store read is in flight too: it ends now, its pages go back when the read lands
+        reading = [r for r in self.preemption.reading if not r.done]
+        for req in self._running + list(self._waiting) + list(self.preemption.waiting) + reading:
             self._loop.wake_at(req.deadline)  # no later than its deadline, however idle
             if req.cancelled:
                 self._finish(req, DecodeEvent(error=Aborted(f"request {req.request_id} aborted")), aborted=True)
