@@ -36,7 +36,8 @@ class PrefixLoad:
     def settle(self, req: DecodeRequest, op_timeout_s: float,
                cancelled: Callable[[], bool] = lambda: False) -> tuple[bool, ...] | None:
         """The read's page_ok, or None when it was abandoned (past the deadline or store.op_timeout_s,
-        whichever comes first, plus a grace; or `cancelled()` while it waits): its pages then leave
+        whichever comes first, plus a grace; at once when the request is `cancelled()` or its deadline
+        passes while it waits): its pages then leave
         req.page_ids and the scheduler frees them once Mooncake has stopped writing into them."""
         if self.future.cancelled():  # abandoned before (its pages already left req.page_ids)
             return None
@@ -47,7 +48,8 @@ class PrefixLoad:
             try:
                 return self.page_ok(self.future.result(timeout=max(0.0, min(CANCEL_POLL_S, end - time.monotonic()))))
             except concurrent.futures.TimeoutError:
-                if cancelled() or time.monotonic() >= end:
+                now = time.monotonic()
+                if cancelled() or now >= end or now > req.deadline:
                     break
         if not self.future.cancel():  # being answered right now
             return self.page_ok(self.future.result(timeout=LOAD_GRACE_S))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -23,7 +24,7 @@ from decode_node.prefix_load import start_load
 from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
 from decode_node.request import DecodeRequest
 from pdorch.config import DecodeConfig, StoreConfig
-from pdorch.worker.errors import Aborted, PeerFailed
+from pdorch.worker.errors import Aborted, DeadlineExceeded, PeerFailed
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import store_key
 
@@ -67,6 +68,9 @@ class PromptKV:
         ok = () if plan.read is None else plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
         if ok is None and cancelled():
             raise Aborted(f"request {req.request_id} aborted while its prefix was read from the store")
+        if ok is None and time.monotonic() > req.deadline:
+            raise DeadlineExceeded(f"request {req.request_id} missed its deadline ({req.job.timeout_s:.1f}s) while "
+                                   "its prefix was read from the store")
         if ok is None:
             raise PeerFailed(f"request {req.request_id}: the store read of its prefix did not finish within "
                              f"{self.store_cfg.op_timeout_s:g} s (store.op_timeout_s; the store is stalled)")

@@ -28,6 +28,7 @@ from tests.fixtures.workers import WorkerCluster, make_config, worker_metric
 PREFIX = [(i * 29) % 900 + 20 for i in range(320)]  # 20 pages of 16 tokens
 PROMPT = PREFIX + [7, 8, 9, 10, 11]  # the tail: computed by the decode worker itself
 FREED_WITHIN_S = 0.1
+DEADLINE_S = 1.0  # the "deadline" case's request timeout
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +65,21 @@ def until(cond, timeout_s: float, what: str) -> float:
     return time.monotonic() - t0
 
 
-@pytest.mark.parametrize("how", ["caller_gone", "abort"])
+@pytest.mark.parametrize("how", ["caller_gone", "abort", "deadline"])
 def test_a_cancel_during_the_store_read_frees_the_request_at_once_and_its_pages_when_the_read_lands(cluster, how):
     cluster.generate(PREFIX + [1, 2, 3], max_tokens=2)  # P computes the prefix and writes it to the store
     cluster.flush_l1()  # D finds the prefix in the store only
     free_at_start = info(cluster).free_pages
     local = worker_metric(cluster.decode, "pdorch_decode_prompt_plans_total", where="local")
-    aborted = worker_metric(cluster.decode, "pdorch_decode_requests_total", outcome="aborted")
+    outcome = "failed" if how == "deadline" else "aborted"
+    ended = worker_metric(cluster.decode, "pdorch_decode_requests_total", outcome=outcome)
     rid = uuid.uuid4().hex
     req = pb.GenerateRequest(request_id=rid, token_ids=PROMPT, prefill_address=cluster.prefill.address,
-                             sampling=pb.SamplingParams(max_tokens=8, temperature=0.0), timeout_s=60)
+                             sampling=pb.SamplingParams(max_tokens=8, temperature=0.0),
+                             timeout_s=DEADLINE_S if how == "deadline" else 60)
     chunks: list = []
     with stopped(cluster.prefill.proc):
+        sent = time.monotonic()
         call = cluster.decode_stub().Generate(req, timeout=60)
         reader = threading.Thread(target=lambda: chunks.extend(_drain(call)), daemon=True)
         reader.start()
@@ -86,12 +90,14 @@ def test_a_cancel_during_the_store_read_frees_the_request_at_once_and_its_pages_
         assert not chunks and info(cluster).running_requests == 1  # held by the read, not answered
         if how == "abort":
             assert cluster.decode_stub().Abort(pb.AbortRequest(request_id=rid), timeout=5).found
-        else:
+        elif how == "caller_gone":
             call.cancel()
-        took = until(lambda: info(cluster).running_requests == 0 and info(cluster).queued_requests == 0, 5,
-                     "the request to end")
-        assert took < FREED_WITHIN_S, f"the request ended {took * 1000:.0f} ms after the cancel"
-        assert worker_metric(cluster.decode, "pdorch_decode_requests_total", outcome="aborted") == aborted + 1
+        cancelled = time.monotonic() if how != "deadline" else sent + DEADLINE_S  # (D's deadline is later)
+        until(lambda: info(cluster).running_requests == 0 and info(cluster).queued_requests == 0, 5,
+              "the request to end")
+        took = time.monotonic() - cancelled
+        assert took < FREED_WITHIN_S, f"the request ended {took * 1000:.0f} ms after the {how}"
+        assert worker_metric(cluster.decode, "pdorch_decode_requests_total", outcome=outcome) == ended + 1
         # the read's pages stay out of the pool while Mooncake may still write into them
         time.sleep(0.2)
         assert info(cluster).free_pages < free_at_start
