@@ -42,9 +42,9 @@ def test_a_paused_stream_gets_a_comment_at_once_and_on_every_silence_then_goes_o
     first_ka, last_ka = kinds.index(b"ka"), len(kinds) - 1 - kinds[::-1].index(b"ka")
     # all between the second token's chunk and the third's: one at the pause, then one per 0.25 s of it
     contents = [data_json(e)["choices"][0]["delta"].get("content") for e in evs[:first_ka]]
-    assert contents == [" w0", " w1"], evs
+    assert "".join(contents) == " w0 w1", evs  # (tokens that arrive together share a chunk)
     assert 3 <= kinds.count(b"ka") <= 5 and kinds[first_ka:last_ka + 1] == [b"ka"] * (last_ka - first_ka + 1), evs
-    assert data_json(evs[last_ka + 1])["choices"][0]["delta"]["content"] == " w2"
+    assert data_json(evs[last_ka + 1])["choices"][0]["delta"]["content"].startswith(" w2")  # w3 may come along
     usage = data_json(evs[-2])["usage"]  # then [DONE]
     assert usage["preemptions"] == 1 and usage["completion_tokens"] == 4
 
