@@ -22,6 +22,6 @@ def event_to_proto(request_id: str, event: DecodeEvent, prompt_tokens: int,
     return pb.GenerateResponse(request_id=request_id, token_ids=list(event.token_ids), text=event.text,
                                prompt_tokens=prompt_tokens, cached=cached_to_proto(cached),
                                finish_reason=event.finish_reason, matched_stop=event.matched_stop,
-                               preemptions=event.preemptions, paused_s=event.paused_s,
+                               preemptions=event.preemptions, paused_s=event.paused_s, paused=event.paused,
                                logprobs=[logprob_to_proto(lp) for lp in event.logprobs], index=event.index,
                                prompt_logprobs=[logprob_to_proto(lp) for lp in event.prompt_logprobs])

@@ -26,7 +26,9 @@ How it comes back (resume, oldest preempted first, once admission's check says i
     page F: the kept page ("cache"; recomputed only if tails were dropped, see drop_tails)
 
 The request's sampling state (generator, stop checker, the tokens so far) never left it: the first
-token after the resume is the one an uninterrupted run samples. Its stream only pauses.
+token after the resume is the one an uninterrupted run samples. Its stream only pauses: a `paused`
+event goes out at the preemption (the router keeps its client's connection alive on it and counts
+usage.preemptions), the first event after the resume says how long the pause was.
 
 Scheduler thread only (the allocator is its own); decode_node/scheduler.py calls in.
 """
@@ -188,13 +190,12 @@ class Preemption:
         self._resumed.labels("recomputed").inc(sum(end - start for start, end in req.compute.todo))
 
     def resumed(self, req: DecodeRequest, now: float) -> None:
-        """`req`'s KV is whole again: it decodes from this step on; its stream learns of the pause."""
+        """`req`'s KV is whole again: it decodes from this step on; its stream learns how long it paused."""
         req.preempt.resuming = False
         paused = now - (req.preempt.paused_since if req.preempt.paused_since is not None else now)
         req.preempt.paused_since = None
         self._paused.observe(paused)
-        n, s = req.preempt.unreported
-        req.preempt.unreported = (n + 1, s + paused)
+        req.preempt.unreported_s += paused
 
     def requests(self) -> list[DecodeRequest]:
         return self.waiting + self.reading

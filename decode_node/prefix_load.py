@@ -3,19 +3,22 @@ on the store I/O thread, while P works or before D computes the rest itself.
 
 The scheduler thread gets the completion (tagged PrefixRead) and hands it to the load's future
 unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
-pages itself, once Mooncake is done writing into them.
+pages itself, once Mooncake is done writing into them. The handler abandons it at its bound, or at
+once (within CANCEL_POLL_S) when the request is cancelled (Abort, the caller gone) while it waits.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from decode_node.request import DecodeRequest
 from store_client.page_hash import store_key
 
 LOAD_GRACE_S = 2.0  # D waits this long past its bound for its own store read before abandoning it
+CANCEL_POLL_S = 0.02  # how often a handler waiting for the read looks whether its request was cancelled
 
 
 @dataclass(eq=False)
@@ -30,23 +33,29 @@ class PrefixLoad:
         self.from_ssd = tuple(done.page_ssd)
         return ok + (False,) * (len(self.pages) - len(ok))
 
-    def settle(self, req: DecodeRequest, op_timeout_s: float) -> tuple[bool, ...] | None:
+    def settle(self, req: DecodeRequest, op_timeout_s: float,
+               cancelled: Callable[[], bool] = lambda: False) -> tuple[bool, ...] | None:
         """The read's page_ok, or None when it was abandoned (past the deadline or store.op_timeout_s,
-        whichever comes first, plus a grace): its pages then leave req.page_ids and the scheduler
-        frees them once Mooncake has stopped writing into them."""
+        whichever comes first, plus a grace; at once when the request is `cancelled()` or its deadline
+        passes while it waits): its pages then leave
+        req.page_ids and the scheduler frees them once Mooncake has stopped writing into them."""
         if self.future.cancelled():  # abandoned before (its pages already left req.page_ids)
             return None
         # NOTE: StoreIO completes a load queued past store.op_timeout_s without running it; a running
         # one ends when Mooncake answers, which a stalled store may never do.
-        wait_s = min(max(0.0, req.deadline - time.monotonic()), op_timeout_s) + LOAD_GRACE_S
-        try:
-            return self.page_ok(self.future.result(timeout=wait_s))
-        except concurrent.futures.TimeoutError:
-            if not self.future.cancel():  # being answered right now
-                return self.page_ok(self.future.result(timeout=LOAD_GRACE_S))
-            gone = set(self.page_ids)
-            req.page_ids = [p for p in req.page_ids if p not in gone]
-            return None
+        end = time.monotonic() + min(max(0.0, req.deadline - time.monotonic()), op_timeout_s) + LOAD_GRACE_S
+        while True:
+            try:
+                return self.page_ok(self.future.result(timeout=max(0.0, min(CANCEL_POLL_S, end - time.monotonic()))))
+            except concurrent.futures.TimeoutError:
+                now = time.monotonic()
+                if cancelled() or now >= end or now > req.deadline:
+                    break
+        if not self.future.cancel():  # being answered right now
+            return self.page_ok(self.future.result(timeout=LOAD_GRACE_S))
+        gone = set(self.page_ids)
+        req.page_ids = [p for p in req.page_ids if p not in gone]
+        return None
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from prometheus_client import Counter
@@ -22,7 +24,7 @@ from decode_node.prefix_load import start_load
 from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
 from decode_node.request import DecodeRequest
 from pdorch.config import DecodeConfig, StoreConfig
-from pdorch.worker.errors import PeerFailed
+from pdorch.worker.errors import Aborted, DeadlineExceeded, PeerFailed
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import store_key
 
@@ -60,10 +62,15 @@ class PromptKV:
         plan = self._decide(req)
         return replace(plan, read=start_load(self.rt, req, plan.load))
 
-    def finish(self, req: DecodeRequest, plan: PromptPlan) -> None:
-        """Wait for D's own store read (see PrefixLoad.settle for the bound), then leave in `req`
-        what D computes itself before decoding."""
-        ok = () if plan.read is None else plan.read.settle(req, self.store_cfg.op_timeout_s)
+    def finish(self, req: DecodeRequest, plan: PromptPlan, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Wait for D's own store read (see PrefixLoad.settle for the bound; a request `cancelled()`
+        meanwhile abandons it at once), then leave in `req` what D computes itself before decoding."""
+        ok = () if plan.read is None else plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
+        if ok is None and cancelled():
+            raise Aborted(f"request {req.request_id} aborted while its prefix was read from the store")
+        if ok is None and time.monotonic() > req.deadline:
+            raise DeadlineExceeded(f"request {req.request_id} missed its deadline ({req.job.timeout_s:.1f}s) while "
+                                   "its prefix was read from the store")
         if ok is None:
             raise PeerFailed(f"request {req.request_id}: the store read of its prefix did not finish within "
                              f"{self.store_cfg.op_timeout_s:g} s (store.op_timeout_s; the store is stalled)")

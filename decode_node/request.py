@@ -29,7 +29,8 @@ class DecodeEvent:
     error: Exception | None = None
     logprobs: tuple = ()  # engine.sampler.TokenLogprob per token of token_ids (when asked for)
     preemptions: int = 0  # times preempted since the previous event (decode_node/preemption.py)
-    paused_s: float = 0.0  # seconds those preemptions paused the stream
+    paused_s: float = 0.0  # seconds the preemptions that ended since the previous event paused the stream
+    paused: bool = False  # preempted just now: the stream pauses (no tokens; sent so the router keeps its client)
     index: int = 0  # which of the request's n sequences (params.n > 1) this event continues
     prompt_logprobs: tuple = ()  # TokenLogprob of prompt tokens 1 .. n-1, on the first event (when asked for)
 
@@ -76,19 +77,20 @@ class PreemptState:
     """What preemption (decode_node/preemption.py, its only writer) keeps on a request: how often it
     was preempted; while preempted, the pages it keeps (its partial last page), the pages it gives
     back once no offload write reads them (parked) and since when it waits; while resuming, that its
-    KV is being restored (pages read or recomputed before it decodes again); and the preemptions and
-    paused seconds its stream has not been told of yet. Kept apart so the scheduler only reads it."""
+    KV is being restored (pages read or recomputed before it decodes again); and the paused seconds
+    its stream has not been told of yet (each preemption itself is told at once: the `paused` event).
+    Kept apart so the scheduler only reads it."""
 
     count: int = 0
     kept_pages: list[int] = field(default_factory=list)
     parked_pages: list[int] = field(default_factory=list)
     paused_since: float | None = None
     resuming: bool = False
-    unreported: tuple[int, float] = (0, 0.0)
+    unreported_s: float = 0.0
 
-    def take_unreported(self) -> tuple[int, float]:
-        """(preemptions, paused seconds) not streamed yet; the next event carries them."""
-        unreported, self.unreported = self.unreported, (0, 0.0)
+    def take_unreported(self) -> float:
+        """Paused seconds not streamed yet; the next event carries them."""
+        unreported, self.unreported_s = self.unreported_s, 0.0
         return unreported
 
 
@@ -142,9 +144,9 @@ class DecodeRequest:
     def emit(self, event: DecodeEvent) -> None:
         if self.index:
             event = replace(event, index=self.index)
-        preemptions, paused_s = self.preempt.take_unreported()
-        if preemptions:  # the first event after a resume says how long the stream paused
-            event = replace(event, preemptions=preemptions, paused_s=paused_s)
+        paused_s = self.preempt.take_unreported()
+        if paused_s:  # the first event after a resume says how long the stream paused
+            event = replace(event, paused_s=event.paused_s + paused_s)
         if not self.done:
             self.events.put(event)
             if event.final:

@@ -234,7 +234,9 @@ class DecodeScheduler:
         self._draining = still
 
     def _reap(self, now: float) -> None:
-        for req in self._running + list(self._waiting) + list(self.preemption.waiting):
+        # NOTE: a resume whose store read is in flight too: it ends now, its pages go back when the read lands
+        reading = [r for r in self.preemption.reading if not r.done]
+        for req in self._running + list(self._waiting) + list(self.preemption.waiting) + reading:
             self._loop.wake_at(req.deadline)  # no later than its deadline, however idle
             if req.cancelled:
                 self._finish(req, DecodeEvent(error=Aborted(f"request {req.request_id} aborted")), aborted=True)
@@ -339,6 +341,7 @@ class DecodeScheduler:
     def _preempt(self, victim: DecodeRequest) -> None:
         self._running.remove(victim)
         self.preemption.preempt(victim, time.monotonic())
+        victim.emit(DecodeEvent(preemptions=1, paused=True))  # at once: the router keeps its client meanwhile
         if self._reserve is not None:
             self._reserve.preempted()
         log.info("preempted %s after %d generated tokens (%d preempted now)", victim.request_id,

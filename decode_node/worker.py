@@ -192,7 +192,7 @@ class DecodeWorker:
             plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts
             # conditional disaggregation: a local plan calls no prefill worker at all
             res = None if plan.local else self._prefill(req, cancelled, plan)
-            self.prompt_kv.finish(req, plan)  # D's own read landed: what D still computes is in req
+            self.prompt_kv.finish(req, plan, cancelled)  # D's own read landed: what D still computes is in req
             forks = self._fork(req, res) if sequences > 1 and res is not None else []
             first = None if res is None else self._first_token(req, res)
             if first is None or not first.final:
@@ -202,7 +202,7 @@ class DecodeWorker:
         except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
             # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
-            self._settle_read(req, plan)
+            self._settle_read(req, plan, cancelled)
             pages, req.page_ids, req.spare_pages = req.page_ids + req.spare_pages, [], []
             self.scheduler.release(pages, req.request_id)
             self.recorder.request_failed(aborted=req.cancelled)
@@ -305,11 +305,12 @@ class DecodeWorker:
     def write_back_left(self, pages: list[int]) -> int:
         return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
 
-    def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None) -> None:
+    def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None, cancelled=lambda: False) -> None:
         """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left
-        req.page_ids, the scheduler frees them once Mooncake stops writing into them)."""
+        req.page_ids, the scheduler frees them once Mooncake stops writing into them; at once for a
+        request `cancelled()`)."""
         if plan is not None and plan.read is not None:
-            plan.read.settle(req, self.store_cfg.op_timeout_s)
+            plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
 
     def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
@@ -330,7 +331,7 @@ class DecodeWorker:
         try:
             return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
         except BaseException as e:
-            self._settle_read(req, plan)  # NOTE: before the fence: no freed page may still be written
+            self._settle_read(req, plan, cancelled)  # NOTE: before the fence: no freed page may still be written
             if not getattr(e, "writes_over", False):
                 pages, req.page_ids = req.page_ids, []
                 self.fence.hold(req.job.prefill_address, req.request_id, pages)

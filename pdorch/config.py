@@ -231,6 +231,11 @@ class RouterConfig:
     max_n: int = _key(16, "Largest `n` (output sequences per prompt) a request may ask for; they share one "
                       "prefill and the prompt's KV pages on the decode worker", min=1, max=128)
     request_timeout_s: float = _key(600.0, "Whole-request deadline", min=0.1)
+    keepalive_s: float = _key(15.0, "A streamed response (SSE) silent this long gets a comment line (`: keep-alive`, "
+                              "ignored by clients) so that proxies and load balancers with an idle timeout do not "
+                              "cut it; one also goes out at once when the decode worker preempts the request. Keep "
+                              "it under every idle timeout between client and router (nginx: 60 s); 0 = off",
+                              min=0.0)
     drain_timeout_s: float = _key(30.0, "On SIGTERM: the router stops accepting connections and gives requests "
                                   "in flight this long to finish (cover router.request_timeout_s for no cut stream)",
                                   min=0.0, max=3600.0)

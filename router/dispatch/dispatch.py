@@ -64,6 +64,7 @@ class Job:
     session: str | None = None
     deadline: float = 0.0  # time.monotonic() by which the request must be done; 0 = timeout_s from now
     grammar_param: str = ""  # the body field its grammar came from: a worker's refusal of it names that field
+    kv_tokens: int = 0  # KV the request may need on its decode worker (prompt + output): D is one whose pool holds it
 
     def __post_init__(self):
         if not self.deadline:
@@ -96,6 +97,12 @@ class Dispatcher:
         if not prefills or not decodes:
             missing = " and ".join(r for r, ws in (("prefill", prefills), ("decode", decodes)) if not ws)
             raise unavailable(f"no healthy {missing} worker is available; retry later")
+        # NOTE: a request only the larger decode pools hold goes to one of those
+        decodes = self.pool.decode_fits(decodes, job.kv_tokens) or \
+            self.pool.decode_fits(self.pool.routable("decode"), job.kv_tokens)
+        if not decodes:
+            raise unavailable(f"no healthy decode worker whose KV pool holds the request's {job.kv_tokens} tokens "
+                              "(prompt + output) is available; retry later")
         ctx = RouteContext(page_hashes, job.session)
         p = self.affinity.lookup(job.session, prefills) if job.session else None
         if p is None:

@@ -118,4 +118,5 @@ class Resumption:
         return worker_pb2.GenerateResponse(request_id=msg.request_id, token_ids=ids, text="".join(text),
                                            prompt_tokens=self.prompt_tokens, finish_reason=finish,
                                            matched_stop=matched, preemptions=msg.preemptions,
-                                           paused_s=msg.paused_s, logprobs=msg.logprobs[:len(ids)])
+                                           paused_s=msg.paused_s, paused=msg.paused,
+                                           logprobs=msg.logprobs[:len(ids)])

@@ -179,11 +179,12 @@ class RouterService:
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
                               "(prompt + output must fit)", param=prompt_param)
-        # NOTE: a request the decode workers' KV pool could never hold whole is refused here, not
-        # admitted to wait or be preempted forever (decode_node/preemption.py)
+        # NOTE: a request no decode worker's KV pool could hold whole is refused here, not admitted to
+        # wait or be preempted forever (decode_node/preemption.py); the largest pool decides, and one
+        # only the larger pools hold is routed to those (Job.kv_tokens, WorkerPool.decode_fits)
         pool = self.pool.decode_pool_tokens()
         if pool and n >= pool:
-            raise bad_request(f"the prompt has {n} tokens but the decode workers' KV pool holds {pool} tokens "
+            raise bad_request(f"the prompt has {n} tokens but the largest decode worker's KV pool holds {pool} tokens "
                               "(decode.num_pages x model.page_size; prompt + output must fit)", param=prompt_param)
         if max_tokens is None:
             max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
@@ -195,22 +196,24 @@ class RouterService:
             raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the "
                               f"model's context of {limit} tokens", param=max_tokens_param)
         elif pool and n + max_tokens > pool:
-            raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the decode "
-                              f"workers' KV pool of {pool} tokens (decode.num_pages x model.page_size): the "
+            raise bad_request(f"{max_tokens_param}={max_tokens} plus the prompt's {n} tokens exceeds the largest "
+                              f"decode worker's KV pool of {pool} tokens (decode.num_pages x model.page_size): the "
                               "request could never be held whole", param=max_tokens_param)
         sampling.max_tokens = max_tokens
+        kv_tokens = n + max_tokens
         if sampling.n > 1 and pool:  # n sequences share the prompt's pages, each grows its own
-            need = n + sampling.n * (max_tokens + self.model_cfg.page_size)
+            need = kv_tokens = n + sampling.n * (max_tokens + self.model_cfg.page_size)
             if need > pool:
                 raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
-                                  f"{n} tokens need about {need} tokens of KV, more than the decode workers' pool of "
+                                  f"{n} tokens need about {need} tokens of KV, more than the largest decode worker's pool of "
                                   f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
         hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.model_cfg.page_size)
         header = self.router_cfg.session_affinity_header
         session = (request.headers.get(header) if header else None) or session
         timeout_s = self.router_cfg.request_timeout_s
         return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
-                   deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param)
+                   deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param,
+                   kv_tokens=kv_tokens if pool else 0)
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:
@@ -246,6 +249,11 @@ class RouterService:
         return run.progress, first, run
 
 
+def _paused_only(batch: list) -> bool:
+    """D's chunks say only that the request was preempted (decode_node/preemption.py): no text."""
+    return all(m.paused and not m.token_ids and not m.finish_reason for m in batch)
+
+
 def _n_param(prompt_param: str) -> str:
     return "sampling_params.n" if prompt_param == "input_ids" else "n"
 
@@ -266,6 +274,7 @@ class _Run:
         self._agen = svc.dispatcher.stream(job)
         self._closed = False
         self._last = t0
+        self.on_pause = None  # the stream's keep-alive, told when D pauses the request (router/http/keepalive.py)
 
     async def first(self) -> str:
         batch = await self._agen.__anext__()
@@ -289,6 +298,11 @@ class _Run:
 
     async def __anext__(self) -> str:
         batch = await self._agen.__anext__()  # StopAsyncIteration ends this iterator too
+        while _paused_only(batch):  # D preempted the request: counted, the client kept, no event
+            self._fold(batch)
+            if self.on_pause is not None:
+                self.on_pause()
+            batch = await self._agen.__anext__()
         now = time.perf_counter()
         self.svc.metrics.itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
         self._last = now

@@ -95,6 +95,11 @@ class Worker:
         }
 
 
+def pool_tokens(w: Worker) -> int:
+    """Tokens of KV a worker's pool holds, as its Info reports (0: not reported)."""
+    return w.info.total_pages * w.info.page_size if w.info else 0
+
+
 class WorkerPool:
     """All known workers; mutated only on the event loop thread."""
 
@@ -113,7 +118,7 @@ class WorkerPool:
         # role -> (its healthy closed-circuit workers, its healthy others); rebuilt after a change
         self._routable: dict[str, tuple[RoutableList, list[Worker]]] = {}
         self._context_tokens: int | None = None  # the workers' smallest context; None: recount
-        self._decode_pool_tokens: int | None = None  # the decode workers' smallest KV pool; None: recount
+        self._decode_pools: tuple[int, int] | None = None  # the decode workers' (smallest, largest) KV pool; None: recount
         self._health_task: asyncio.Task | None = None
         self.on_remove = []  # callbacks(worker) (policies forget their index)
 
@@ -132,7 +137,7 @@ class WorkerPool:
                        channel=channel, stub=stub_cls(channel), calls=calls, meta=meta or {})
             self._workers[key] = w
             self._routable.clear()
-            self._context_tokens = self._decode_pool_tokens = None
+            self._context_tokens, self._decode_pools = None, None
             log.info("worker added: %s %s (%s)", role, address, w.worker_id)
             asyncio.get_running_loop().create_task(self.check(w))
         elif meta is not None:
@@ -144,7 +149,7 @@ class WorkerPool:
         if w is None:
             return
         self._routable.clear()
-        self._context_tokens = self._decode_pool_tokens = None
+        self._context_tokens, self._decode_pools = None, None
         log.info("worker removed: %s %s", role, address)
         for cb in self.on_remove:
             cb(w)
@@ -167,14 +172,25 @@ class WorkerPool:
         return self._context_tokens
 
     def decode_pool_tokens(self) -> int:
-        """Tokens the smallest decode worker's KV pool holds (total pages x page size; 0: none has
-        reported): a request whose prompt + max_tokens exceeds it could never be held whole on
-        every decode worker. Kept as context_tokens() is."""
-        if self._decode_pool_tokens is None:
-            pools = [w.info.total_pages * w.info.page_size for w in self._workers.values()
-                     if w.role == "decode" and w.info and w.info.total_pages]
-            self._decode_pool_tokens = min(pools, default=0)
-        return self._decode_pool_tokens
+        """Tokens the LARGEST decode worker's KV pool holds (total pages x page size; 0: none has
+        reported): a request whose prompt + max_tokens exceeds it could never be held whole by any
+        decode worker (one that fits only the larger pools goes to those: decode_fits). Kept as
+        context_tokens() is."""
+        return self._pools()[1]
+
+    def decode_fits(self, workers: list[Worker], kv_tokens: int) -> list[Worker]:
+        """`workers` whose KV pool holds `kv_tokens` (those that have not reported count as holding
+        it: the worker checks again). The same list when the smallest pool holds it (the steady
+        case: the policy's per-list state stays valid)."""
+        if kv_tokens <= self._pools()[0]:
+            return workers
+        return [w for w in workers if not (w.info and w.info.total_pages) or pool_tokens(w) >= kv_tokens]
+
+    def _pools(self) -> tuple[int, int]:
+        if self._decode_pools is None:
+            pools = [pool_tokens(w) for w in self._workers.values() if w.role == "decode" and w.info and w.info.total_pages]
+            self._decode_pools = (min(pools, default=0), max(pools, default=0))
+        return self._decode_pools
 
     def routable(self, role: str, exclude: set[Worker] = frozenset()) -> RoutableList:
         """The role's workers a request may go to now, in the pool's order. NOTE: with every healthy
@@ -226,7 +242,7 @@ class WorkerPool:
             if w.info is None or w.info.max_context_tokens != info.max_context_tokens:
                 self._context_tokens = None
             if w.info is None or w.info.total_pages != info.total_pages or w.info.page_size != info.page_size:
-                self._decode_pool_tokens = None
+                self._decode_pools = None
             w.info = info
             refusal = self.layout.refusal(w.info) if self.layout is not None else None
             if refusal is not None:

@@ -68,9 +68,10 @@ class Progress:
         """Fold one GenerateResponse in; returns its text delta."""
         if msg.prompt_tokens:
             self.prompt_tokens = msg.prompt_tokens
-        if msg.preemptions:  # since the previous chunk: additive, across failover too
-            self.preemptions += msg.preemptions
-            self.paused_s += msg.paused_s
+        # since the previous chunk: additive, across failover too. A preemption is counted by its
+        # `paused` chunk (at once), its pause by the first chunk after the resume.
+        self.preemptions += msg.preemptions
+        self.paused_s += msg.paused_s
         if msg.HasField("cached"):
             c = msg.cached
             self.device, self.host, self.store, self.ssd, self.inflight = c.device, c.host, c.store, c.ssd, c.inflight

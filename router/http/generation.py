@@ -32,6 +32,7 @@ from router.http.body_sampling import (
 from router.http.chat_output import ChatShape
 from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
+from router.http.keepalive import KeepAlive
 from router.http.logprobs import Logprobs, check_top, openai_logprobs, with_prompt_logprobs
 from router.http.reasoning import NO_THINKING, start_of
 from router.http.structured import grammar_of
@@ -51,31 +52,48 @@ class SSEResponse(Response):
     """A lean server-sent-events response: the events, and `finalize`, run however the stream ends.
 
     The router's HTTP protocol writes it itself (router/http/hot_path.py: head with the first event,
-    client disconnect cancels the task, which lands in the events as CancelledError). Served by
-    another ASGI server, `__call__` sends it: start, one body message per event, end.
+    client disconnect cancels the task, which lands in the events as CancelledError), with comment
+    keep-alives after `keepalive_s` of silence and at once when `run` (the request's _Run,
+    router/dispatch/service.py) pauses (router/http/keepalive.py). Served by another ASGI server,
+    `__call__` sends it: start, one body message per event, end (no keep-alives).
     """
 
-    def __init__(self, events, finalize):  # NOTE: none of Response's own state: the protocol writes it
+    def __init__(self, events, finalize, keepalive_s: float = 0.0, run=None):
+        # NOTE: none of Response's own state: the protocol writes it
         self.events = events
         self.finalize = finalize
+        self.keepalive_s = keepalive_s
+        self.run = run
         self.status_code = 200
         self.background = None  # FastAPI returns a Response subclass as it is
 
-    async def pump(self, write, start=None) -> bool:
+    async def pump(self, write, start=None, send_now=None) -> bool:
         """The one SSE writer of both serving paths: `start()`, then `write(event, last)` for each
         event up to the one ending with `data: [DONE]` or a `LastEvent` (True) or the events' end (False); the
-        events closed and `finalize` run however it ends. NOTE: the last event is the final body
-        write (one write less per request: it matters at hundreds of requests/s)."""
+        events closed and `finalize` run however it ends. `send_now(bytes)`: writes without an await,
+        for keep-alives (none without it). NOTE: the last event is the final body write (one write
+        less per request: it matters at hundreds of requests/s)."""
+        alive: KeepAlive | None = None
         try:
             if start is not None:
                 await start()
             async for chunk in self.events:
+                if alive is not None:
+                    alive.waiting = False
                 last = chunk.endswith(formats.DONE) or chunk.__class__ is LastEvent
                 await write(chunk, last)
                 if last:
                     return True
+                if alive is None and send_now is not None and self.keepalive_s > 0:
+                    alive = KeepAlive(self.keepalive_s, send_now)  # after the first event: the head is out
+                    if self.run is not None:
+                        self.run.on_pause = alive.now
+                if alive is not None:
+                    alive.idle()
             return False
         finally:
+            if alive is not None:
+                alive.stop()
             await self.events.aclose()
             await self.finalize()
 
@@ -119,6 +137,10 @@ class GenerationHandlers:
         self.svc = svc
         self.auth = auth
 
+    def sse(self, events, run) -> SSEResponse:
+        """The stream of a request's `run` (router/dispatch/service.py), closed with it, kept alive."""
+        return SSEResponse(events, run.aclose, self.cfg.router.keepalive_s, run)
+
     async def chat(self, request: Request, body: bytes):
         return await self._openai(request, body, chat=True)
 
@@ -158,7 +180,7 @@ class GenerationHandlers:
                                  oid, created, model, lead)
             if not req.stream:
                 return await _collect(run, lambda: answer(many.final()))
-            return SSEResponse(many.events(include_usage, continuous), run.aclose)
+            return self.sse(many.events(include_usage, continuous), run)
         lp, shape = logprobs_of(progress), shape_of()
         plain = shape is None or shape.plain
         if not req.stream:
@@ -190,7 +212,7 @@ class GenerationHandlers:
             text = lead + delta if is_first else delta
             return chunk(progress, oid, created, model, text, is_first, include_usage, **chunk_lp(delta))
 
-        return SSEResponse(_sse_events(run, progress, first, one, tail), run.aclose)
+        return self.sse(_sse_events(run, progress, first, one, tail), run)
 
     def openai_job(self, req, chat: bool, request: Request, arrived: float):
         """(sampling, tool plan, where a reasoning model's output starts, top logprobs, echo, prompt ids,
@@ -235,7 +257,7 @@ class GenerationHandlers:
                 p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs, prompt, start)))
             if not req.stream:
                 return await _collect(run, many.final)
-            return SSEResponse(many.events(), run.aclose)
+            return self.sse(many.events(), run)
         lp = Logprobs(svc.tokenizer, progress) if req.return_logprob else None
 
         def body() -> dict:
@@ -263,7 +285,7 @@ class GenerationHandlers:
                 return
             yield formats.DONE
 
-        return SSEResponse(events(), run.aclose)
+        return self.sse(events(), run)
 
 
     def _generate_job(self, req: GenerateRequest, request: Request, arrived: float):

@@ -190,7 +190,11 @@ class HotCycle:
                 await self.flow.drain()
             self.transport.write(data)
 
-        if not await response.pump(write):
+        def send_now(data: bytes) -> None:  # keep-alives (router/http/keepalive.py); the head is out
+            if not self.transport.is_closing():
+                self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        if not await response.pump(write, send_now=send_now):
             self.transport.write(head[0] + b"0\r\n\r\n")
         self._complete()
 

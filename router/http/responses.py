@@ -29,7 +29,7 @@ from router.errors import APIError, bad_request
 from router.http.bodies import ChatCompletionRequest, explain, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import dumps, json_response
-from router.http.generation import GenerationHandlers, LastEvent, SSEResponse, drain
+from router.http.generation import GenerationHandlers, LastEvent, drain
 from router.http.responses_convert import (
     chat_body,
     check_served,
@@ -91,7 +91,7 @@ class ResponsesHandlers:
                      shape, req.store)
         if not req.stream:
             return await self._whole(turn, progress, run)
-        return SSEResponse(self._events(turn, progress, first, run), run.aclose)
+        return self.gen.sse(self._events(turn, progress, first, run), run)
 
     async def _whole(self, turn: _Turn, progress, run) -> Response:
         await drain(run)

@@ -123,9 +123,13 @@ def serve(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampli
     assert events[-1].error is None and events[-1].finish_reason == "length", events[-1]
     out = [t for e in events for t in e.token_ids]
     assert out == req.token_ids[n:]  # every token streamed once, in order
-    preempted = sum(e.preemptions for e in events)
-    assert preempted == req.preempt.count  # the stream is told of each one (with how long it paused)
-    assert all(e.paused_s > 0 for e in events if e.preemptions)
+    paused = [i for i, e in enumerate(events) if e.paused]
+    # the stream is told of each preemption at once, by an event of its own with no tokens ...
+    assert sum(e.preemptions for e in events) == len(paused) == req.preempt.count
+    assert all(events[i].preemptions == 1 and not events[i].token_ids for i in paused)
+    # ... and of how long it paused by the next event (the first after the resume)
+    assert all(events[i + 1].paused_s > 0 and not events[i + 1].paused for i in paused)
+    assert sum(1 for e in events if e.paused_s) == len(paused)
     return out
 
 
