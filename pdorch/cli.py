@@ -5,6 +5,7 @@
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
+    pdorch planner [--config FILE] [--set ...] [--once]   size the fleet against planner.* SLOs until SIGTERM
     pdorch bench multiturn|long-context [...]      the benchmarks of bench/ (a source checkout)
 """
 
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
+    "autoscale": ("bench.autoscale", "the planner vs fixed fleets, simulated: SLO intervals met, replica-seconds"),
 }
 
 
@@ -94,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
     for name, what in BENCHMARKS.items():
         _command(bench_sub, name, config=False, add_help=False, help=what[1])
 
+    planner = _command(sub, "planner", help="size the prefill and decode fleets against planner.ttft_p90_s / "
+                       "itl_p90_s (actuator kubernetes or external) until SIGTERM",
+                       description="Every planner.interval_s: read the routers' /metrics, predict the next "
+                       "interval's load, and decide the replicas per role from the profile (planner.profile_path); "
+                       "planner.mode dry-run only logs and exports the decisions (docs/operations.md, Autoscaling).")
+    planner.add_argument("--once", action="store_true", help="observe one interval, print the decision as JSON, "
+                         "exit (acts on it only in planner.mode act)")
+
     _command(sub, "config", help="validate a config and print the effective values "
              "(defaults < file < PDORCH_* env < --set); secrets redacted")
     return parser
@@ -138,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args, cfg)
     if args.command == "master":
         return run_master(cfg, args.listen, args.print_only, passthrough)
+    if args.command == "planner":
+        from pdorch.planner.cli import run_planner
+        return run_planner(cfg, once=args.once)
     return _show_config(cfg)
 
 
