@@ -110,20 +110,26 @@ class Decider:
         self.params = params
         self._last_change: dict[str, float] = {}
 
-    def decide(self, load: Load | None, current: dict[str, int], now: float) -> Decision:
+    def decide(self, load: Load | None, current: dict[str, int], now: float,
+               missed: dict[str, float] | None = None) -> Decision:
+        """`missed`: role -> the observed p90 of its SLO (prefill: TTFT, decode: ITL) in the interval just ended,
+        for the roles whose SLO it missed: such a role gets one replica more than it has (if the profile says it
+        needs no more) and does not scale down: the feedback for a profile that flatters the fleet."""
         sizing = size(load, self.profile, self.params) if load is not None else None
         roles = {}
         for role in ROLES:
-            d = self._role(role, sizing, current[role], now)
+            d = self._role(role, sizing, current[role], now, (missed or {}).get(role))
             hi = self.params.max_replicas[role]
-            short = sizing is not None and d.desired == hi and (d.needed is None or d.needed > hi)
+            short = sizing is not None and d.desired == hi and (d.needed is None or d.needed > hi
+                                                                or (missed or {}).get(role) is not None)
             roles[role] = replace(d, short_at_max=short)
         for role, d in roles.items():
             if d.action != "hold":
                 self._last_change[role] = now
         return Decision(now, load, sizing, roles)
 
-    def _role(self, role: str, sizing: Sizing | None, current: int, now: float) -> RoleDecision:
+    def _role(self, role: str, sizing: Sizing | None, current: int, now: float,
+              missed_p90: float | None) -> RoleDecision:
         lo, hi = self.params.min_replicas[role], self.params.max_replicas[role]
         if current < lo or current > hi:
             target = min(hi, max(lo, current))
@@ -138,6 +144,13 @@ class Decider:
                 return RoleDecision(role, current, None, hi, "hold", f"{slo} SLO unreachable by one replica ({what}); at max {hi}")
             return self._up(role, current, None, hi, f"{slo} SLO unreachable by one replica ({what}): to max {hi}", now)
         target = min(hi, max(lo, needed))
+        if missed_p90 is not None and target <= current:
+            slo = "TTFT" if role == "prefill" else "ITL"
+            if current >= hi:
+                return RoleDecision(role, current, needed, current, "hold",
+                                    f"observed {slo} p90 {missed_p90:.3f}s over the SLO; at max {hi}")
+            return self._up(role, current, needed, current + 1, f"{what} needs {needed}, but observed {slo} p90 "
+                            f"{missed_p90:.3f}s is over the SLO: up {current} -> {current + 1}", now)
         if target > current:
             return self._up(role, current, needed, target, f"{what} needs {needed}: up {current} -> {target}", now)
         if needed > hi:

@@ -69,7 +69,7 @@ class PlannerRunner:
             self.predictor.observe(self._load_of(observed))
         load = self.predictor.predict()
         current = self.actuator.current()
-        decision = self.decider.decide(load, current, self._clock())
+        decision = self.decider.decide(load, current, self._clock(), self._missed(observed))
         acted = self.cfg.planner.mode == "act" and decision.desired != current
         if acted:
             self.actuator.apply(decision.desired)
@@ -110,6 +110,17 @@ class PlannerRunner:
                 self.step()
             except Exception:  # an API server or a scrape that fails must not end the planner
                 log.exception("planner: step failed; trying again in %.0fs", interval)
+
+    def _missed(self, observed: Observation | None) -> dict[str, float]:
+        """role -> observed p90 for the roles whose SLO the last interval missed (prefill: TTFT, decode: ITL)."""
+        if observed is None:
+            return {}
+        out = {}
+        if observed.ttft_p90_s is not None and observed.ttft_p90_s > self.params.ttft_p90_s:
+            out["prefill"] = observed.ttft_p90_s
+        if observed.itl_p90_s is not None and observed.itl_p90_s > self.params.itl_p90_s:
+            out["decode"] = observed.itl_p90_s
+        return out
 
     def _load_of(self, observed: Observation) -> Load:
         """The interval's load; an interval without requests keeps the last per-request means (rate 0)."""

@@ -98,3 +98,14 @@ def test_no_flapping_on_a_noisy_flat_series():
     assert actions[0] == "up" and actions[1:].count("up") + actions.count("down") == 0
     # the same series without the hysteresis margin flaps: what the threshold is for
     assert _run_noisy(1.0).count("down") > 10
+
+
+def test_an_observed_slo_miss_adds_a_replica_and_blocks_scale_down():
+    decider = Decider(PROFILE, params())
+    # the profile says 5 prefill replicas are enough, but the interval's TTFT p90 was 2 s: one more
+    d = decider.decide(LOAD, {"prefill": 5, "decode": 8}, now=0.0, missed={"prefill": 2.0})
+    assert d.desired["prefill"] == 6 and "observed TTFT p90 2.000s is over the SLO: up 5 -> 6" in d.reason
+    assert d.desired["decode"] == 8
+    at_max = Decider(PROFILE, params(max_replicas={"prefill": 5, "decode": 10})).decide(
+        LOAD, {"prefill": 5, "decode": 8}, now=0.0, missed={"prefill": 2.0})
+    assert at_max.desired["prefill"] == 5 and at_max.roles["prefill"].short_at_max

@@ -1,0 +1,89 @@
+"""The comparison: every fixed fleet (P, D) within the bounds against the planner, on the same arrivals.
+
+The planner is the real `PlannerRunner` (predictor, decide, metrics), its observer fed each simulated interval's
+Observation and its actuator the simulated fleet, so the bench runs the same decide code as `pdorch planner`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from bench.autoscale.arrivals import Shape, generate
+from bench.autoscale.sim import simulate
+from bench.autoscale.world import World
+from pdorch.config_loader import load_config
+from pdorch.planner.predictor import MovingAverageTrend
+from pdorch.planner.profile import load_profile
+from pdorch.planner.runner import PlannerRunner
+
+PROFILE_PATH = Path(__file__).with_name("profile.json")
+ATTAINMENT_GOAL = 0.95
+COST_GOAL = 0.7
+
+
+class _Handed:
+    """The planner's observer: returns the observation the simulation hands it."""
+
+    def __init__(self):
+        self.next = None
+
+    def observe(self):
+        return self.next
+
+
+def planner_config(max_prefill: int, max_decode: int, interval_s: float, ttft_s: float, itl_s: float,
+                   down_utilization: float):
+    return load_config(None, {
+        "planner.mode": "act", "planner.interval_s": str(interval_s), "planner.ttft_p90_s": str(ttft_s),
+        "planner.itl_p90_s": str(itl_s), "planner.max_prefill": str(max_prefill),
+        "planner.max_decode": str(max_decode), "planner.up_cooldown_s": str(interval_s),
+        "planner.down_cooldown_s": str(4 * interval_s), "planner.predictor_window": "3",
+        "planner.scale_down_utilization": str(down_utilization), "planner.metrics_port": "0"})
+
+
+def compare(shape: Shape, max_prefill: int, max_decode: int, interval_s: float = 30.0, step_s: float = 1.0,
+            startup_s: float = 30.0, ttft_s: float = 1.5, itl_s: float = 0.1, down_utilization: float = 0.8,
+            profile_path: Path = PROFILE_PATH) -> dict:
+    profile = load_profile(profile_path)
+    world = World(profile)
+    requests = generate(shape)
+    slo = {"ttft": ttft_s, "itl": itl_s}
+
+    def summary(results, cost, **extra) -> dict:
+        met = sum(r.met for r in results) / len(results)
+        return {**extra, "slo_met_fraction": round(met, 4), "replica_seconds": round(cost, 1)}
+
+    fixed = []
+    for p in range(1, max_prefill + 1):
+        for d in range(1, max_decode + 1):
+            results, cost = simulate(requests, world, lambda *_: None, {"prefill": p, "decode": d}, interval_s,
+                                     step_s, startup_s, slo)
+            fixed.append(summary(results, cost, prefill=p, decode=d))
+    cfg = planner_config(max_prefill, max_decode, interval_s, ttft_s, itl_s, down_utilization)
+    observer = _Handed()
+    runner_box: dict = {}
+
+    def plan(k, observation, fleet):
+        if "runner" not in runner_box:
+            runner_box["runner"] = PlannerRunner(cfg, observer, MovingAverageTrend(cfg.planner.predictor_window),
+                                                 fleet, profile, clock=lambda: fleet.now)
+        observer.next = observation
+        runner_box["runner"].step()
+
+    results, cost = simulate(requests, world, plan, {"prefill": 1, "decode": 1}, interval_s, step_s, startup_s,
+                             slo)
+    changes = sum(a.replicas != b.replicas for a, b in itertools.pairwise(results))
+    planner = summary(results, cost, fleet_changes=changes,
+                      replicas_max={r: max(x.replicas[r] for x in results) for r in ("prefill", "decode")})
+    meeting = [f for f in fixed if f["slo_met_fraction"] >= ATTAINMENT_GOAL]
+    smallest = min(meeting, key=lambda f: f["replica_seconds"]) if meeting else None
+    ratio = round(planner["replica_seconds"] / smallest["replica_seconds"], 3) if smallest else None
+    return {"requests": len(requests), "intervals": len(results), "shape": vars(shape),
+            "sim": {"scale_down_utilization": down_utilization, "interval_s": interval_s, "step_s": step_s, "startup_s": startup_s, "slo": slo,
+                    "profile": profile_path.name},
+            "fixed": fixed, "smallest_fixed_meeting_slo": smallest, "planner": planner,
+            "planner_cost_ratio": ratio,
+            "goal": {"slo_met_fraction": ATTAINMENT_GOAL, "cost_ratio": COST_GOAL,
+                     "met": bool(ratio is not None and ratio <= COST_GOAL
+                                 and planner["slo_met_fraction"] >= ATTAINMENT_GOAL)}}
