@@ -303,8 +303,17 @@ class PlannerConfig:
     up_cooldown_s: float = _key(60.0, "A role scales up no sooner than this after its last change (new replicas "
                                 "need time to start and warm up before their effect shows)", min=0.0)
     down_cooldown_s: float = _key(300.0, "A role scales down no sooner than this after its last change", min=0.0)
-    scale_down_utilization: float = _key(0.8, "Hysteresis: a role scales down only to a fleet the predicted load "
-                                         "keeps at or below this fraction of its capacity", min=0.1, max=1.0)
+    scale_up_utilization: float = _key(0.9, "Headroom: a role scales up to the replicas that carry the load at "
+                                       "this fraction of their capacity within the SLOs", min=0.1, max=1.0)
+    scale_down_utilization: float = _key(0.8, "Hysteresis: a role scales down only to a fleet the load keeps at or "
+                                         "below this fraction of its capacity", min=0.1, max=1.0,
+                                         at_most="scale_up_utilization")
+    replica_startup_s: float = _key(60.0, "Seconds from asking for a replica to its first served request: the "
+                                    "planner sizes for the highest load predicted up to then", min=0.0)
+    load_margin: float = _key(1.0, "The planner sizes for the predicted request rate plus this many RMS of its "
+                              "recent forecast errors (0 = the forecast itself)", min=0.0, max=10.0)
+    error_window: int = _key(10, "Intervals whose forecast errors load_margin's RMS is taken over", min=1,
+                             max=1000)
     predictor_window: int = _key(4, "Intervals the load predictor (moving average plus trend) looks back over",
                                  min=1, max=1000)
     attainment_window: int = _key(20, "Intervals pdorch_planner_slo_attainment is the fraction of", min=1,

@@ -20,10 +20,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=Shape.seed)
     parser.add_argument("--max-prefill", type=int, default=4)
     parser.add_argument("--max-decode", type=int, default=8)
-    parser.add_argument("--scale-down-utilization", type=float, default=0.8, help="planner.scale_down_utilization")
+    parser.add_argument("--set", action="append", default=[], metavar="planner.KEY=VALUE",
+                        help="a planner key for the planner in the bench (repeatable), e.g. planner.load_margin=0")
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("planner."):
+            parser.error(f"--set {item!r}: expected planner.KEY=VALUE")
+        overrides[key] = value
     shape = replace(Shape(), duration_s=args.duration_s, base_rps=args.base_rps, seed=args.seed)
-    result = compare(shape, args.max_prefill, args.max_decode, down_utilization=args.scale_down_utilization)
+    result = compare(shape, args.max_prefill, args.max_decode, planner_overrides=overrides)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -33,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     p = result["planner"]
     print(f"planner: SLO met {p['slo_met_fraction']:.1%}, {p['replica_seconds']:.0f} replica-s, "
           f"{p['fleet_changes']} changes, max {p['replicas_max']}")
+    o = result["oracle"]
+    print(f"oracle (true load ahead): SLO met {o['slo_met_fraction']:.1%}, {o['replica_seconds']:.0f} replica-s "
+          f"({result['oracle_cost_ratio']}x)")
+    print(f"planner missed intervals: {p['missed']}")
     print(f"smallest fixed fleet meeting the SLOs: {result['smallest_fixed_meeting_slo']}")
     print(f"planner cost ratio: {result['planner_cost_ratio']} (goal <= 0.7): goal met {result['goal']['met']}")
     return 0

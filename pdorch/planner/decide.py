@@ -3,14 +3,16 @@
 Sizing (pure): prefill replicas = ceil(uncached prompt tokens/s / one replica's prefill capacity at the mean
 uncached prompt length); decode replicas = ceil(concurrent streams / one replica's stream capacity), the streams by
 Little's law: request rate x mean output tokens x the ITL at that capacity (the time a stream lives). Capacities
-come from capacity.py. Each role is clamped to its [min, max].
+come from capacity.py. The load sized for is the runner's upper bound of the predicted load (upper_bound.py).
+Each role is clamped to its [min, max].
 
 Stability (`Decider`, which keeps the time of each role's last change):
-- up: at once when the clamped need exceeds the current replicas, unless the role changed less than
-  `up_cooldown_s` ago;
-- down: only to the fleet that would still run at or below `scale_down_utilization` (hysteresis: a need that
-  wobbles around a boundary does not add and remove a replica every interval), and not within `down_cooldown_s`
-  of the role's last change;
+- up: at once when the replicas that carry the load at `scale_up_utilization` of their capacity (headroom for the
+  load that arrives while new replicas start) exceed the current ones, unless the role changed less than
+  `up_cooldown_s` ago; "needs N" in the reasons is that count;
+- down: only to the fleet that would still run at or below `scale_down_utilization` (<= scale_up_utilization;
+  hysteresis: a need that wobbles around a boundary does not add and remove a replica every interval), and not
+  within `down_cooldown_s` of the role's last change;
 - a current count outside [min, max] is brought inside at once, cooldown or not.
 Every `Decision` carries its inputs and a human-readable reason per role.
 """
@@ -36,14 +38,19 @@ class SizingParams:
     up_cooldown_s: float = 0.0
     down_cooldown_s: float = 0.0
     scale_down_utilization: float = 0.8
+    scale_up_utilization: float = 1.0
     max_running_requests: int = 1 << 30  # decode.max_running_requests: a replica never batches more
+
+    def __post_init__(self):
+        if not 0 < self.scale_down_utilization <= self.scale_up_utilization <= 1:
+            raise ValueError("need 0 < scale_down_utilization <= scale_up_utilization <= 1")
 
     @classmethod
     def from_config(cls, cfg) -> SizingParams:
         p = cfg.planner
         return cls(p.ttft_p90_s, p.itl_p90_s, {"prefill": p.min_prefill, "decode": p.min_decode},
                    {"prefill": p.max_prefill, "decode": p.max_decode}, p.up_cooldown_s, p.down_cooldown_s,
-                   p.scale_down_utilization, cfg.decode.max_running_requests)
+                   p.scale_down_utilization, p.scale_up_utilization, cfg.decode.max_running_requests)
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ class Decider:
             return _move(role, current, None, target, f"{current} outside [{lo}, {hi}]: to {target}")
         if sizing is None:
             return RoleDecision(role, current, None, current, "hold", "no load observed yet")
-        needed = sizing.needed(role)
+        needed = sizing.needed(role, self.params.scale_up_utilization)
         what = _demand_text(role, sizing)
         if needed is None:
             slo = "TTFT" if role == "prefill" else "ITL"

@@ -34,6 +34,10 @@ class PlannerMetrics:
         for slo in self._met:
             self.attainment.labels(slo).set(1.0)
 
+    def attainment_now(self) -> dict[str, float | None]:
+        """{slo: fraction of the last intervals with traffic that met it}; None before any such interval."""
+        return {slo: (sum(m) / len(m) if m else None) for slo, m in self._met.items()}
+
     def record(self, decision: Decision, current: dict[str, int], observed: Observation | None,
                slo_s: dict[str, float], max_replicas: dict[str, int]) -> dict[str, bool]:
         """Update every gauge for one decision; returns {slo: met} for this interval (absent: no traffic)."""

@@ -16,16 +16,18 @@ import threading
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from pdorch.planner.actuator import Actuator
 from pdorch.planner.decide import Decider, Decision, SizingParams
+from pdorch.planner.http_server import start_server
 from pdorch.planner.load import Load
 from pdorch.planner.observation import Observation
 from pdorch.planner.observe import MetricsObserver
 from pdorch.planner.planner_metrics import PlannerMetrics
-from pdorch.planner.predictor import MovingAverageTrend, Predictor
+from pdorch.planner.predictor import Predictor
 from pdorch.planner.profile import Profile, load_profile
+from pdorch.planner.upper_bound import predictor_from_config
 
 log = logging.getLogger("pdorch.planner")
 
@@ -47,6 +49,8 @@ class PlannerRunner:
         self._thread: threading.Thread | None = None
         self._server = None
         self.last_decision: Decision | None = None
+        self._status: dict = {"mode": cfg.planner.mode, "actuator": actuator.name,
+                              "interval_s": cfg.planner.interval_s, "last_decision_at": None, "roles": {}}
 
     @classmethod
     def from_config(cls, cfg, actuator: Actuator, router_urls: list[str] | None = None,
@@ -61,7 +65,7 @@ class PlannerRunner:
             profile = load_profile(p.profile_path)
         urls = list(p.router_urls) or list(router_urls or []) or [_router_url(cfg)]
         observer = MetricsObserver(urls, list(p.worker_metrics_urls), p.scrape_timeout_s, cfg.router.admin_key)
-        return cls(cfg, observer, MovingAverageTrend(p.predictor_window), actuator, profile, registry)
+        return cls(cfg, observer, predictor_from_config(cfg), actuator, profile, registry)
 
     def step(self) -> Decision:
         observed = self.observer.observe()
@@ -77,14 +81,30 @@ class PlannerRunner:
         met = self.metrics.record(decision, current, observed, slos, self.params.max_replicas)
         log.info("planner decision %s", json.dumps(self._fields(decision, current, observed, met, acted)))
         self.last_decision = decision
+        self._status = self._status_of(decision, current, acted)
         return decision
 
+    def status(self) -> dict:
+        """What /status serves: the last decision per role, when, and the SLO attainment (`pdorch status`)."""
+        return self._status
+
+    def _status_of(self, d: Decision, current: dict[str, int], acted: bool) -> dict:
+        p = self.cfg.planner
+        return {"mode": p.mode, "actuator": self.actuator.name, "interval_s": p.interval_s,
+                "last_decision_at": d.at, "acted": acted,
+                "roles": {r: {"current": current[r], "desired": rd.desired, "action": rd.action,
+                              "reason": rd.reason, "min": self.params.min_replicas[r],
+                              "max": self.params.max_replicas[r], "short_at_max": rd.short_at_max}
+                          for r, rd in d.roles.items()},
+                "slo_p90_s": {"ttft": self.params.ttft_p90_s, "itl": self.params.itl_p90_s},
+                "slo_attainment": self.metrics.attainment_now()}
+
     def start(self) -> None:
-        """The loop on its own thread, and /metrics on planner.metrics_port (0: none)."""
+        """The loop on its own thread, and /metrics and /status on planner.metrics_port (0: none)."""
         if self._thread is not None:
             raise RuntimeError("planner already started")
         if self.cfg.planner.metrics_port:
-            self._server, _ = start_http_server(self.cfg.planner.metrics_port, registry=self.registry)
+            self._server = start_server(self.cfg.planner.metrics_port, self.registry, self.status)
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="planner", daemon=True)
         self._thread.start()

@@ -20,3 +20,9 @@ def test_router_urls_must_be_urls_and_mode_a_choice():
         load_config(None, {"planner.mode": "yes"})
     cfg = load_config(None, {"planner.router_urls": "http://r0:8390,http://r1:8390"})
     assert cfg.planner.router_urls == ("http://r0:8390", "http://r1:8390")
+
+
+def test_scale_down_utilisation_above_scale_up_is_refused():
+    with pytest.raises(ConfigError, match=r"planner.scale_down_utilization: expected a value at most "
+                       r"planner.scale_up_utilization \(0.7\), got 0.8"):
+        load_config(None, {"planner.scale_up_utilization": "0.7", "planner.scale_down_utilization": "0.8"})

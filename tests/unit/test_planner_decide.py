@@ -109,3 +109,18 @@ def test_an_observed_slo_miss_adds_a_replica_and_blocks_scale_down():
     at_max = Decider(PROFILE, params(max_replicas={"prefill": 5, "decode": 10})).decide(
         LOAD, {"prefill": 5, "decode": 8}, now=0.0, missed={"prefill": 2.0})
     assert at_max.desired["prefill"] == 5 and at_max.roles["prefill"].short_at_max
+
+
+def test_scale_up_to_a_target_utilisation_below_one():
+    # at 80%: prefill 10240 / (2500 x 0.8) = 5.12 -> 6; decode 90 / (12 x 0.8) = 9.375 -> 10
+    d = Decider(PROFILE, params(scale_up_utilization=0.8)).decide(LOAD, {"prefill": 1, "decode": 1}, now=0.0)
+    assert d.desired == {"prefill": 6, "decode": 10} and "needs 6: up 1 -> 6" in d.roles["prefill"].reason
+    # and no lower: 6 hold (down would go to ceil(10240 / 2000) = 6 as well)
+    held = Decider(PROFILE, params(scale_up_utilization=0.8)).decide(LOAD, {"prefill": 6, "decode": 10}, now=0.0)
+    assert held.desired == {"prefill": 6, "decode": 10}
+    assert {r.action for r in held.roles.values()} == {"hold"}
+
+
+def test_scale_down_utilisation_may_not_exceed_scale_up():
+    with pytest.raises(ValueError, match="scale_down_utilization <= scale_up_utilization"):
+        params(scale_up_utilization=0.7, scale_down_utilization=0.8)
