@@ -168,18 +168,21 @@ def _serve(args, cfg) -> int:
 
 
 def _status(args, cfg) -> int:
-    from pdorch.status import StatusError, add_pdorch_evictions, fetch_status, fetch_store, render_status
+    from pdorch import status as st
     host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "") else cfg.router.host
     url = args.url or f"http://{host}:{cfg.router.port}"
     key = args.admin_key if args.admin_key is not None else cfg.router.admin_key
     try:
-        status = fetch_status(url, key)
-    except StatusError as e:
+        status = st.fetch_status(url, key)
+    except st.StatusError as e:
         print(f"pdorch status: {e}", file=sys.stderr)
         return 1
-    status["store"] = fetch_store(cfg.store)
-    add_pdorch_evictions(status)
-    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    status["store"] = st.fetch_store(cfg.store)
+    st.add_pdorch_evictions(status)
+    planner = st.fetch_planner(st.planner_url(cfg.planner))
+    if planner is not None:
+        status["planner"] = planner
+    print(json.dumps(status, indent=2) if args.json else st.render_status(status))
     return 0
 
 

@@ -324,7 +324,10 @@ class PlannerConfig:
     worker_metrics_urls: tuple[str, ...] = _key((), "Workers' /metrics URLs for queue depths and KV pool use "
                                                 "(logged with each decision); empty = none", format="http_url")
     scrape_timeout_s: float = _key(5.0, "Deadline of each /metrics request", min=0.1, max=60.0)
-    metrics_port: int = _key(9490, "The planner's own Prometheus /metrics port; 0 = off", min=0, max=65535)
+    metrics_port: int = _key(9490, "The planner's own port: Prometheus /metrics and /status (JSON); 0 = off",
+                             min=0, max=65535)
+    status_url: str = _key("", "Where `pdorch status` asks the planner for its /status; empty = "
+                           "http://127.0.0.1:planner.metrics_port (none when that is 0)")
     k8s_namespace: str = _key("default", "actuator kubernetes: the Deployments' namespace")
     k8s_prefill_deployment: str = _key("pdorch-prefill", "actuator kubernetes: the prefill Deployment")
     k8s_decode_deployment: str = _key("pdorch-decode", "actuator kubernetes: the decode Deployment")
