@@ -5,6 +5,7 @@
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
+    pdorch planner [--config FILE] [--set ...] [--once]   size the fleet against planner.* SLOs until SIGTERM
     pdorch bench multiturn|long-context [...]      the benchmarks of bench/ (a source checkout)
 """
 
@@ -37,6 +38,7 @@ BENCHMARKS = {
     "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
+    "autoscale": ("bench.autoscale", "the planner vs fixed fleets, simulated: SLO intervals met, replica-seconds"),
 }
 
 
@@ -100,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     for name, what in BENCHMARKS.items():
         _command(bench_sub, name, config=False, add_help=False, help=what[1])
 
+    planner = _command(sub, "planner", help="size the prefill and decode fleets against planner.ttft_p90_s / "
+                       "itl_p90_s (actuator kubernetes or external) until SIGTERM",
+                       description="Every planner.interval_s: read the routers' /metrics, predict the next "
+                       "interval's load, and decide the replicas per role from the profile (planner.profile_path); "
+                       "planner.mode dry-run only logs and exports the decisions (docs/operations.md, Autoscaling).")
+    planner.add_argument("--once", action="store_true", help="observe one interval, print the decision as JSON, "
+                         "exit (acts on it only in planner.mode act)")
+
     _command(sub, "config", help="validate a config and print the effective values "
              "(defaults < file < PDORCH_* env < --set); secrets redacted")
     return parser
@@ -144,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args, cfg)
     if args.command == "master":
         return run_master(cfg, args.listen, args.print_only, passthrough)
+    if args.command == "planner":
+        from pdorch.planner.cli import run_planner
+        return run_planner(cfg, once=args.once)
     return _show_config(cfg)
 
 
@@ -161,18 +174,21 @@ def _serve(args, cfg) -> int:
 
 
 def _status(args, cfg) -> int:
-    from pdorch.status import StatusError, add_pdorch_evictions, fetch_status, fetch_store, render_status
+    from pdorch import status as st
     host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "") else cfg.router.host
     url = args.url or f"http://{host}:{cfg.router.port}"
     key = args.admin_key if args.admin_key is not None else cfg.router.admin_key
     try:
-        status = fetch_status(url, key)
-    except StatusError as e:
+        status = st.fetch_status(url, key)
+    except st.StatusError as e:
         print(f"pdorch status: {e}", file=sys.stderr)
         return 1
-    status["store"] = fetch_store(cfg.store)
-    add_pdorch_evictions(status)
-    print(json.dumps(status, indent=2) if args.json else render_status(status))
+    status["store"] = st.fetch_store(cfg.store)
+    st.add_pdorch_evictions(status)
+    planner = st.fetch_planner(st.planner_url(cfg.planner))
+    if planner is not None:
+        status["planner"] = planner
+    print(json.dumps(status, indent=2) if args.json else st.render_status(status))
     return 0
 
 

@@ -291,6 +291,60 @@ class DiscoveryConfig:
 
 
 @dataclass(frozen=True)
+class PlannerConfig:
+    """The planner (`pdorch planner`, `pdorch serve --autoscale`): replicas per role against TTFT / ITL targets."""
+
+    mode: str = _key("dry-run", "act: apply each decision through the actuator; dry-run: decide, log and export "
+                     "the decisions, change nothing", choices=["act", "dry-run"])
+    actuator: str = _key("external", "What changes the fleet: local (`pdorch serve --autoscale` starts and stops "
+                         "its worker processes), kubernetes (patches the prefill and decode Deployments' scale), "
+                         "external (exports the desired replicas as the gauge "
+                         "pdorch_planner_external_desired_replicas for KEDA or an HPA)",
+                         choices=["local", "kubernetes", "external"])
+    interval_s: float = _key(30.0, "Seconds between decisions (each one reads the metrics of the interval before)",
+                             min=1.0, max=3600.0)
+    ttft_p90_s: float = _key(2.0, "TTFT target: p90 time to first token in seconds", min=0.001)
+    itl_p90_s: float = _key(0.1, "ITL target: p90 inter-token latency in seconds", min=0.0001)
+    min_prefill: int = _key(1, "Fewest prefill replicas", min=1, at_most="max_prefill")
+    max_prefill: int = _key(4, "Most prefill replicas", min=1)
+    min_decode: int = _key(1, "Fewest decode replicas", min=1, at_most="max_decode")
+    max_decode: int = _key(4, "Most decode replicas", min=1)
+    profile_path: str = _key("", "The per-replica profile `pdorch bench profile` wrote (JSON); the planner "
+                             "refuses to start without one")
+    up_cooldown_s: float = _key(60.0, "A role scales up no sooner than this after its last change (new replicas "
+                                "need time to start and warm up before their effect shows)", min=0.0)
+    down_cooldown_s: float = _key(300.0, "A role scales down no sooner than this after its last change", min=0.0)
+    scale_up_utilization: float = _key(0.9, "Headroom: a role scales up to the replicas that carry the load at "
+                                       "this fraction of their capacity within the SLOs", min=0.1, max=1.0)
+    scale_down_utilization: float = _key(0.8, "Hysteresis: a role scales down only to a fleet the load keeps at or "
+                                         "below this fraction of its capacity", min=0.1, max=1.0,
+                                         at_most="scale_up_utilization")
+    replica_startup_s: float = _key(60.0, "Seconds from asking for a replica to its first served request: the "
+                                    "planner sizes for the highest load predicted up to then", min=0.0)
+    load_margin: float = _key(1.0, "The planner sizes for the predicted request rate plus this many RMS of its "
+                              "recent forecast errors (0 = the forecast itself)", min=0.0, max=10.0)
+    error_window: int = _key(10, "Intervals whose forecast errors load_margin's RMS is taken over", min=1,
+                             max=1000)
+    predictor_window: int = _key(4, "Intervals the load predictor (moving average plus trend) looks back over",
+                                 min=1, max=1000)
+    attainment_window: int = _key(20, "Intervals pdorch_planner_slo_attainment is the fraction of", min=1,
+                                  max=10000)
+    router_urls: tuple[str, ...] = _key((), "Routers whose /metrics the planner reads (every replica: their "
+                                        "counters are summed); empty = http://router.host:router.port",
+                                        format="http_url")
+    worker_metrics_urls: tuple[str, ...] = _key((), "Workers' /metrics URLs for queue depths and KV pool use "
+                                                "(logged with each decision); empty = none", format="http_url")
+    scrape_timeout_s: float = _key(5.0, "Deadline of each /metrics request", min=0.1, max=60.0)
+    metrics_port: int = _key(9490, "The planner's own port: Prometheus /metrics and /status (JSON); 0 = off",
+                             min=0, max=65535)
+    status_url: str = _key("", "Where `pdorch status` asks the planner for its /status; empty = "
+                           "http://127.0.0.1:planner.metrics_port (none when that is 0)")
+    k8s_namespace: str = _key("default", "actuator kubernetes: the Deployments' namespace")
+    k8s_prefill_deployment: str = _key("pdorch-prefill", "actuator kubernetes: the prefill Deployment")
+    k8s_decode_deployment: str = _key("pdorch-decode", "actuator kubernetes: the decode Deployment")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration: one frozen section object per YAML section."""
 
@@ -301,3 +355,4 @@ class Config:
     router: RouterConfig = field(default_factory=RouterConfig)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)

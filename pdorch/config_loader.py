@@ -228,6 +228,10 @@ def _build(values, errors) -> Config:
             if other and f.name in merged and other in merged and not merged[f.name] < merged[other]:
                 errors.append(f"{name}.{f.name}: expected a value below {name}.{other} "
                               f"({show(merged[other])}), got {show(merged[f.name])}")
+            other = f.metadata.get("at_most")  # e.g. planner.min_prefill <= planner.max_prefill
+            if other and f.name in merged and other in merged and not merged[f.name] <= merged[other]:
+                errors.append(f"{name}.{f.name}: expected a value at most {name}.{other} "
+                              f"({show(merged[other])}), got {show(merged[f.name])}")
         if len(merged) == len(dataclasses.fields(cls)):
             sections[name] = cls(**merged)
     return Config(**sections) if len(sections) == len(SECTIONS) else Config()

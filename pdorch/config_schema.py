@@ -2,8 +2,8 @@
 
 The same `help` / `min` / `max` / `choices` / `format` / `required` / `required_when` rules that the
 config loader enforces, so a tool that validates JSON Schema (Helm's `values.schema.json`, editors)
-rejects what the loader rejects. One rule has no JSON Schema form: `below` (a key that must be
-smaller than another key); it is stated in the key's description and checked by the loader.
+rejects what the loader rejects. Two rules have no JSON Schema form: `below` / `at_most` (a key that must be
+smaller than / at most another key); they are stated in the key's description and checked by the loader.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def _key(f: dataclasses.Field, kind: type | str) -> dict[str, Any]:
     description = meta.get("help", "")
     if meta.get("below"):
         description += f" (must be below {meta['below']})"
+    if meta.get("at_most"):
+        description += f" (must be at most {meta['at_most']})"
     item = _string(meta) if kind in ("list", str) else {"type": _TYPES[kind]}
     if kind in (int, float):
         if meta.get("min") is not None:

@@ -30,6 +30,7 @@ FORMATS: dict[str, tuple[str, str, str]] = {
     "metadata_server": (r"P2PHANDSHAKE|https?://[^\s/]+(/\S*)?|etcd://([^\s:/;]+:\d{1,5})(;(etcd://)?[^\s:/;]+:\d{1,5})*",
                         "http://host:port/path, etcd://host:port;etcd://host:port;... or P2PHANDSHAKE",
                         "a list of metadata servers"),
+    "http_url": (r"https?://[^\s/]+(/\S*)?", "an http:// or https:// URL", "a list of http:// or https:// URLs"),
     "device": (r"cpu|cuda(:\d+)?", "a torch device (cpu, cuda or cuda:N)", "a list of torch devices"),
     # Mooncake refuses a relative offload path or one with a `..` component (it checks at setup).
     # No lookahead: the chart's JSON Schema takes the same pattern, and helm's regexps lack it.

@@ -1,12 +1,14 @@
-"""`pdorch status`: the router's workers, their load, prompt-cache hit rates per tier, and the store.
+"""`pdorch status`: the router's workers, their load, prompt-cache hit rates per tier, the store, the planner.
 
-Reads the router's admin `/workers` (JSON) and `/metrics` (Prometheus text), and with the store on
-the mooncake_master's `/metrics` (fill level and its own eviction counters); torch-free.
+Reads the router's admin `/workers` (JSON) and `/metrics` (Prometheus text), with the store on
+the mooncake_master's `/metrics` (fill level and its own eviction counters), and the planner's `/status` when one
+answers (planner.status_url, else planner.metrics_port on this host); torch-free.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -18,6 +20,43 @@ from pdorch.worker.prefill_rpc import CACHE_TIERS
 # The master's SSD tier gauges (docs/workers.md, "The SSD tier"): objects and bytes on disk, capacity.
 SSD_GAUGES = {"file_cache_nums_": "objects", "master_allocated_file_size_bytes": "bytes",
               "master_total_file_capacity_bytes": "capacity_bytes"}
+
+
+def planner_url(planner_cfg) -> str | None:
+    """The planner's base URL: planner.status_url, else this host's planner.metrics_port; None: no planner."""
+    if planner_cfg.status_url:
+        return planner_cfg.status_url.rstrip("/")
+    return f"http://127.0.0.1:{planner_cfg.metrics_port}" if planner_cfg.metrics_port else None
+
+
+def fetch_planner(url: str | None, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The planner's /status (pdorch/planner/runner.py), or None when there is none to ask or it does not answer:
+    a fleet without a planner shows nothing about one."""
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"{url}/status", timeout=timeout_s) as r:
+            body = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return {"url": url, **body} if isinstance(body, dict) else None
+
+
+def render_planner(planner: dict[str, Any]) -> list[str]:
+    """The "planner" block: mode, per role current -> desired and the last decision's reason, SLO attainment."""
+    at = planner.get("last_decision_at")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if at else "no decision yet"
+    head = (f"planner ({planner['url']}): {planner.get('mode', '?')}, actuator {planner.get('actuator', '?')}, "
+            f"last decision {when}")
+    lines = [head]
+    for role, d in planner.get("roles", {}).items():
+        lines.append(f"  {role}: {d['current']} -> {d['desired']} ({d['action']}; min {d['min']}, max {d['max']})"
+                     f"{' SHORT AT MAX' if d.get('short_at_max') else ''}: {d['reason']}")
+    slo, met = planner.get("slo_p90_s", {}), planner.get("slo_attainment", {})
+    parts = [f"{k} p90 <= {slo[k]:g}s met in {'-' if met.get(k) is None else f'{met[k]:.0%}'}" for k in slo]
+    if parts:
+        lines.append(f"  SLO attainment (recent intervals): {', '.join(parts)}")
+    return lines
 
 
 class StatusError(RuntimeError):
@@ -205,6 +244,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines += render_chat_template(status["chat_template"])
     if "store" in status:
         lines += render_store(status["store"])
+    if status.get("planner"):
+        lines += render_planner(status["planner"])
     return "\n".join(lines)
 
 
