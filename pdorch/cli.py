@@ -5,7 +5,7 @@
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
-    pdorch bench multiturn|long-context [...]      the benchmarks of bench/ (a source checkout)
+    pdorch bench multiturn|long-context|profile [...]   the benchmarks of bench/ (a source checkout)
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ BENCHMARKS = {
     "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
+    "profile": ("bench.profile.cli", "the planner's profile: one prefill and one decode replica's tokens/s and latency"),
 }
 
 
