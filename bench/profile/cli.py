@@ -18,7 +18,7 @@ import time
 
 from bench.multiturn.cluster import ServeCluster, bench_config, port_overrides
 from bench.multiturn.facts import commit, model_facts
-from bench.profile.measure import MAX_DOUBLINGS, ProfileError, Profiler, Settings
+from bench.profile.measure import ProfileError, Profiler, Settings
 from bench.profile.profile_file import profile_dict, write_profile
 from bench.profile.stream import UniquePrompts
 from bench.trace.tokens import ordinary_vocabulary
@@ -48,10 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=3, help="measurements per point, medians kept (default 3)")
     p.add_argument("--saturate-tokens", type=int, default=8192,
                    help="prompt tokens of one saturating prefill burst (at least 4 requests; default 8192)")
-    p.add_argument("--output-tokens", type=int, default=32, help="tokens each decode stream generates on the "
-                   f"first try (doubled up to {MAX_DOUBLINGS} times for a full-batch window; default 32)")
-    p.add_argument("--min-window-tokens", type=int, default=8,
-                   help="tokens per stream while the whole batch decodes (default 8)")
+    p.add_argument("--max-output-tokens", type=int, default=256, help="a decode stream's max_new_tokens; it "
+                   "is closed once the window has its tokens (default 256)")
+    p.add_argument("--min-window-tokens", type=int, default=16, help="tokens per stream measured while the "
+                   "whole batch decodes; then the streams are closed (default 16)")
     p.add_argument("--timeout", type=float, default=600.0, help="deadline of one request (s, default 600)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", help="component logs of the cluster (default: a temp dir)")
@@ -64,7 +64,7 @@ def parser() -> argparse.ArgumentParser:
 
 def check(p: argparse.ArgumentParser, args) -> None:
     for name, ok, need in (("--runs", args.runs >= 1, ">= 1"), ("--saturate-tokens", args.saturate_tokens >= 1, ">= 1"),
-                           ("--output-tokens", args.output_tokens >= 2, ">= 2"),
+                           ("--max-output-tokens", args.max_output_tokens >= 2, ">= 2"),
                            ("--min-window-tokens", args.min_window_tokens >= 1, ">= 1"),
                            ("--timeout", args.timeout > 0, "> 0")):
         if not ok:
@@ -72,12 +72,12 @@ def check(p: argparse.ArgumentParser, args) -> None:
 
 
 def cluster_sets(cfg, args) -> list[str]:
-    """The profile's --set flags (the user's come after and win): every request goes to the prefill
-    worker, a prefill call may wait as long as a request, the decode worker runs the largest batch at
-    once with pages for it (the longest context and four times the first try's output)."""
-    longest = max(args.contexts) + 4 * args.output_tokens
-    pages = max(args.batches) * (math.ceil(longest / cfg.model.page_size) + 1)
-    return ["decode.max_local_prefill_tokens=0", f"decode.prefill_timeout_s={args.timeout}",
+    """The profile's --set flags (the user's come after and win): a prefill call may wait as long as a
+    request, the decode worker runs the largest batch at once with pages for it (the longest context and
+    output) and the batch's primed prompts."""
+    longest = max(args.contexts) + args.max_output_tokens
+    pages = 2 * max(args.batches) * (math.ceil(longest / cfg.model.page_size) + 1)
+    return [f"decode.prefill_timeout_s={args.timeout}",
             f"decode.max_running_requests={max(cfg.decode.max_running_requests, max(args.batches))}",
             f"decode.num_pages={max(cfg.decode.num_pages, pages)}"]
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = bench_config(args, "pdorch bench profile")
     tokenizer, _, _, _, model = model_facts(None, cfg)
     prompts = UniquePrompts(*ordinary_vocabulary(tokenizer), seed=args.seed)
-    settings = Settings(args.runs, args.saturate_tokens, args.output_tokens, args.min_window_tokens, args.timeout)
+    settings = Settings(args.runs, args.saturate_tokens, args.max_output_tokens, args.min_window_tokens, args.timeout)
     sets = cluster_sets(cfg, args) + args.config_overrides + port_overrides(1, 1)
     t0 = time.monotonic()
     cluster = ServeCluster(args.config, sets, 1, 1, args.log_dir, ready_timeout_s=args.timeout)

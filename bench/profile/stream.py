@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -40,13 +41,16 @@ class Timed:
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     error: str | None = None
+    cut: bool = False  # the client closed the stream before its last token (`stop` said so)
 
     @property
     def ttft_s(self) -> float | None:
         return self.token_times[0] - self.sent if self.token_times else None
 
 
-async def timed_generate(client: httpx.AsyncClient, url: str, ids: list[int], output_tokens: int) -> Timed:
+async def timed_generate(client: httpx.AsyncClient, url: str, ids: list[int], output_tokens: int,
+                         stop: Callable[[Timed], bool] | None = None) -> Timed:
+    """`stop`: asked after each chunk; True closes the stream there (the router aborts the request)."""
     body = {"input_ids": ids, "stream": True,
             "sampling_params": {"max_new_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True}}
     out = Timed(sent=time.perf_counter())
@@ -72,8 +76,11 @@ async def timed_generate(client: httpx.AsyncClient, url: str, ids: list[int], ou
                     out.token_times.extend(start + (now - start) * (i + 1) / new for i in range(new))
                     seen, last = ids_now, now
                 out.cached_tokens = (event.get("meta_info") or {}).get("cached_tokens", out.cached_tokens)
+                if stop is not None and out.token_times and stop(out):
+                    out.cut = True
+                    return out
     except (httpx.HTTPError, ValueError) as e:
         out.error = f"{type(e).__name__}: {e}"[:200]
-    if out.error is None and len(out.token_times) != output_tokens:
+    if out.error is None and not out.cut and len(out.token_times) != output_tokens:
         out.error = f"{len(out.token_times)} tokens streamed, {output_tokens} asked (ignore_eos)"
     return out

@@ -69,3 +69,17 @@ def test_bad_lists_are_refused(text):
 
 def test_lists_are_sorted_and_unique():
     assert int_list("2048, 128,512,128") == [128, 512, 2048]
+
+
+def test_full_batch_closes_the_streams_once_each_has_its_window_tokens():
+    from bench.profile.measure import FullBatch
+    from bench.profile.stream import Timed
+    full, a, b = FullBatch(2, 2), Timed(sent=0.0), Timed(sent=0.0)
+    a.token_times = [1.0, 2.0, 3.0]
+    assert not full.stop(a)               # b has no token yet: the batch is not full
+    b.token_times = [2.5]
+    assert not full.stop(b)               # full from 2.5: a has 1 token after it, b none
+    a.token_times.append(4.0)
+    assert not full.stop(a)               # a: 3.0 and 4.0 after 2.5, b still none
+    b.token_times += [3.2, 3.9]
+    assert full.stop(b) and full.stop(a)  # both have 2: every stream closes at its next chunk
