@@ -25,7 +25,7 @@ actuator, the namespace and the two Deployments it may scale.
 {{- if $p.existingConfigMap }}{{ $p.existingConfigMap }}{{ else }}{{ printf "%s-planner-profile" (include "pdorch.fullname" .) }}{{ end }}
 {{- end }}
 
-{{/* `pdorch planner`'s --set flags, as a JSON list; refuses a config.planner key that says otherwise. */}}
+{{/* `pdorch planner`'s --set flags, as a JSON list; refuses a config.planner key set to something else. */}}
 {{- define "pdorch.plannerSets" -}}
 {{- $v := .Values.planner }}
 {{- $sets := dict "actuator" $v.actuator "metrics_port" (int $v.metricsPort)
@@ -40,7 +40,7 @@ actuator, the namespace and the two Deployments it may scale.
 {{- $out := list }}
 {{- range $key := keys $sets | sortAlpha }}
 {{- $value := get $sets $key }}
-{{- if and (hasKey $given $key) (ne (toString (get $given $key)) (toString $value)) }}
+{{- if and (get $given $key) (ne (toString (get $given $key)) (toString $value)) }}  {{/* unset, "" or 0: the chart's */}}
 {{- fail (printf "config.planner.%s (%v) differs from what the chart sets (%v): the chart derives it (planner.actuator, planner.metricsPort, planner.profile, the release's names); leave config.planner.%s unset" $key (get $given $key) $value $key) }}
 {{- end }}
 {{- $out = append $out (printf "planner.%s=%v" $key $value) }}
