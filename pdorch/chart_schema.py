@@ -125,6 +125,11 @@ def values_schema() -> dict[str, Any]:
                persistence=obj("etcd data volume", enabled={"type": ["boolean", "null"]}, size=QUANTITY,
                                  storageClass=STR),
                resources=OBJ, **_placement())
+    planner = obj("the planner Deployment (`pdorch planner`)", enabled=BOOL,
+                  actuator={"enum": ["kubernetes", "external"]}, metricsPort=PORT,
+                  profile=obj("the profile `pdorch bench profile` wrote", json=STR, existingConfigMap=STR,
+                              key={"type": "string", "pattern": r"^[-._a-zA-Z0-9]+$"}),
+                  resources=OBJ, **_placement())
     monitoring = obj("Prometheus Operator and Grafana objects",
                      serviceMonitor=obj("ServiceMonitor", enabled=BOOL, interval=STR, labels=OBJ),
                      prometheusRule=obj("PrometheusRule", enabled=BOOL, labels=OBJ,
@@ -145,7 +150,7 @@ def values_schema() -> dict[str, Any]:
                           previousApiKey=STR, grpcToken=STR, grpcPreviousToken=STR),
                  grpcTls=obj("worker gRPC over TLS", enabled=BOOL, secretName=STR, serverName=STR),
                  router=router, prefill=_worker("prefill"), decode=_worker("decode"), master=master, etcd=etcd,
-                 monitoring=monitoring,
+                 planner=planner, monitoring=monitoring,
                  networkPolicy=obj("NetworkPolicies", enabled=BOOL, routerFrom=LIST, metricsFrom=LIST))
     return {"$schema": "https://json-schema.org/draft-07/schema#", **schema}
 

@@ -6,7 +6,7 @@
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
     pdorch planner [--config FILE] [--set ...] [--once]   size the fleet against planner.* SLOs until SIGTERM
-    pdorch bench multiturn|long-context [...]      the benchmarks of bench/ (a source checkout)
+    pdorch bench multiturn|long-context|profile|autoscale [...]   the benchmarks of bench/ (a source checkout)
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ BENCHMARKS = {
     "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
     "autoscale": ("bench.autoscale", "the planner vs fixed fleets, simulated: SLO intervals met, replica-seconds"),
+    "profile": ("bench.profile.cli", "the planner's profile: one prefill and one decode replica's tokens/s and latency"),
 }
 
 

@@ -105,6 +105,18 @@ CASES = [
     ("PdorchTTFTP99High", [{"series": f'pdorch_router_ttft_seconds_bucket{{{NS}, route="/generate", le="{le}"}}',
                             "values": f"0+{n}x20"} for le, n in (("1.0", 10), ("10.0", 10), ("+Inf", 10))],
      "15m", []),
+    # decode at its max for 12 minutes (two planner replicas' series during a rollout), prefill never
+    ("PdorchSloMissAtMaxReplicas", [{"series": f'pdorch_planner_slo_miss_at_max{{{NS}, role="decode", pod="pl1"}}',
+                                     "values": "0 1x15"},
+                                    {"series": f'pdorch_planner_slo_miss_at_max{{{NS}, role="decode", pod="pl2"}}',
+                                     "values": "0x15"},
+                                    {"series": f'pdorch_planner_slo_miss_at_max{{{NS}, role="prefill", pod="pl1"}}',
+                                     "values": "0x15"}],
+     "13m", [{"role": "decode", "severity": "warning"}]),
+    # missed at max for 6 minutes, met for one, missed again: never 10 minutes on end
+    ("PdorchSloMissAtMaxReplicas", [{"series": f'pdorch_planner_slo_miss_at_max{{{NS}, role="decode", pod="pl1"}}',
+                                     "values": "1x6 0 1x8"}],
+     "15m", []),
 ]
 
 

@@ -228,7 +228,8 @@ def test_monitoring_objects(rendered):
     panels = json.loads(dash["data"]["pdorch.json"])["panels"]
     titles = " ".join(p["title"] for p in panels).lower()
     for what in ("first token", "inter-token", "hit rate", "store bytes", "transfer", "queues", "evictions",
-                 "workers healthy", "failovers", "pool usage", "errors", "preemptions"):
+                 "workers healthy", "failovers", "pool usage", "errors", "preemptions", "desired vs current replicas",
+                 "slo attainment", "last decision", "drains"):
         assert what in titles
     board = json.loads(dash["data"]["pdorch.json"])
     variables = {v["name"]: v for v in board["templating"]["list"]}
@@ -242,7 +243,7 @@ def test_monitoring_objects(rendered):
         "PdorchTargetDown", "PdorchTargetAbsent", "PdorchNoHealthyWorkers", "PdorchErrorRatioHigh",
         "PdorchFailoversFailing", "PdorchFencePagesHeld", "PdorchMasterEvictionStorm", "PdorchHitRateDropped",
         "PdorchStoreDisabled", "PdorchQueueDepthHigh", "PdorchTTFTP99High", "PdorchPreemptionsHigh",
-        "PdorchStoreNoMasterLeads"}
+        "PdorchStoreNoMasterLeads", "PdorchSloMissAtMaxReplicas"}
     assert all(r["annotations"]["runbook"] for r in rules)
     assert all(f'namespace="{NAMESPACE}"' in r["expr"] for r in rules)
     assert [o for o in objs if o["kind"] == "NetworkPolicy"]

@@ -61,6 +61,7 @@ What a component reads of the config, as JSON: (dict "root" $ "component" "route
     decode   model, decode, discovery, grpc, store but mooncake_master's own flags
     router   model, router, discovery, grpc, store.enabled and where the store is (POST
              /flush_cache?store=true), decode.offload_generated_kv (mid-stream failover's `auto`)
+    planner  all of it (it reads the router's and the workers' metrics and sizes both roles)
 NOTE: a key a component starts reading must be added here, or changing it will not roll that
 component (tests/unit/test_chart_rollouts.py renders each key's change).
 */}}
@@ -75,6 +76,8 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- if or (hasPrefix "master_" $k) (has $k (list "enabled" "metadata_server" "ssd_path")) }}{{ $_ := set $s $k $v }}{{ end }}
 {{- end }}
 {{- $_ := set $out "store" $s }}
+{{- else if eq .component "planner" }}
+{{- $out = $cfg }}
 {{- else if eq .component "router" }}
 {{- $out = pick $cfg "model" "router" "discovery" "grpc" }}
 {{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name") }}

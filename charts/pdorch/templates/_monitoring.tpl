@@ -11,6 +11,7 @@
 {{- $out := list "prefill" "decode" }}
 {{- if .Values.config.router.metrics_port }}{{ $out = prepend $out "router" }}{{ end }}
 {{- if .Values.master.enabled }}{{ $out = append $out "master" }}{{ end }}
+{{- if .Values.planner.enabled }}{{ $out = append $out "planner" }}{{ end }}
 {{- toJson $out }}
 {{- end }}
 

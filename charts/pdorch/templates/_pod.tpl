@@ -4,7 +4,8 @@ scheduling, and where the model comes from.
 */}}
 
 {{/*
-Pod-level fields: (dict "root" $ "pool" .Values.router "component" "router").
+Pod-level fields: (dict "root" $ "pool" .Values.router "component" "router"); with "serviceAccount" NAME
+the pod runs as that account with its API token (the planner's kubernetes actuator, the only caller).
 Topology spread constraints without a labelSelector get the component's own (with the release, so
 two releases in one namespace do not count each other's pods); affinity is rendered with `tpl`,
 so values may name the release ({{ .Release.Name }}).
@@ -12,9 +13,14 @@ so values may name the release ({{ .Release.Name }}).
 {{- define "pdorch.podCommon" -}}
 {{- $root := .root }}
 {{- $v := .pool }}
+{{- if .serviceAccount }}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: true
+{{- else }}
 serviceAccountName: {{ include "pdorch.serviceAccountName" $root }}
-# NOTE: pdorch calls no Kubernetes API: no token in the pods.
+# NOTE: only the planner's kubernetes actuator calls the Kubernetes API: no token in the other pods.
 automountServiceAccountToken: false
+{{- end }}
 {{- with $root.Values.podSecurityContext }}
 securityContext:
   {{- toYaml . | nindent 2 }}
