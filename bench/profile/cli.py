@@ -19,10 +19,11 @@ import time
 from bench.multiturn.cluster import ServeCluster, bench_config, port_overrides
 from bench.multiturn.facts import commit, model_facts
 from bench.profile.measure import ProfileError, Profiler, Settings
-from bench.profile.profile_file import profile_dict, write_profile
+from bench.profile.profile_file import profile_dict
 from bench.profile.stream import UniquePrompts
 from bench.trace.tokens import ordinary_vocabulary
 from pdorch.config_loader import add_config_args
+from pdorch.planner.profile import profile_from_dict, save_profile
 from tests.fixtures.hf_checkpoints import FAMILIES
 
 
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         cluster.stop()
-    write_profile(profile_dict(model, cluster.cfg.model.device, prefill, decode), args.out)
+    save_profile(profile_from_dict(profile_dict(model, cluster.cfg.model.device, prefill, decode)), args.out)
     say(f"wrote {args.out}: {len(prefill)} prefill and {len(decode)} decode points of {model} on "
         f"{cluster.cfg.model.device} in {time.monotonic() - t0:.0f} s ({commit()})")
     return 0

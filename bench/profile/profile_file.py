@@ -4,15 +4,13 @@
      "prefill": [{"prompt_tokens", "tokens_per_s", "ttft_s"}, ...],
      "decode":  [{"batch", "context_tokens", "tokens_per_s", "itl_s"}, ...]}
 
-Written here with the spec's field names; the planner's own loader checks it on reading.
+Built here from the measured points; the planner's own loader (profile_from_dict) checks it and
+save_profile writes it.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
-import os
-from pathlib import Path
 
 VERSION = 1
 PREFILL_FIELDS = ("prompt_tokens", "tokens_per_s", "ttft_s")
@@ -25,11 +23,3 @@ def profile_dict(model: str, device: str, prefill: list[dict], decode: list[dict
             "prefill": [{k: p[k] for k in PREFILL_FIELDS} for p in sorted(prefill, key=lambda p: p["prompt_tokens"])],
             "decode": [{k: d[k] for k in DECODE_FIELDS}
                        for d in sorted(decode, key=lambda d: (d["context_tokens"], d["batch"]))]}
-
-
-def write_profile(profile: dict, path: str | Path) -> None:
-    """Whole or not at all: a planner reading the file never sees half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(profile, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,10 +81,14 @@ def profile_from_dict(data: Any, where: str = "profile") -> Profile:
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:
+    """Whole or not at all: a planner reading the file never sees half of it."""
     data = {"version": PROFILE_VERSION, "model": profile.model, "device": profile.device,
             "created": profile.created, "prefill": [asdict(p) for p in profile.prefill],
             "decode": [asdict(p) for p in profile.decode]}
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def _string(data: dict, key: str, where: str) -> str:

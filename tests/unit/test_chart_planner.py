@@ -135,3 +135,13 @@ def test_the_target_alerts_watch_the_planner_job():
     assert f'job="{PLANNER}"' in rules["PdorchTargetAbsent"]["expr"]
     assert PLANNER in rules["PdorchTargetDown"]["expr"]
     assert rules["PdorchSloMissAtMaxReplicas"]["for"] == "10m"
+
+
+def test_the_planner_owns_the_worker_replicas_only_with_the_kubernetes_actuator():
+    """A `helm upgrade` must not reset what the planner chose: with the kubernetes actuator the worker
+    Deployments render no replicas; with the external one (or no planner) the values' replicas stay."""
+    for role in ("prefill", "decode"):
+        owned = find(render_chart(_planner()), "Deployment", f"{FULLNAME}-{role}")
+        assert "replicas" not in owned["spec"]
+        external = find(render_chart(_planner("external", ) | {role: {"replicas": 3}}), "Deployment", f"{FULLNAME}-{role}")
+        assert external["spec"]["replicas"] == 3

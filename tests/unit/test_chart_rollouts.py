@@ -43,7 +43,8 @@ def _who_reads(key: str) -> set[str]:
     if key == "decode.offload_generated_kv":
         return {"router", "decode"}  # mid-stream failover's `auto`
     return {"model": {"router"} | WORKERS, "store": WORKERS, "prefill": {"prefill"}, "decode": {"decode"},
-            "router": {"router"}, "grpc": {"router"} | WORKERS, "discovery": {"router"} | WORKERS}[section]
+            "router": {"router"}, "grpc": {"router"} | WORKERS, "discovery": {"router"} | WORKERS,
+            "planner": set()}[section]  # the planner is off by default (test_chart_planner.py has it on)
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,7 +83,8 @@ def _other_value(f: dataclasses.Field, kind, default):
         new = default * 0.9 if meta.get("max") is not None and default * 1.1 > meta["max"] else default * 1.1
         return round(max(new, meta.get("min") or 0.0) if new != default else default + 0.01, 4)
     if kind == "list":
-        return {"host:port": ["10.0.0.9:2379"], "device": ["cuda:1"]}.get(meta.get("format"), ["x"])
+        return {"host:port": ["10.0.0.9:2379"], "device": ["cuda:1"],
+                "http_url": ["http://10.0.0.9:9090/metrics"]}.get(meta.get("format"), ["x"])
     if meta.get("format") == "abspath":
         return "/var/lib/pdorch-changed"
     return "cuda" if meta.get("format") == "device" else f"{default}-changed"

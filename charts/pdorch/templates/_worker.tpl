@@ -34,7 +34,12 @@ metadata:
     {{- include "pdorch.labels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ $role }}
 spec:
+  {{- if and $root.Values.planner.enabled (eq $root.Values.planner.actuator "kubernetes") }}
+  # The planner owns the replicas (it patches deployments/scale): rendering them here would reset its
+  # choice on every `helm upgrade`. The Deployment starts at 1 and the planner sizes it from there.
+  {{- else }}
   replicas: {{ $v.replicas }}
+  {{- end }}
   strategy:
     {{- toYaml $v.strategy | nindent 4 }}
   selector:
