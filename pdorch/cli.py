@@ -164,11 +164,23 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args, cfg) -> int:
     from pdorch.launcher import LocalCluster, ServeOptions
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
-    opts = ServeOptions(args.prefill, args.decode, args.log_dir, args.startup_timeout,
+    prefill, decode = args.prefill, args.decode
+    if args.autoscale:
+        from pdorch.planner.in_serve import load_serve_profile, planner_starter, starting_sizes
+        try:
+            profile = load_serve_profile(cfg)
+        except ValueError as e:
+            print(f"pdorch serve: {e}", file=sys.stderr)
+            return 2
+        prefill, decode = starting_sizes(cfg, prefill, decode)
+    opts = ServeOptions(prefill, decode, args.log_dir, args.startup_timeout,
                         restart=not args.exit_on_failure, num_routers=args.routers,
                         num_masters=args.masters, autoscale=args.autoscale)
     try:
-        return LocalCluster(cfg, config_path, tuple(args.config_overrides), opts).run()
+        cluster = LocalCluster(cfg, config_path, tuple(args.config_overrides), opts)
+        if args.autoscale:
+            cluster.attach(planner_starter(cfg, profile, lambda: list(cluster.plan.router_urls)))
+        return cluster.run()
     except KeyboardInterrupt:  # during model preparation, before any child runs
         print("\npdorch serve: interrupted", file=sys.stderr)
         return 130
