@@ -105,6 +105,7 @@ class StoreConnector:
         self._watch = (LeaderWatch(master.etcd_endpoints, self._view.key, self._on_view_change)
                        if master.ha else None)
         self._view_read_at = 0.0
+        self._view_empty = False  # the last read of the view found no term
         self._leader: Leader | None = None  # the last leader's term seen (HA masters)
         self._recover_until = 0.0  # monotonic: look for the store back every RECOVER_POLL_S until then
         # HA masters: after a leader switch, `audit(switched_at) -> done` runs each tick while connected
@@ -200,8 +201,8 @@ class StoreConnector:
             interval = RECOVER_POLL_S
         else:
             interval = self.cfg.reconnect_interval_s
-        if self._watch is not None and not self._watch.active:
-            interval = min(interval, POLL_VIEW_S)  # no watch: read the view as the poll did
+        if self._watch is not None and (not self._watch.active or self._view_empty):
+            interval = min(interval, POLL_VIEW_S)  # no watch, or no term read: read the view as the poll did
         return interval
 
     def _on_view_change(self) -> None:
@@ -228,12 +229,16 @@ class StoreConnector:
             return
         restarted = self._watch.ensure()
         now = time.monotonic()
-        if not (restarted or self._view_changed.is_set() or now - self._view_read_at >= POLL_VIEW_S
-                and not self._watch.active):
+        # Polled too while the watch is down, and while the last read found no term (none leads, or etcd
+        # did not answer: the change the watch reported must not be lost to one failed read).
+        polled = (not self._watch.active or self._view_empty) and now - self._view_read_at >= POLL_VIEW_S
+        if not (restarted or self._view_changed.is_set() or polled):
             return
         self._view_changed.clear()
         self._view_read_at = now
-        self._on_term(self._view.term())
+        leader = self._view.term()
+        self._view_empty = leader is None
+        self._on_term(leader)
 
     def _on_term(self, leader: Leader | None) -> None:
         """One read of the view. None (none leads, or etcd did not answer) keeps the last term: the
