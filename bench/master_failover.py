@@ -5,18 +5,23 @@ pdorch's own store client, in one run.
 
 Starts a real etcd and two mooncake_masters in HA mode (store_client/master.py, oplog on), and a
 KVStore (store_client/store.py) addressing them as etcd://..., its transfer-engine metadata in etcd
-and its own segment holding the pages. It writes --pages pages, then per run: SIGKILL the leader;
-poll etcd's master view and load every page every 50 ms until all are read back; restart the killed
-master (it comes back as a standby, the next run kills the other one).
+and its own segment holding the pages, with the store config's defaults (reconnect_interval_s
+included) as a worker has them. It writes --pages pages, then per run: SIGKILL the leader; poll
+etcd's master view (the leader's term: store_client/master_view.py), the new leader's phase and a
+load of every page every 50 ms until all are read back; restart the killed master (it comes back as
+a standby, the next run kills the other one).
 
-Reported per run and as medians: seconds to the new leader in etcd, seconds to the first load that
-read every page (the store's first hit on the new leader), the fraction of the pages written before
+Reported per run and as medians: seconds to a new term in etcd (the standby won), to the new leader
+serving (Mooncake's master waits one lease, 5 s, after it wins before it answers RPCs), and to the
+first load that read every page (the store's first hit on the new leader), the first hit after the
+new leader served, the fraction of the pages written before
 the kill readable after it, and the loads that missed meanwhile (the workers serve those as misses:
 recomputed, never failed). Mooncake's oplog keeps the index but for the last moments before a
 kill; pdorch's store client audits its recent writes after the switch (store_client/recent_writes.py)
 and hands the keys the new leader lacks to the worker, which writes again those it holds. Here the
 bench holds every page, so it writes every lost one again: the pages lost, the seconds from the kill
-to the audit's answer, and the pages written again per second.
+to the audit's answer, and the pages written again per second. Then the control: one fresh client's
+`setup` against the HA address and against the leader's own address, timed alone.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from bench.multiturn.facts import commit
+from store_client.addresses import metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
+from store_client.deferred_close import close_client
 from store_client.master import MasterProcess
-from store_client.master_view import MasterView
+from store_client.master_view import Leader, MasterView
 from store_client.metrics import StoreMetrics
 from store_client.ports import free_port
 from store_client.store import KVStore
@@ -88,15 +95,16 @@ def start_etcd(tmp: str) -> tuple[subprocess.Popen, str]:
             time.sleep(0.1)
 
 
-def leader_of(masters: list[MasterProcess], view: MasterView, timeout_s: float = WAIT_S) -> MasterProcess:
+def leader_of(masters: list[MasterProcess], view: MasterView, timeout_s: float = WAIT_S) -> tuple[MasterProcess, Leader]:
+    """The serving leader and its term, waiting up to timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        lead = view.leader()
+        term = view.term()
         for m in masters:
-            if m.running() and lead == m.master_address and m.role() == "leader":
-                return m
+            if term is not None and m.running() and term.address == m.master_address and m.ha_state() == "serving":
+                return m, term
         time.sleep(POLL_S)
-    raise RuntimeError(f"no master leads after {timeout_s:.0f} s")
+    raise RuntimeError(f"no master serves after {timeout_s:.0f} s")
 
 
 def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
@@ -107,16 +115,21 @@ def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
     if saved.pages_written != len(keys):
         raise RuntimeError(f"writing the pages failed: {saved}")
     time.sleep(settle_s)
-    old = leader_of(masters, view)
+    old, old_term = leader_of(masters, view)
     t0 = time.monotonic()
     old.kill()
-    lead_s = hit_s = audit_s = None
+    lead_s = serving_s = hit_s = audit_s = None
     misses = lost_n = restored = 0
     restore_s = 0.0
     while time.monotonic() - t0 < WAIT_S / 4:
         now = time.monotonic() - t0
-        if lead_s is None and view.leader() not in (None, old.master_address):
+        term = view.term()
+        if lead_s is None and term not in (None, old_term):
             lead_s = now
+        if lead_s is not None and serving_s is None:
+            new = next((m for m in masters if m.running() and m.master_address == term.address), None)
+            if new is not None and new.ha_state() == "serving":
+                serving_s = time.monotonic() - t0
         while not lost_q.empty():  # the audit found pages the new leader lacks: write them again
             at, lost = lost_q.get()
             audit_s, lost_n = at - t0, lost_n + len(lost)
@@ -132,9 +145,27 @@ def one_kill(masters, view, store, keys, addrs, settle_s: float) -> dict:
         time.sleep(POLL_S)
     readable = store.load(keys, addrs).pages_loaded / len(keys)
     old.start()  # back as a standby
-    return {"lead_s": lead_s, "first_hit_s": hit_s, "readable_after": readable, "missed_loads": misses,
+    after = round(hit_s - serving_s, 3) if hit_s is not None and serving_s is not None else None
+    return {"lead_s": lead_s, "serving_s": serving_s, "first_hit_s": hit_s, "hit_after_serving_s": after,
+            "readable_after": readable, "missed_loads": misses,
             "lost_pages": lost_n, "audit_s": audit_s, "restored_pages": restored,
             "restored_pages_per_s": round(restored / restore_s) if restored and restore_s > 0 else None}
+
+
+def setup_control(cfg: StoreConfig, leader: MasterProcess) -> dict:
+    """What Mooncake's own client setup costs, timed alone against a serving leader: through the HA
+    address (etcd, as the workers connect) and straight to the leader's RPC address."""
+    from mooncake.store import MooncakeDistributedStore
+
+    out = {}
+    for name, master in (("setup_ha_s", cfg.master_address), ("setup_direct_s", leader.master_address)):
+        raw = MooncakeDistributedStore()
+        t0 = time.perf_counter()
+        rc = raw.setup(cfg.local_hostname, metadata_for_mooncake(cfg.metadata_server), 0, 16 << 20, cfg.protocol,
+                       cfg.device_name, parse_master_address(master).mooncake)
+        out[name] = round(time.perf_counter() - t0, 3) if rc == 0 else f"failed ({rc})"
+        close_client(raw, parse_master_address(master).ha)  # HA: at exit (its close holds the GIL up to 30 s)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     masters = [MasterProcess(ha_etcd=(endpoint,), log_dir=tmp) for _ in range(2)]
     store = None
     runs = []
+    control = {}
     try:
         for m in masters:
             m.start()
@@ -156,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         # NOTE: room for every kill's pages: the space of pages a switch lost is not given back
         segment_mb = max(64, (args.pages * page >> 20) * (args.runs * len(settles) + 1))
         cfg = StoreConfig(master_address=address, metadata_server=address, global_segment_size_mb=segment_mb,
-                          local_buffer_size_mb=16, reconnect_interval_s=0.2)
+                          local_buffer_size_mb=16)
         store = KVStore(cfg, page, StoreMetrics(CollectorRegistry()))
         pages = np.random.default_rng(0).integers(0, 256, size=(args.pages, page), dtype=np.uint8)
         store.register_buffer(pages.ctypes.data, pages.nbytes)
@@ -168,11 +200,15 @@ def main(argv: list[str] | None = None) -> int:
                 keys = [f"bench-master-failover/{settle}/{run}/{i}" for i in range(args.pages)]
                 got = {"settle_s": settle, **one_kill(masters, view, store, keys, addrs, settle)}
                 runs.append(got)
-                say(f"settle {settle} s, run {run + 1}/{args.runs}: new leader in etcd after {got['lead_s']} s, first full hit after "
-                    f"{got['first_hit_s']} s, {got['readable_after']:.0%} of the pages readable, "
+                say(f"settle {settle} s, run {run + 1}/{args.runs}: new term in etcd after {got['lead_s']} s, serving "
+                    f"after {got['serving_s']} s, first full hit after {got['first_hit_s']} s "
+                    f"({got['hit_after_serving_s']} s after serving), {got['readable_after']:.0%} of the pages readable, "
                     f"{got['missed_loads']} loads missed meanwhile; the audit found {got['lost_pages']} pages lost "
                     f"after {got['audit_s']} s, {got['restored_pages']} written again "
                     f"({got['restored_pages_per_s']} pages/s)")
+        control = setup_control(cfg, leader_of(masters, view)[0])
+        say(f"control: a fresh client's setup alone took {control['setup_ha_s']} s against {address}, "
+            f"{control['setup_direct_s']} s against the leader's own address")
     finally:
         if store is not None:
             store.close()
@@ -186,20 +222,25 @@ def main(argv: list[str] | None = None) -> int:
         return round(statistics.median(values), 3) if values else None
 
     out = {"bench": "master_failover", "pages": args.pages, "page_kb": args.page_kb, "runs": runs,
-           "commit": commit(), "by_settle": {}}
-    print(f"\nmaster failover ({args.pages} pages of {args.page_kb} KiB per kill, {commit()})")
-    print(f"{'settle s':>8} {'kills':>5} {'leader s p50':>12} {'first hit s p50':>15} {'readable min':>12} "
-          f"{'kills w/ loss':>13} {'restored/s p50':>14}")
+           "control": control, "commit": commit(), "by_settle": {}}
+    print(f"\nmaster failover ({args.pages} pages of {args.page_kb} KiB per kill, {commit()}; seconds from the kill)")
+    print(f"{'settle s':>8} {'kills':>5} {'term p50':>8} {'serving p50':>11} {'first hit p50':>13} "
+          f"{'hit-serving p50':>15} {'readable min':>12} {'kills w/ loss':>13} {'restored/s p50':>14}")
     for settle in sorted({r["settle_s"] for r in runs}):
         rows = [r for r in runs if r["settle_s"] == settle]
-        row = {"lead_s_median": med(rows, "lead_s"), "first_hit_s_median": med(rows, "first_hit_s"),
+        row = {"lead_s_median": med(rows, "lead_s"), "serving_s_median": med(rows, "serving_s"),
+               "first_hit_s_median": med(rows, "first_hit_s"),
+               "hit_after_serving_s_median": med(rows, "hit_after_serving_s"),
                "readable_after_min": min(r["readable_after"] for r in rows),
                "kills_with_lost_pages": sum(1 for r in rows if r["lost_pages"]),
                "restored_pages_per_s_median": med(rows, "restored_pages_per_s")}
         out["by_settle"][str(settle)] = row
-        print(f"{settle:>8} {len(rows):>5} {row['lead_s_median']!s:>12} {row['first_hit_s_median']!s:>15} "
+        print(f"{settle:>8} {len(rows):>5} {row['lead_s_median']!s:>8} {row['serving_s_median']!s:>11} "
+              f"{row['first_hit_s_median']!s:>13} {row['hit_after_serving_s_median']!s:>15} "
               f"{row['readable_after_min']:>12.1%} {row['kills_with_lost_pages']:>13} "
               f"{row['restored_pages_per_s_median']!s:>14}")
+    print(f"control, one client's setup alone: {control['setup_ha_s']} s against the HA address, "
+          f"{control['setup_direct_s']} s against the leader's own")
     if args.json:
         print(json.dumps(out))
     return 0

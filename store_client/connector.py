@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
+from store_client.deferred_close import close_client
+from store_client.leader_watch import LeaderWatch
 from store_client.master_view import Leader, master_view
 from store_client.metrics import StoreMetrics
 
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 PROBE_KEY = "pdorch-probe/absent"
 AUDIT_DEADLINE_S = 60.0  # after a leader switch, the store must be back within this to audit recent writes
 _JOIN_S = 15.0  # a probe op against a dead master can take ~5 s (Mooncake's RPC timeout)
+# HA masters: after the view changes (a new term, or none leads), look for the store back this often
+# for this long: the new leader serves one lease (5 s) after it wins, and Mooncake's client switches by
+# itself (its own etcd watch); reconnect_interval_s (5 s by default) would add up to its whole length.
+RECOVER_POLL_S = 0.05
+RECOVER_WINDOW_S = 30.0
+POLL_VIEW_S = 1.0  # the master view read this often while its etcd watch is down
 
 
 def reachable(endpoints, timeout_s: float) -> str | None:
@@ -92,7 +100,14 @@ class StoreConnector:
         self._thread: threading.Thread | None = None
         master = parse_master_address(cfg.master_address)
         self._view = master_view(master.etcd_endpoints, cfg.master_cluster_id) if master.ha else None
+        # HA masters: the etcd watch on the view wakes this thread on any change (set from etcd3's thread)
+        self._view_changed = threading.Event()
+        self._watch = (LeaderWatch(master.etcd_endpoints, self._view.key, self._on_view_change)
+                       if master.ha else None)
+        self._view_read_at = 0.0
+        self._view_empty = False  # the last read of the view found no term
         self._leader: Leader | None = None  # the last leader's term seen (HA masters)
+        self._recover_until = 0.0  # monotonic: look for the store back every RECOVER_POLL_S until then
         # HA masters: after a leader switch, `audit(switched_at) -> done` runs each tick while connected
         # until it is done or AUDIT_DEADLINE_S passed (KVStore checks its recent writes).
         self.audit: Callable[[float], bool] | None = None
@@ -119,18 +134,23 @@ class StoreConnector:
 
     def report_rpc_failure(self) -> None:
         """An op saw -900: stop using the client at once; the connector thread checks when it is back."""
+        self._disable("RPC failed")
+
+    def _disable(self, why: str) -> None:
         with self._lock:
             if self._client is None:
                 return
             self._client = None
         self.metrics.enabled.set(0)
-        log.error("store master %s LOST (RPC failed): store disabled, requests recompute; reconnecting",
-                  self.cfg.master_address)
+        log.error("store master %s LOST (%s): store disabled, requests recompute; reconnecting",
+                  self.cfg.master_address, why)
         self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        if self._watch is not None:
+            self._watch.close()
         if self._thread is not None:
             self._thread.join(timeout=_JOIN_S)
             if self._thread.is_alive():
@@ -145,10 +165,7 @@ class StoreConnector:
                     raw.unregister_buffer(ptr)
                 except Exception:  # best effort at shutdown
                     log.debug("unregister_buffer(%#x) failed", ptr, exc_info=True)
-            try:
-                raw.close()
-            except Exception:
-                log.warning("closing the store client failed", exc_info=True)
+            close_client(raw, parse_master_address(self.cfg.master_address).ha)
 
     # ------------------------------------------------------------------ connector thread
     def _run(self) -> None:
@@ -171,10 +188,27 @@ class StoreConnector:
                 continue
             self._watch_leader()
             self._audit_after_switch()
-            interval = self.cfg.reconnect_interval_s if self._client is None else min(1.0,
-                                                                                     self.cfg.reconnect_interval_s)
-            self._wake.wait(interval)
+            self._wake.wait(self._interval())
             self._wake.clear()
+
+    def _interval(self) -> float:
+        """Seconds to the next tick: the health check while connected; while lost, reconnect_interval_s,
+        or RECOVER_POLL_S right after the master view changed (HA masters: the store comes back when the
+        new leader serves, and the first hit should not wait for a slow retry)."""
+        if self._client is not None:
+            interval = min(1.0, self.cfg.reconnect_interval_s)
+        elif time.monotonic() < self._recover_until:
+            interval = RECOVER_POLL_S
+        else:
+            interval = self.cfg.reconnect_interval_s
+        if self._watch is not None and (not self._watch.active or self._view_empty):
+            interval = min(interval, POLL_VIEW_S)  # no watch, or no term read: read the view as the poll did
+        return interval
+
+    def _on_view_change(self) -> None:
+        """etcd3's watch thread: the master view changed (or the watch ended); the connector reads it."""
+        self._view_changed.set()
+        self._wake.set()
 
     @property
     def leader(self) -> str | None:
@@ -185,21 +219,45 @@ class StoreConnector:
     def _watch_leader(self) -> None:
         """HA masters: which one leads, from etcd (metrics, and a log line when the lead moves).
 
-        A switch is a new term, not a new address: a master restarted at the same address that wins
-        again starts empty, and its clients' recent writes are audited like after any switch
-        (master_view.Leader)."""
+        Read when the etcd watch on the view says it changed (or was (re)started), and every
+        POLL_VIEW_S while the watch is down. A switch is a new term, not a new address: a master
+        restarted at the same address that wins again starts empty, and its clients' recent writes are
+        audited like after any switch (master_view.Leader). The view changing at all (the leader's
+        lease gone, a new term) disables the store at once: requests miss instead of waiting on a
+        master that is gone, and the connector looks for the store back every RECOVER_POLL_S."""
         if self._view is None:
             return
+        restarted = self._watch.ensure()
+        now = time.monotonic()
+        # Polled too while the watch is down, and while the last read found no term (none leads, or etcd
+        # did not answer: the change the watch reported must not be lost to one failed read).
+        polled = (not self._watch.active or self._view_empty) and now - self._view_read_at >= POLL_VIEW_S
+        if not (restarted or self._view_changed.is_set() or polled):
+            return
+        self._view_changed.clear()
+        self._view_read_at = now
         leader = self._view.term()
+        self._view_empty = leader is None
+        self._on_term(leader)
+
+    def _on_term(self, leader: Leader | None) -> None:
+        """One read of the view. None (none leads, or etcd did not answer) keeps the last term: the
+        same term read after it is no switch."""
         self.metrics.master_leading.set(1 if leader else 0)
-        if leader is not None and leader != self._leader:
-            if self._leader is not None:
-                self.metrics.master_leader_changes.inc()
-                again = " again, a new term" if leader.address == self._leader.address else ""
-                log.warning("store: mooncake_master %s leads now%s (was %s)", leader.address, again,
-                            self._leader.address)
-                self._audit_due = time.monotonic()
-            self._leader = leader
+        if leader is not None and leader == self._leader:
+            return
+        if self._leader is not None:  # the lease ran out or another term leads: the client must switch
+            self._recover_until = time.monotonic() + RECOVER_WINDOW_S
+        if leader is None:
+            return
+        if self._leader is not None:
+            self.metrics.master_leader_changes.inc()
+            again = " again, a new term" if leader.address == self._leader.address else ""
+            log.warning("store: mooncake_master %s leads now%s (was %s)", leader.address, again,
+                        self._leader.address)
+            self._audit_due = time.monotonic()
+            self._disable(f"a new leader's term began ({leader.address})")
+        self._leader = leader
 
     def _audit_after_switch(self) -> None:
         if self._audit_due is None:

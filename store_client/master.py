@@ -139,6 +139,15 @@ class MasterProcess:
         except (urllib.error.URLError, OSError):
             return None
 
+    def ha_state(self, timeout_s: float = 1.0) -> str | None:
+        """HA mode: the master's phase (its /ha_status): "standby", "leader_warmup" (it won the election
+        and waits one lease before it serves), "serving"; None when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/ha_status", timeout=timeout_s) as r:
+                return r.read().decode().strip()
+        except (urllib.error.URLError, OSError):
+            return None
+
     def command(self) -> list[str]:
         if self.ha_etcd:  # NOTE: --rpc_address: what the leader writes into etcd for the clients
             own = ["--enable_ha=true", f"--etcd_endpoints={';'.join(self.ha_etcd)}", f"--rpc_address={self.host}",

@@ -64,6 +64,8 @@ class MasterView:
                 return Leader(value.decode(), int(meta.create_revision), int(meta.lease_id))
             except Exception as e:  # noqa: BLE001 - etcd3 raises its own and grpc's errors: try the next endpoint
                 log.debug("master view from etcd %s failed: %s", endpoint, e)
+                # NOTE: a fresh channel next time: grpc's own reconnect backs off for seconds after a restart
+                self._clients.pop(endpoint, None)
         return None
 
 

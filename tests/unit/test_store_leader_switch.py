@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from pdorch.config import StoreConfig
-from store_client.connector import StoreConnector
+from store_client.connector import RECOVER_POLL_S, StoreConnector
 from store_client.master_view import Leader
 from store_client.metrics import StoreMetrics
 
@@ -23,9 +23,14 @@ class FakeView:
 def watching(*answers: Leader | None) -> tuple[StoreConnector, CollectorRegistry]:
     reg = CollectorRegistry()
     cfg = StoreConfig(master_address="etcd://127.0.0.1:2379", metadata_server="etcd://127.0.0.1:2379")
-    connector = StoreConnector(cfg, StoreMetrics(reg))  # never started: the test drives _watch_leader
+    connector = StoreConnector(cfg, StoreMetrics(reg))  # never started: the test hands it each read
     connector._view = FakeView(*answers)
     return connector, reg
+
+
+def read_view(connector: StoreConnector) -> None:
+    """One read of the view, as the connector does when its etcd watch says the view changed."""
+    connector._on_term(connector._view.term())
 
 
 def changes(reg: CollectorRegistry) -> float:
@@ -35,18 +40,18 @@ def changes(reg: CollectorRegistry) -> float:
 def test_a_master_back_at_the_same_address_with_a_new_term_is_a_switch():
     a1, a2 = Leader("10.0.0.1:50151", 7, 111), Leader("10.0.0.1:50151", 19, 222)
     connector, reg = watching(a1, None, a2)
-    connector._watch_leader()
+    read_view(connector)
     assert connector.leader == "10.0.0.1:50151" and connector._audit_due is None and changes(reg) == 0
-    connector._watch_leader()  # the lease ran out: none leads
+    read_view(connector)  # the lease ran out: none leads
     assert reg.get_sample_value("pdorch_store_master_leading") == 0 and connector._audit_due is None
-    connector._watch_leader()  # the same address won again: a new term
+    read_view(connector)  # the same address won again: a new term
     assert connector.leader == "10.0.0.1:50151" and connector._audit_due is not None and changes(reg) == 1
 
 
 def test_a_new_term_seen_without_the_gap_between_is_a_switch_too():
     connector, reg = watching(Leader("a:1", 7, 111), Leader("a:1", 9, 111))  # etcd revision moved on
-    connector._watch_leader()
-    connector._watch_leader()
+    read_view(connector)
+    read_view(connector)
     assert changes(reg) == 1 and connector._audit_due is not None
 
 
@@ -54,12 +59,48 @@ def test_the_same_term_read_again_after_an_etcd_gap_is_no_switch():
     term = Leader("a:1", 7, 111)
     connector, reg = watching(term, None, Leader("a:1", 7, 111))  # None: etcd did not answer one read
     for _ in range(3):
-        connector._watch_leader()
+        read_view(connector)
     assert changes(reg) == 0 and connector._audit_due is None
 
 
 def test_another_address_is_a_switch():
     connector, reg = watching(Leader("a:1", 7, 111), Leader("b:1", 12, 333))
-    connector._watch_leader()
-    connector._watch_leader()
+    read_view(connector)
+    read_view(connector)
     assert connector.leader == "b:1" and changes(reg) == 1
+
+
+class FakeClient:
+    """Stands for the connected Mooncake client (only its identity matters here)."""
+
+
+def connected(connector: StoreConnector) -> None:
+    connector._raw = connector._client = FakeClient()
+
+
+def test_a_new_term_disables_the_store_at_once_and_looks_for_it_back_quickly():
+    connector, _ = watching(Leader("a:1", 7, 111), Leader("b:1", 12, 333))
+    read_view(connector)
+    connected(connector)
+    assert connector._interval() == 1.0  # connected: the health check's pace
+    read_view(connector)  # the standby won: requests must miss now, not wait on the old master
+    assert connector.client() is None
+    assert connector._interval() == RECOVER_POLL_S != connector.cfg.reconnect_interval_s
+
+
+def test_none_leading_keeps_the_client_but_looks_for_the_switch_quickly():
+    connector, _ = watching(Leader("a:1", 7, 111), None)
+    read_view(connector)
+    connected(connector)
+    read_view(connector)  # the lease ran out (or etcd did not answer): ops still decide for themselves
+    assert connector.client() is not None and connector.leader == "a:1"
+    connector._client = None  # an op then saw the master gone
+    assert connector._interval() == RECOVER_POLL_S
+
+
+def test_without_a_switch_a_lost_store_retries_at_reconnect_interval_s():
+    connector, _ = watching(Leader("a:1", 7, 111))
+    read_view(connector)
+    assert connector.client() is None and connector._recover_until == 0.0
+    connector._watch._broken = False  # the watch runs: no view poll either
+    assert connector._interval() == connector.cfg.reconnect_interval_s
