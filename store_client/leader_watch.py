@@ -14,16 +14,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-import etcd3.watch
+import etcd3
+
+import pdorch.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 
 log = logging.getLogger(__name__)
-
-# NOTE: python3-etcd3 0.13.0's watch thread calls `six.itervalues` without importing six when the
-# watch stream ends (etcd down or restarted). The NameError kills the thread before the callbacks
-# hear about it, so the watch would end silently. Give it the one function it uses (the router's
-# discovery watch needs the same: router/dispatch/discovery.py).
-if not hasattr(etcd3.watch, "six"):
-    etcd3.watch.six = type("six", (), {"itervalues": staticmethod(lambda d: iter(list(d.values())))})
 
 WATCH_TIMEOUT_S = 2.0  # etcd must accept the watch within this; else the owner polls until the next try
 

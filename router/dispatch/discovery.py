@@ -16,20 +16,12 @@ import asyncio
 import json
 import logging
 
-import etcd3.watch
-
+import pdorch.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 from pdorch.config import DiscoveryConfig
 from pdorch.worker.registration import connect, workers_prefix
 from router.dispatch.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")
-
-# NOTE: python3-etcd3 0.13.0's watch thread calls `six.itervalues` without importing six when
-# the watch stream ends (etcd down or restarted). The NameError kills the thread before the
-# callbacks hear about it, so a router would never resync. Give it the one function it uses.
-if not hasattr(etcd3.watch, "six"):
-    etcd3.watch.six = type("six", (), {"itervalues": staticmethod(lambda d: iter(list(d.values())))})
-
 
 class StaticDiscovery:
     def __init__(self, cfg: DiscoveryConfig, pool: WorkerPool):
