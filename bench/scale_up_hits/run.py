@@ -6,9 +6,8 @@ grown to 2+2 between the phases `before` and `after`). Per phase:
                     conversation that stayed on the worker that holds its prefix
     old_l1_of_ideal the old conversations' L1 hits / their page-aligned ideal (what their previous
                     turns computed): 1.0 when each continuing conversation stayed where its prefix is
-    new_worker_share per role, the share of the phase's requests the second worker got (the one in
-                    slot 1: the joiner in scale_up, the one started second in fixed; a worker the
-                    fleet started again takes its slot)
+    new_worker_share per role, the share of the phase's requests the newest worker got (the joiner
+                    in scale_up, the one started second in fixed)
     spread          prefill in-flight sampled every 20 ms: the largest max - min across workers, and
                     each worker's peak
     choices         the router's prefill choices by reason (pdorch_router_prefill_choices_total)
@@ -108,14 +107,14 @@ def _routed(stack: FleetStack) -> dict[str, int]:
     return {w["address"]: w["routed"] for w in stack.workers()}
 
 def _share(stack: FleetStack, before: dict[str, int]) -> dict[str, float]:
-    """Per role, the share of the requests routed since `before` that the worker in slot 1 got."""
+    """Per role, the share of the requests routed since `before` that its newest worker got."""
     now = _routed(stack)
     out = {}
     for role in ("prefill", "decode"):
         mine = [f.address for f in stack.fleet.workers if f.role == role]
         total = sum(now.get(a, 0) - before.get(a, 0) for a in mine)
-        second = next((f.address for f in stack.fleet.workers if f.role == role and f.slot == 1), None)
-        got = now.get(second, 0) - before.get(second, 0) if second else 0
+        second = max((f for f in stack.fleet.workers if f.role == role), key=lambda f: f.child.started_at).address
+        got = now.get(second, 0) - before.get(second, 0)
         out[role] = round(got / total, 3) if total else 0.0
     return out
 
