@@ -40,6 +40,7 @@ BENCHMARKS = {
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
     "autoscale": ("bench.autoscale", "the planner vs fixed fleets, simulated: SLO intervals met, replica-seconds"),
     "profile": ("bench.profile.cli", "the planner's profile: one prefill and one decode replica's tokens/s and latency"),
+    "scale-up-hits": ("bench.scale_up_hits.cli", "a fleet grown 1+1 -> 2+2 vs a fixed 2+2: hit rate, new worker's share, load spread"),
 }
 
 
