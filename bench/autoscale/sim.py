@@ -2,7 +2,7 @@
 
 Per interval: the interval's arrivals are prefilled (world.py), their streams decode in steps, and the interval's
 TTFT p90 (requests arriving in it) and ITL p90 (over the tokens generated in it) are checked against the SLOs.
-Then the scaler sees the interval and may change the fleet: a new replica serves `startup_s` after it was asked
+The scaler sees every decision interval (the planner's, a divisor of the SLO interval) and may change the fleet: a new replica serves `startup_s` after it was asked
 for; a removed one takes no new work and is paid for until its queue (prefill) or streams (decode) are done.
 Replica-seconds count every replica from the moment it is asked for until it is gone.
 """
