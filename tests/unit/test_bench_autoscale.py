@@ -24,3 +24,39 @@ def test_tiny_comparison_has_every_fixed_fleet_and_the_planner():
     if smallest is not None:
         assert out["planner_cost_ratio"] == round(out["planner"]["replica_seconds"] / smallest["replica_seconds"], 3)
     assert set(out["goal"]) == {"slo_met_fraction", "cost_ratio", "met"}
+
+
+def _short_run():
+    from bench.autoscale.run import PROFILE_PATH
+    from bench.autoscale.world import World
+    from pdorch.planner.profile import load_profile
+    requests = generate(replace(Shape(), duration_s=180.0, bursts=1, ramp_s=30.0, hold_s=60.0))
+    return requests, World(load_profile(PROFILE_PATH))
+
+
+def test_a_shorter_decision_interval_leaves_a_fixed_fleet_and_the_slo_intervals_as_they_were():
+    from bench.autoscale.sim import simulate
+    requests, world = _short_run()
+    slo = {"ttft": 1.5, "itl": 0.1}
+    seen = []
+
+    def record(k, observation, fleet):
+        seen.append((k, fleet.now, observation.interval_s, observation.requests))
+
+    whole = simulate(requests, world, lambda *_: None, {"prefill": 1, "decode": 2}, 30.0, 1.0, 30.0, slo)
+    thirds = simulate(requests, world, record, {"prefill": 1, "decode": 2}, 30.0, 1.0, 30.0, slo, decide_s=10.0)
+    assert thirds == whole and len(whole[0]) == 6
+    # the scaler is called every 10 s, each time with that stretch's arrivals, at its end
+    assert [(k, now, span) for k, now, span, _ in seen] == [(k, 10.0 * (k + 1), 10.0) for k in range(18)]
+    assert sum(n for *_, n in seen) == sum(q.arrival_s < 180.0 for q in requests)
+    assert seen[4][3] == sum(40.0 <= q.arrival_s < 50.0 for q in requests)
+
+
+def test_a_decision_interval_that_does_not_divide_the_slo_interval_is_refused():
+    import pytest
+
+    from bench.autoscale.sim import simulate
+    requests, world = _short_run()
+    with pytest.raises(ValueError, match="must divide the SLO interval"):
+        simulate(requests, world, lambda *_: None, {"prefill": 1, "decode": 1}, 30.0, 1.0, 30.0,
+                 {"ttft": 1.5, "itl": 0.1}, decide_s=20.0)
