@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from decode_node.prefix_cache import PENDING
-from pdorch.worker.restore_backlog import RestoreBacklog
+from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
 from store_client.page_hash import store_key
-
-LOST = "lost_on_leader_change"  # unpersisted: the new leader lacked it; waiting for (or failed) its rewrite
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,10 +51,9 @@ class LostPages:
         if rt.store_io is None or not rt.store.enabled:
             self._backlog.clear()  # the store is gone again: they stay lost (LOST)
             return False
-        pages = [p for p in alloc.pages_of(hashes) if alloc.unpersisted_reason(p) == LOST]  # still held, still lost
+        pages = still_lost(alloc, hashes)
         if not pages:
             return False
-        alloc.retain(pages)
         self._cache.not_written(pages, PENDING)
         keys = [store_key(rt.fingerprint, alloc.page_hash(p)) for p in pages]
         rt.store_io.submit_save(Restore(tuple(pages)), keys, rt.pool.page_addrs(pages))

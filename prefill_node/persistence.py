@@ -29,14 +29,13 @@ from prometheus_client import Counter, Gauge
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
 from engine.page_allocator import UNWRITTEN
 from pdorch.config import PrefillConfig
-from pdorch.worker.restore_backlog import RestoreBacklog
+from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
 from prefill_node.messages import EvictSaved, TaskSaved
 from prefill_node.write_policy import DEFERRED, WritePolicy
 from store_client.config import StoreConfig
 from store_client.page_hash import store_key
 
 PENDING = "pending"  # a write of the page is queued or running
-LOST = "lost_on_leader_change"  # a master leader switch lost it: waiting for (or failed) its rewrite
 
 
 def needs_write(alloc, page: int) -> bool:
@@ -206,10 +205,9 @@ class Persister:
         if not self.usable:
             self._restore.clear()  # the store is gone again: they stay lost (LOST)
             return False
-        pages = [p for p in alloc.pages_of(hashes) if alloc.unpersisted_reason(p) == LOST]  # still held, still lost
+        pages = still_lost(alloc, hashes)
         if not pages:
             return False
-        alloc.retain(pages)
         self.metrics.written.labels("restore").inc(len(pages))
         return self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
 

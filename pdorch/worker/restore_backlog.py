@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+LOST = "lost_on_leader_change"  # unpersisted: the new leader lacked it; waiting for (or failed) its rewrite
 CHUNK_PAGES = 64
 IN_FLIGHT_CHUNKS = 2  # 128 pages queued at most: half the I/O queue's default budget (256)
 
@@ -50,3 +51,11 @@ class RestoreBacklog:
     def landed(self) -> None:
         """One chunk's write completed (written, failed or dropped)."""
         self.in_flight = max(0, self.in_flight - 1)
+
+
+def still_lost(alloc, hashes: list[str]) -> list[int]:
+    """The pages that still hold `hashes` and are still lost (a page may have left L1, or been written,
+    while its hash waited in the backlog); retained for the rewrite the caller submits."""
+    pages = [p for p in alloc.pages_of(hashes) if alloc.unpersisted_reason(p) == LOST]
+    alloc.retain(pages)
+    return pages
