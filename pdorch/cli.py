@@ -179,7 +179,7 @@ def _serve(args, cfg) -> int:
     try:
         cluster = LocalCluster(cfg, config_path, tuple(args.config_overrides), opts)
         if args.autoscale:
-            cluster.attach(planner_starter(cfg, profile, lambda: list(cluster.plan.router_urls)))
+            cluster.attach(planner_starter(cfg, profile, lambda: list(cluster.plan.router_urls), cluster.log_dir))
         return cluster.run()
     except KeyboardInterrupt:  # during model preparation, before any child runs
         print("\npdorch serve: interrupted", file=sys.stderr)

@@ -1,6 +1,7 @@
 """`pdorch serve --autoscale --masters 2` with no etcd named anywhere, tiny model: one command starts a
-local etcd first, two mooncake_masters in HA mode against it (one leads) and the workers as a local
-fleet registered through etcd discovery; requests succeed; SIGTERM stops every child, etcd last.
+local etcd first, two mooncake_masters in HA mode against it (one leads), the store-memory node (a
+mooncake_client finding the leader through etcd) and the workers as a local fleet of pure store clients
+registered through etcd discovery; requests succeed; SIGTERM stops every child, etcd last.
 
 Real children started by the `pdorch` command on free ports; stopped by PID.
 """
@@ -43,12 +44,15 @@ def test_serve_autoscale_with_two_masters_starts_its_own_etcd_and_stops_it_last(
         etcd = [cmd for cmd in kids.values() if " --name pdorch-etcd " in cmd]
         assert len(etcd) == 1, kids
         endpoint = etcd[0].split("--listen-client-urls http://")[1].split()[0]
-        assert out.index("etcd ") < out.index("mooncake_master") < out.index("fleet ready"), out
+        assert (out.index("etcd ") < out.index("mooncake_master") < out.index("store-memory node")
+                < out.index("fleet ready")), out
         masters = [cmd for cmd in kids.values() if "mooncake_master" in cmd]
         assert len(masters) == 2 and all(f"--etcd_endpoints={endpoint}" in m for m in masters), masters
+        memory = [cmd for cmd in kids.values() if "mooncake_client" in cmd]
+        assert len(memory) == 1 and f"--master_server_address=etcd://{endpoint}" in memory[0], memory
         workers = [cmd for cmd in kids.values() if "_node" in cmd]
         assert len(workers) == 2 and all("discovery.mode=etcd" in w and f"discovery.etcd_endpoints={endpoint}" in w
-                                         for w in workers), workers
+                                         and "--set store.global_segment_size_mb=0" in w for w in workers), workers
         r = httpx.post(url + "/generate", timeout=60,
                        json={"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 4}})
         assert r.status_code == 200, r.text
@@ -60,5 +64,5 @@ def test_serve_autoscale_with_two_masters_starts_its_own_etcd_and_stops_it_last(
 
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, out_path.read_text()
-        assert "stopped 6 processes" in out_path.read_text()  # etcd, 2 masters, router + the fleet's 2
+        assert "stopped 7 processes" in out_path.read_text()  # etcd, 2 masters, store-memory, router + the fleet's 2
         assert not [pid for pid in seen if pid_alive(pid)]
