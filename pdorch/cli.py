@@ -2,6 +2,7 @@
 
     pdorch serve [--model PATH] [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
     pdorch master [--config FILE] [--set ...] [--listen HOST] [--print] [MOONCAKE_FLAGS] [-- MOONCAKE_FLAGS]
+    pdorch store-memory [--config FILE] [--set ...] [--port N] [--print]   mooncake_client holding store memory
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
@@ -28,6 +29,7 @@ from pdorch.config_loader import (
     load_config,
 )
 from pdorch.master_cmd import add_master_args, run_master, split_passthrough
+from pdorch.store_memory import DEFAULT_PORT, run_store_memory
 
 _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous_api_key"), ("grpc", "token"),
             ("grpc", "previous_token"))
@@ -84,6 +86,16 @@ def _parser() -> argparse.ArgumentParser:
                       "config's store.* keys (bare-metal installs; the Helm chart's master pod runs this too). "
                       "Other arguments (and all after `--`) are mooncake_master flags, passed on as given.")
     add_master_args(master)
+
+    memory = _command(sub, "store-memory", help="run a store-memory node: mooncake_client contributing "
+                      "store.memory_node_segment_mb to the store (the Helm chart's storeMemory pods)",
+                      description="Run Mooncake's mooncake_client in the foreground: it mounts one segment of "
+                      "store.memory_node_segment_mb MiB in the store of store.master_address and serves nothing "
+                      "else, so the store's memory stays while workers that are pure clients "
+                      "(store.global_segment_size_mb 0) come and go (docs/operations.md).")
+    memory.add_argument("--port", type=int, default=DEFAULT_PORT, help="its RPC port, which a readiness probe "
+                        f"can check (default {DEFAULT_PORT})")
+    memory.add_argument("--print", dest="print_only", action="store_true", help="print the command and exit")
 
     status = _command(sub, "status", help="workers, load and cache hit rates from a running router")
     status.add_argument("--url", help="router URL (default: from the config's router.host/port)")
@@ -155,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args, cfg)
     if args.command == "master":
         return run_master(cfg, args.listen, args.print_only, passthrough)
+    if args.command == "store-memory":
+        return run_store_memory(cfg, args.port, args.print_only)
     if args.command == "planner":
         from pdorch.planner.cli import run_planner
         return run_planner(cfg, once=args.once)

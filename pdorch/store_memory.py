@@ -10,16 +10,21 @@ clients (store.global_segment_size_mb 0): their puts land in the node's segment.
                     --master_server_address=<store.master_address>  --metadata_server=<store.metadata_server>
                     --protocol --device_names --host=<store.local_hostname> --port=<free port>
 
-It answers on --port once its segment is mounted (the launcher's readiness check).
+It answers on --port once its segment is mounted (the launcher's readiness check). `pdorch store-memory`
+runs the same command in the foreground (the Helm chart's storeMemory pods).
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 from pdorch.config import Config
 from pdorch.launch_plan import ChildSpec
 
 MEMORY_NODE_BINARY = "mooncake_client"
 NAME = "store-memory"
+DEFAULT_PORT = 50181  # its RPC port: nothing but a readiness probe talks to it
 
 
 def memory_node_wanted(cfg: Config, autoscale: bool) -> bool:
@@ -41,3 +46,21 @@ def memory_node_spec(cfg: Config, binary: str, port: int) -> ChildSpec:
     """The node as a `pdorch serve` child; its RPC port answers once its segment is mounted."""
     return ChildSpec(NAME, NAME, memory_node_argv(cfg, binary, port), cfg.store.local_hostname,
                      (("mooncake_client --port", port),))
+
+
+def run_store_memory(cfg: Config, port: int, print_only: bool) -> int:
+    """Replace this process with the node (signals reach it directly, as PID 1 in a pod)."""
+    from store_client.master import MasterError, find_mooncake_binary
+    if not cfg.store.enabled or cfg.store.memory_node_segment_mb <= 0:
+        print("pdorch store-memory: needs store.enabled and store.memory_node_segment_mb > 0", file=sys.stderr)
+        return 2
+    try:
+        argv = list(memory_node_argv(cfg, find_mooncake_binary(MEMORY_NODE_BINARY), port))
+    except (MasterError, ValueError) as e:
+        print(f"pdorch store-memory: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(argv), flush=True)
+    if print_only:
+        return 0
+    os.execv(argv[0], argv)
+    return 1  # not reached
