@@ -27,8 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_serve_autoscale_with_two_masters_starts_its_own_etcd_and_stops_it_last(tmp_path, tiny_model_dir):
     router_port = free_port()
-    sets = [f"store.master_rpc_port={free_port_run(2)}", f"store.master_metrics_port={free_port_run(2)}",
-            "store.global_segment_size_mb=32", f"router.port={router_port}",
+    profile = tmp_path / "profile.json"  # --autoscale refuses to start without one; dry-run: it only reports
+    profile.write_text(json.dumps({"version": 1, "model": "tiny", "device": "cpu", "created": "2026-01-01T00:00:00Z",
+                                   "prefill": [{"prompt_tokens": 64, "tokens_per_s": 1000.0, "ttft_s": 0.1}],
+                                   "decode": [{"batch": 1, "context_tokens": 64, "tokens_per_s": 50.0,
+                                               "itl_s": 0.02}]}))
+    sets = [f"planner.profile_path={profile}", "planner.metrics_port=0",f"store.master_rpc_port={free_port_run(2)}", f"store.master_metrics_port={free_port_run(2)}",
+            "store.global_segment_size_mb=32", "store.memory_node_segment_mb=64", f"router.port={router_port}",
             f"model.source={tiny_model_dir}", f"model.cache_dir={tmp_path / 'models'}", "model.torch_threads=1",
             "router.health_check_interval_s=0.5", "prefill.drain_timeout_s=1", "decode.drain_timeout_s=1"]
     env = dict(serve_env(), PYTHONPATH=str(REPO))  # this checkout's pdorch, not the installed one
