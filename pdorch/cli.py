@@ -180,11 +180,20 @@ def _serve(args, cfg) -> int:
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
     prefill, decode = args.prefill, args.decode
     if args.autoscale:
-        from pdorch.planner.in_serve import load_serve_profile, planner_starter, starting_sizes
+        from pdorch.planner.in_serve import (
+            load_serve_profile,
+            planner_port_taken,
+            planner_starter,
+            starting_sizes,
+        )
         try:
             profile = load_serve_profile(cfg)
         except ValueError as e:
             print(f"pdorch serve: {e}", file=sys.stderr)
+            return 2
+        taken = planner_port_taken(cfg)
+        if taken:
+            print(f"pdorch serve: {taken}", file=sys.stderr)
             return 2
         prefill, decode = starting_sizes(cfg, prefill, decode)
     opts = ServeOptions(prefill, decode, args.log_dir, args.startup_timeout,

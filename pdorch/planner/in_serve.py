@@ -29,6 +29,16 @@ def load_serve_profile(cfg: Config) -> Profile:
     return load_profile(cfg.planner.profile_path)
 
 
+def planner_port_taken(cfg: Config) -> str | None:
+    """The error when planner.metrics_port is in use: found before anything starts, not once the cluster runs."""
+    from pdorch.serve_probes import port_in_use
+    port = cfg.planner.metrics_port
+    if port and port_in_use("0.0.0.0", port):
+        return (f"planner.metrics_port {port} (the planner's /metrics and /status) is in use; is another pdorch "
+                "serve --autoscale or pdorch planner running? --set planner.metrics_port=PORT (0: none)")
+    return None
+
+
 def starting_sizes(cfg: Config, prefill: int, decode: int) -> tuple[int, int]:
     """--prefill/--decode clamped to the planner's bounds: the fleet never starts outside them."""
     p = cfg.planner
