@@ -10,6 +10,9 @@ down.
                the leaving decode workers hand their streams on (decode.drain_timeout_s 0), the leaving
                prefill workers write their L1 back (store.write_policy write_back: only the drain puts the
                first turns' pages in the store)
+    bounds     the planner asks for 3 + 3 within 4 intervals (+1 s) of the load's start, and for 1 + 1 within
+               planner.down_cooldown_s + 8 intervals of its drop; the router routes to exactly that many workers
+               within 120 s (model loads) and 30 s (drains) after
     check      no request failed; every long stream equals the same prompt streamed again on the settled
                fleet; streams were handed on; the next turns of the conversations whose first turn ran on a
                removed prefill worker read that turn's pages from the store
