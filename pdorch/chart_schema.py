@@ -130,6 +130,9 @@ def values_schema() -> dict[str, Any]:
                   profile=obj("the profile `pdorch bench profile` wrote", json=STR, existingConfigMap=STR,
                               key={"type": "string", "pattern": r"^[-._a-zA-Z0-9]+$"}),
                   resources=OBJ, **_placement())
+    store_memory = obj("the store-memory node Deployment (`pdorch store-memory`)",
+                       enabled={"type": ["boolean", "null"]}, replicas={"type": "integer", "minimum": 1}, port=PORT,
+                       resources=OBJ, **_placement())
     monitoring = obj("Prometheus Operator and Grafana objects",
                      serviceMonitor=obj("ServiceMonitor", enabled=BOOL, interval=STR, labels=OBJ),
                      prometheusRule=obj("PrometheusRule", enabled=BOOL, labels=OBJ,
@@ -150,7 +153,7 @@ def values_schema() -> dict[str, Any]:
                           previousApiKey=STR, grpcToken=STR, grpcPreviousToken=STR),
                  grpcTls=obj("worker gRPC over TLS", enabled=BOOL, secretName=STR, serverName=STR),
                  router=router, prefill=_worker("prefill"), decode=_worker("decode"), master=master, etcd=etcd,
-                 planner=planner, monitoring=monitoring,
+                 planner=planner, storeMemory=store_memory, monitoring=monitoring,
                  networkPolicy=obj("NetworkPolicies", enabled=BOOL, routerFrom=LIST, metricsFrom=LIST))
     return {"$schema": "https://json-schema.org/draft-07/schema#", **schema}
 

@@ -2,6 +2,7 @@
 
     pdorch serve [--model PATH] [--config FILE] [--prefill N] [--decode M] [--exit-on-failure] [--set section.key=value ...]
     pdorch master [--config FILE] [--set ...] [--listen HOST] [--print] [MOONCAKE_FLAGS] [-- MOONCAKE_FLAGS]
+    pdorch store-memory [--config FILE] [--set ...] [--port N] [--print]   mooncake_client holding store memory
     pdorch status [--url URL] [--admin-key KEY] [--json]
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
@@ -28,6 +29,7 @@ from pdorch.config_loader import (
     load_config,
 )
 from pdorch.master_cmd import add_master_args, run_master, split_passthrough
+from pdorch.store_memory import DEFAULT_PORT, run_store_memory
 
 _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous_api_key"), ("grpc", "token"),
             ("grpc", "previous_token"))
@@ -85,6 +87,16 @@ def _parser() -> argparse.ArgumentParser:
                       "config's store.* keys (bare-metal installs; the Helm chart's master pod runs this too). "
                       "Other arguments (and all after `--`) are mooncake_master flags, passed on as given.")
     add_master_args(master)
+
+    memory = _command(sub, "store-memory", help="run a store-memory node: mooncake_client contributing "
+                      "store.memory_node_segment_mb to the store (the Helm chart's storeMemory pods)",
+                      description="Run Mooncake's mooncake_client in the foreground: it mounts one segment of "
+                      "store.memory_node_segment_mb MiB in the store of store.master_address and serves nothing "
+                      "else, so the store's memory stays while workers that are pure clients "
+                      "(store.global_segment_size_mb 0) come and go (docs/operations.md).")
+    memory.add_argument("--port", type=int, default=DEFAULT_PORT, help="its RPC port, which a readiness probe "
+                        f"can check (default {DEFAULT_PORT})")
+    memory.add_argument("--print", dest="print_only", action="store_true", help="print the command and exit")
 
     status = _command(sub, "status", help="workers, load and cache hit rates from a running router")
     status.add_argument("--url", help="router URL (default: from the config's router.host/port)")
@@ -156,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args, cfg)
     if args.command == "master":
         return run_master(cfg, args.listen, args.print_only, passthrough)
+    if args.command == "store-memory":
+        return run_store_memory(cfg, args.port, args.print_only)
     if args.command == "planner":
         from pdorch.planner.cli import run_planner
         return run_planner(cfg, once=args.once)
@@ -167,11 +181,20 @@ def _serve(args, cfg) -> int:
     config_path = os.path.abspath(args.config) if args.config else str(default_config_path())
     prefill, decode = args.prefill, args.decode
     if args.autoscale:
-        from pdorch.planner.in_serve import load_serve_profile, planner_starter, starting_sizes
+        from pdorch.planner.in_serve import (
+            load_serve_profile,
+            planner_port_taken,
+            planner_starter,
+            starting_sizes,
+        )
         try:
             profile = load_serve_profile(cfg)
         except ValueError as e:
             print(f"pdorch serve: {e}", file=sys.stderr)
+            return 2
+        taken = planner_port_taken(cfg)
+        if taken:
+            print(f"pdorch serve: {taken}", file=sys.stderr)
             return 2
         prefill, decode = starting_sizes(cfg, prefill, decode)
     opts = ServeOptions(prefill, decode, args.log_dir, args.startup_timeout,
@@ -180,7 +203,7 @@ def _serve(args, cfg) -> int:
     try:
         cluster = LocalCluster(cfg, config_path, tuple(args.config_overrides), opts)
         if args.autoscale:
-            cluster.attach(planner_starter(cfg, profile, lambda: list(cluster.plan.router_urls)))
+            cluster.attach(planner_starter(cfg, profile, lambda: list(cluster.plan.router_urls), cluster.log_dir))
         return cluster.run()
     except KeyboardInterrupt:  # during model preparation, before any child runs
         print("\npdorch serve: interrupted", file=sys.stderr)

@@ -1,6 +1,7 @@
 """`pdorch serve`: run a whole local cluster (master, workers, router) as children, until stopped.
 
-    prepare model -> check ports free -> [etcd] -> mooncake_master -> N prefill + M decode workers -> router
+    prepare model -> check ports free -> [etcd] -> mooncake_master -> [store-memory] -> N prefill + M decode
+    workers -> router
     -> wait for /health_generate -> print URL + curl -> watch children
     Ctrl-C / SIGTERM: stop all (SIGTERM, deadline, SIGKILL), exit 0.
     A child dies during start-up (or with --exit-on-failure): stop the rest, show its last log
@@ -12,7 +13,9 @@
 A local etcd (pdorch/local_etcd.py) starts first when --masters N >= 2 or --autoscale needs one and
 the config names none. With --autoscale the workers are a LocalFleet's (pdorch/local_fleet.py): it
 starts them on free ports (etcd discovery), and `attach` gives a planner the fleet to drive once
-the cluster is ready.
+the cluster is ready. The store's memory is then a store-memory node's (pdorch/store_memory.py),
+started after the master(s): workers and routers are pure clients, so a removed worker takes no
+page with it.
 
 Every wait has a deadline and checks, each tick, for a stop signal and for dead children.
 """
@@ -35,10 +38,11 @@ from pdorch.launch_plan import ChildSpec, LaunchPlan, PlanError, child_base, chi
 from pdorch.local_etcd import LocalEtcd, etcd_needs
 from pdorch.local_fleet import LocalFleet
 from pdorch.master_cmd import etcd_unreachable, master_process
-from pdorch.ports import port_answers
+from pdorch.ports import free_port, port_answers
 from pdorch.progress import Progress
 from pdorch.serve_model import ServeError, chat_template_summary, curl_example, prepare_model_with_progress
 from pdorch.serve_probes import PORT_LABELS, health_ok, masters_ready, port_in_use
+from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_spec, memory_node_wanted
 
 __all__ = ["LocalCluster", "ServeError", "ServeOptions", "chat_template_summary", "curl_example", "port_in_use",
            "prepare_model_with_progress"]
@@ -139,6 +143,9 @@ class LocalCluster:
         if self.opts.num_masters < 1:
             raise ServeError(f"--masters must be >= 1, got {self.opts.num_masters}")
         etcd = self._local_etcd()
+        memory = memory_node_wanted(self.cfg, self.opts.autoscale)
+        if memory:  # every other store client is a pure one: no page on a worker that may leave
+            self._override(("store.global_segment_size_mb=0",))
         if self.opts.num_masters > 1:
             from store_client.addresses import parse_master_address
             if not parse_master_address(self.cfg.store.master_address).ha:
@@ -158,11 +165,20 @@ class LocalCluster:
             master_argv = argvs[0]
             if len(argvs) > 1:  # masters in HA mode (launch_plan)
                 master_argvs = argvs
+            if memory:
+                from store_client.master import find_mooncake_binary
+                try:
+                    memory = memory_node_spec(self.cfg, find_mooncake_binary(MEMORY_NODE_BINARY), free_port())
+                except MasterError as e:
+                    raise ServeError(f"{e} (the store-memory node of --autoscale; store.memory_node_segment_mb=0 "
+                                     "runs without it)") from None
         elif self.opts.num_masters > 1:
             raise ServeError("--masters: store.enabled is false; there is no store to run masters for")
         plan = plan_local_cluster(self.cfg, self.opts.num_prefill, self.opts.num_decode, self.config_path,
                                   self.user_overrides, master_argv=master_argv, num_routers=self.opts.num_routers,
                                   master_argvs=master_argvs, etcd=etcd.spec() if etcd else None)
+        if memory:  # after the master(s), before the workers (_stages)
+            plan = dataclasses.replace(plan, children=plan.children + (memory,))
         if not self.opts.autoscale:
             return plan
         # The fleet starts the workers (free ports, etcd discovery); the plan keeps the others.
@@ -184,12 +200,15 @@ class LocalCluster:
         if not needs.any:
             return None
         etcd = LocalEtcd.on_free_ports(str(self.log_dir / "etcd-data"))
-        sets = etcd.overrides(needs)
+        self._override(etcd.overrides(needs))
+        return etcd
+
+    def _override(self, sets: tuple[str, ...]) -> None:
+        """`--set` flags of the launcher's own, for this process's config and every child's (last: they win)."""
         self.user_overrides = self.user_overrides + sets
         values = {f"{section}.{key}": value for section, keys in config_to_dict(self.cfg).items()
                   for key, value in keys.items()}
         self.cfg = load_config(None, {**values, **parse_overrides(list(sets))}, environ={})
-        return etcd
 
     def _check_ports_free(self, plan: LaunchPlan) -> None:
         taken = [f"{port} ({key} of {c.name})" for c in plan.children for key, port in c.ports
@@ -215,6 +234,8 @@ class LocalCluster:
                 what = "mooncake_master " + "; ".join(
                     (f"{s.name} " if len(specs) > 1 else "") + ", ".join(f"{PORT_LABELS[k]} :{p}" for k, p in s.ports)
                     for s in specs)
+            elif role == "store-memory":
+                what = f"store-memory node :{specs[0].ports[0][1]} ({self.cfg.store.memory_node_segment_mb} MiB)"
             elif role == "router":
                 what = "router " + ", ".join(plan.router_urls)
             else:
@@ -224,7 +245,7 @@ class LocalCluster:
                            lambda: all(health_ok(u + "/health_generate", 30.0) for u in plan.router_urls))
             elif role == "master":
                 self._wait(f"[{step}] {what}: starting", deadline, lambda specs=specs: masters_ready(specs))
-            elif role == "etcd":
+            elif role in ("etcd", "store-memory"):
                 self._wait(f"[{step}] {what}: starting", deadline,
                            lambda spec=specs[0]: port_answers(spec.host, spec.ports[0][1]))
             else:
@@ -242,6 +263,7 @@ class LocalCluster:
 
     def _stages(self, plan: LaunchPlan):
         stages = [("etcd", plan.by_role("etcd")), ("master", plan.by_role("master")),
+                  ("store-memory", plan.by_role("store-memory")),
                   ("workers", plan.by_role("prefill") + plan.by_role("decode")),
                   ("fleet", [None] if self.fleet else []), ("router", plan.by_role("router"))]
         return [(role, specs) for role, specs in stages if specs]
@@ -356,9 +378,10 @@ class LocalCluster:
         router = [c for c in self.children if c.name.partition("-")[0] == "router"]
         master = [c for c in self.children if c.name.partition("-")[0] == "master"]
         etcd = [c for c in self.children if c.name == "etcd"]
-        workers = [c for c in self.children if c not in router + master + etcd]
+        memory = [c for c in self.children if c.name == "store-memory"]  # after the workers: it holds their pages
+        workers = [c for c in self.children if c not in router + master + etcd + memory]
         killed, fleet = [], len(self.fleet.workers) if self.fleet else 0
-        for stage in (router, workers, master, etcd):
+        for stage in (router, workers, memory, master, etcd):
             if stage is workers and self.fleet is not None:
                 killed += self.fleet.stop(self.opts.stop_timeout_s)
             killed += stop_children(stage, self.opts.stop_timeout_s) if stage else []

@@ -33,6 +33,12 @@ class StoreConfig:
                                "when the worker listens on a wildcard host")
     global_segment_size_mb: int = _key(512, "Memory this worker contributes to the store pool (MiB); "
                                        "0 = pure client", min=0)
+    memory_node_segment_mb: int = _key(1024, "The store-memory node's segment (MiB): a mooncake_client holding the "
+                                       "store's pages while workers come and go (`pdorch serve --autoscale` starts "
+                                       "one, the chart's storeMemory runs them: `pdorch store-memory`); the workers "
+                                       "are then pure clients (global_segment_size_mb 0). 0 = serve --autoscale "
+                                       "starts none: each worker contributes global_segment_size_mb, and a removed "
+                                       "worker's pages leave with it", min=0)
     local_buffer_size_mb: int = _key(64, "Staging buffer for copying store calls (MiB)", min=1)
     io_threads: int = _key(2, "Threads running batched store I/O; with 2+ one serves loads only and one "
                            "batch moves bytes while another waits for the GIL", min=1, max=16)

@@ -33,13 +33,19 @@ class MasterError(RuntimeError):
 
 def find_master_binary() -> str:
     """`mooncake_master` next to the running interpreter (a venv's bin dir) or on PATH."""
-    candidate = Path(sys.executable).parent / MASTER_BINARY
+    return find_mooncake_binary(MASTER_BINARY)
+
+
+def find_mooncake_binary(name: str) -> str:
+    """One of Mooncake's programs (mooncake_master, mooncake_client) next to the running interpreter
+    (a venv's bin dir) or on PATH; MasterError otherwise."""
+    candidate = Path(sys.executable).parent / name
     if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
-    found = shutil.which(MASTER_BINARY)
+    found = shutil.which(name)
     if found:
         return found
-    raise MasterError(f"{MASTER_BINARY} not found next to {sys.executable} nor on PATH; "
+    raise MasterError(f"{name} not found next to {sys.executable} nor on PATH; "
                       "install mooncake-transfer-engine-non-cuda (CPU) or mooncake-transfer-engine (GPU)")
 
 

@@ -2,7 +2,12 @@
 
 Metric names are the routers' (router/metrics.py) and the workers' (pdorch/worker/metrics.py):
 - requests: pdorch_router_requests_total on the generation routes (every status: the offered load);
-- prompt / output tokens: pdorch_router_prompt_tokens_total, pdorch_router_completion_tokens_total, per request;
+- prompt / output tokens: pdorch_router_prompt_tokens_total, pdorch_router_completion_tokens_total, per request.
+  NOTE: the router counts a request's prompt (and cached) tokens at its first token, its completion tokens and the
+  request itself at its end; so the mean prompt is taken per first token (pdorch_router_ttft_seconds_count), the
+  mean output per ended request. Per ended request, the prompt tokens of streams that outlive an interval landed
+  in another interval than their count: under long streams the mean prompt swung from 0 to several times the
+  real one;
 - hit rate by tier: pdorch_router_cached_tokens_total{tier} / prompt tokens;
 - TTFT / ITL p90: pdorch_router_ttft_seconds, pdorch_router_inter_token_latency_seconds (bucket deltas);
 - in flight: pdorch_router_requests_in_flight; queues, running, pool use: pdorch_{prefill,decode}_queue_depth,
@@ -30,6 +35,7 @@ class Observation:
     ttft_p90_s: float | None = None
     itl_p90_s: float | None = None
     in_flight: float = 0.0
+    first_tokens: float | None = None  # requests whose first token came in the interval; None: not known
     queue_depth: dict[str, float] = field(default_factory=dict)
     running: dict[str, float] = field(default_factory=dict)
     pool_usage: dict[str, float] = field(default_factory=dict)
@@ -44,7 +50,8 @@ class Observation:
 
     def load(self) -> Load:
         per = self.requests or 1.0
-        return Load(self.request_rate, self.prompt_tokens / per, min(1.0, 1.0 - self.hit_rate),
+        prompts = self.first_tokens if self.first_tokens else per
+        return Load(self.request_rate, self.prompt_tokens / prompts, min(1.0, 1.0 - self.hit_rate),
                     self.output_tokens / per)
 
     def fields(self) -> dict[str, float | None]:
@@ -81,4 +88,5 @@ def observation_from(deltas: Samples, gauges: list[Samples], interval_s: float) 
         ttft_p90_s=histogram_quantile(0.9, deltas, "pdorch_router_ttft_seconds"),
         itl_p90_s=histogram_quantile(0.9, deltas, "pdorch_router_inter_token_latency_seconds"),
         in_flight=sum(total(g, "pdorch_router_requests_in_flight") for g in gauges),
+        first_tokens=total(deltas, "pdorch_router_ttft_seconds_count"),
         queue_depth=queue, running=running, pool_usage=pool)

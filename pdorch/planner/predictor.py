@@ -4,7 +4,9 @@
 (a seasonal model, a forecast service). The built-in one, `MovingAverageTrend`, fits a least-squares line to each
 quantity over the last `window` intervals and returns the line's value `ahead` intervals on: the moving average plus
 the trend (slope x the distance from the window's middle to that interval). With a window of 1 it is the last
-value. Rates and token counts are kept >= 0 and the uncached fraction within [0, 1]. The runner sizes the fleet for
+value. Rates and token counts are kept >= 0 and the uncached fraction within [0, 1]. An interval in which no
+request ended says nothing about their shape (its means would be 0 tokens): it counts with a request rate of 0 and
+the shape of the interval before. The runner sizes the fleet for
 an upper bound of what a predictor says (upper_bound.py), not for the forecast itself.
 """
 
@@ -46,6 +48,9 @@ class MovingAverageTrend:
         self._history: deque[Load] = deque(maxlen=window)
 
     def observe(self, load: Load) -> None:
+        if load.request_rate == 0 and self._history:
+            last = self._history[-1]
+            load = Load(0.0, last.mean_prompt_tokens, last.uncached_fraction, last.mean_output_tokens)
         self._history.append(load)
 
     def predict(self, ahead: int = 1) -> Load | None:

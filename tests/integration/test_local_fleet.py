@@ -10,9 +10,10 @@ router in this process, prefill and decode workers started and drained by a Loca
        first turn's pages from the store. store.write_policy write_back keeps computed pages in the
        prefill worker's L1 only, so they are in the store only because its drain wrote them back.
 
-The store's memory comes from a process that stays (a store-writer peer); every worker is a pure
-client (store.global_segment_size_mb 0): Mooncake may place a page in its writer's own segment, and a
-removed worker's segment leaves with it. The tests share one stack and run in order.
+The store's memory comes from a process that stays (the store-memory node `pdorch serve --autoscale`
+runs: pdorch/store_memory.py); every worker is a pure client (store.global_segment_size_mb 0): Mooncake
+may place a page in its writer's own segment, and a removed worker's segment leaves with it. The tests
+share one stack and run in order.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
+from pdorch.child_process import Child, stop_children
 from pdorch.config import DiscoveryConfig
 from pdorch.config_loader import dump_config
 from pdorch.local_fleet import LocalFleet
 from pdorch.ports import port_answers
-from store_client.master import MasterProcess
+from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_argv
+from store_client.master import MasterProcess, find_mooncake_binary
 from tests.fixtures.processes import free_port, stop_process
 from tests.fixtures.router import RouterThread, start_etcd
-from tests.fixtures.store import Peer
 from tests.fixtures.workers import make_config
 
 MAX_TOKENS = 400  # long enough to be mid-stream when the decode worker leaves (~2 ms a token here)
@@ -46,24 +48,29 @@ def stack(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("fleet")
     etcd = start_etcd(tmp)
     master = MasterProcess(log_dir=str(tmp)).start()
-    holder = Peer("store-writer", {"master_address": master.master_address, "metadata_server": master.metadata_url,
-                                   "segment_mb": 256, "seed": 0, "num_pages": 1, "page_nbytes": 4096, "keys": []},
-                  str(tmp))
     cfg = make_config(tmp, tiny_model_dir, master, decode={"offload_generated_kv": True, "drain_timeout_s": 0.0,
                                                            "drain_writeback_s": 5.0, "prefix_cache": False,
                                                            "max_local_prefill_tokens": 0},
                       prefill={"drain_timeout_s": 5.0, "drain_writeback_s": 5.0})
     cfg = dataclasses.replace(
-        cfg, store=dataclasses.replace(cfg.store, global_segment_size_mb=0, write_policy="write_back"),
+        cfg, store=dataclasses.replace(cfg.store, global_segment_size_mb=0, memory_node_segment_mb=256,
+                                       write_policy="write_back"),
         discovery=DiscoveryConfig(mode="etcd", etcd_endpoints=(etcd.endpoint,), lease_ttl_s=5),
         router=dataclasses.replace(cfg.router, port=free_port(), health_check_interval_s=0.3, policy="round_robin"))
     path = tmp / "fleet.yaml"
     dump_config(cfg, path)
     # what the fleet says (a worker that exited unasked, with its last lines) shows with a failure
     fleet = LocalFleet(cfg, ("--config", str(path)), tmp, torch_threads=1, say=lambda m: print(m, flush=True))
+    memory_port = free_port()
+    memory_node = Child("store-memory", memory_node_argv(cfg, find_mooncake_binary(MEMORY_NODE_BINARY), memory_port),
+                   tmp / "store-memory.log")
+    memory_node.start()
     router = None
     try:
-        assert holder.ready["enabled"]
+        deadline = time.monotonic() + 30
+        while not port_answers("127.0.0.1", memory_port):  # it listens once its segment is mounted
+            assert memory_node.running() and time.monotonic() < deadline, memory_node.log_tail(20)
+            time.sleep(0.1)
         fleet.apply({"prefill": 1, "decode": 1})
         fleet.converge(180)
         router = RouterThread(cfg, Tokenizer.from_dir(tiny_model_dir), tiny_model_dir).start()
@@ -73,7 +80,7 @@ def stack(tmp_path_factory, tiny_model_dir):
         if router is not None:
             router.stop()
         fleet.stop(30)
-        holder.stop()
+        stop_children([memory_node], 10)
         master.stop()
         stop_process(etcd.proc)
 

@@ -42,6 +42,8 @@ def _who_reads(key: str) -> set[str]:
         return {"router"} | WORKERS  # the router's POST /flush_cache?store=true is a store client too
     if key == "decode.offload_generated_kv":
         return {"router", "decode"}  # mid-stream failover's `auto`
+    if key == "store.memory_node_segment_mb":
+        return set()  # the store-memory node's, off by default (test_chart_store_memory.py has it on)
     return {"model": {"router"} | WORKERS, "store": WORKERS, "prefill": {"prefill"}, "decode": {"decode"},
             "router": {"router"}, "grpc": {"router"} | WORKERS, "discovery": {"router"} | WORKERS,
             "planner": set()}[section]  # the planner is off by default (test_chart_planner.py has it on)

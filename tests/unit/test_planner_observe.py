@@ -119,3 +119,12 @@ def test_scrapes_over_real_http_with_a_deadline():
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_the_mean_prompt_is_per_first_token_the_mean_output_per_ended_request():
+    from pdorch.planner.observation import Observation
+    # 4 long streams got their first token (their 8-token prompts counted then); 1 ended, with 600 tokens
+    load = Observation(interval_s=2.0, requests=1, prompt_tokens=32, output_tokens=600, first_tokens=4).load()
+    assert (load.mean_prompt_tokens, load.mean_output_tokens) == (8.0, 600.0)
+    # first tokens not known (the simulated fleet of bench/autoscale): per ended request
+    assert Observation(interval_s=2.0, requests=4, prompt_tokens=32, output_tokens=600).load().mean_prompt_tokens == 8

@@ -36,3 +36,12 @@ def test_nothing_before_the_first_observation():
     assert MovingAverageTrend(4).predict() is None
     with pytest.raises(ValueError):
         MovingAverageTrend(0)
+
+
+def test_an_interval_in_which_no_request_ended_keeps_the_shape_before():
+    p = MovingAverageTrend(2)
+    p.observe(Load(2.0, 8.0, 0.5, 600.0))
+    p.observe(Load(0.0, 0.0, 1.0, 0.0))  # its means are 0 tokens over 0 requests
+    got = p.predict()
+    assert (got.mean_prompt_tokens, got.uncached_fraction, got.mean_output_tokens) == (8.0, 0.5, 600.0)
+    assert got.request_rate == 0.0  # the line through 2, 0 says -2: kept >= 0

@@ -46,6 +46,12 @@ them from env (the Secret).
 {{- end }}
 {{- end }}
 {{- $cfg = mustMergeOverwrite $cfg $derived }}
+{{- if include "pdorch.storeMemory" . }}
+{{- /* NOTE: set after the merge: a merge does not overwrite with a zero */}}
+{{- $store := default (dict) $cfg.store }}
+{{- $_ := set $store "global_segment_size_mb" 0 }}
+{{- $_ := set $cfg "store" $store }}
+{{- end }}
 {{- if and (or .Values.prefill.rdma.enabled .Values.decode.rdma.enabled) (ne (dig "store" "protocol" "tcp" $cfg) "rdma") }}
 {{- fail "prefill/decode.rdma.enabled needs config.store.protocol: rdma (and config.store.device_name)" }}
 {{- end }}
@@ -57,11 +63,12 @@ What a component reads of the config, as JSON: (dict "root" $ "component" "route
 
     master   store.enabled, store.metadata_server, store.master_* (its flags and ports), store.ssd_path
              (set, it turns the master's offload on)
-    prefill  model, prefill, discovery, grpc, store but mooncake_master's own flags
-    decode   model, decode, discovery, grpc, store but mooncake_master's own flags
+    prefill  model, prefill, discovery, grpc, store but mooncake_master's own flags and the node's segment
+    decode   model, decode, discovery, grpc, store but mooncake_master's own flags and the node's segment
     router   model, router, discovery, grpc, store.enabled and where the store is (POST
              /flush_cache?store=true), decode.offload_generated_kv (mid-stream failover's `auto`)
     planner  all of it (it reads the router's and the workers' metrics and sizes both roles)
+    store-memory  store: where the master and metadata are, protocol, device_name, memory_node_segment_mb
 NOTE: a key a component starts reading must be added here, or changing it will not roll that
 component (tests/unit/test_chart_rollouts.py renders each key's change).
 */}}
@@ -78,6 +85,9 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- $_ := set $out "store" $s }}
 {{- else if eq .component "planner" }}
 {{- $out = $cfg }}
+{{- else if eq .component "store-memory" }}
+{{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name"
+  "memory_node_segment_mb") }}
 {{- else if eq .component "router" }}
 {{- $out = pick $cfg "model" "router" "discovery" "grpc" }}
 {{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name") }}
@@ -85,7 +95,7 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- else }}
 {{- $out = pick $cfg "model" .component "discovery" "grpc" }}
 {{- $s := dict }}
-{{- range $k, $v := $store }}{{ if not (has $k $masterFlags) }}{{ $_ := set $s $k $v }}{{ end }}{{ end }}
+{{- range $k, $v := $store }}{{ if not (has $k (append $masterFlags "memory_node_segment_mb")) }}{{ $_ := set $s $k $v }}{{ end }}{{ end }}
 {{- $_ := set $out "store" $s }}
 {{- end }}
 {{- toJson $out }}

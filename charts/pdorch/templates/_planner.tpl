@@ -10,6 +10,12 @@ actuator, the namespace and the two Deployments it may scale.
 {{- if and .Values.planner.enabled (eq .Values.planner.actuator "kubernetes") }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the store-memory node runs (storeMemory.enabled; null: with the kubernetes actuator), else "". */}}
+{{- define "pdorch.storeMemory" -}}
+{{- $on := .Values.storeMemory.enabled }}
+{{- if kindIs "invalid" $on }}{{ include "pdorch.plannerKubernetes" . }}{{ else if $on }}true{{ end }}
+{{- end }}
+
 {{- define "pdorch.plannerName" -}}
 {{- printf "%s-planner" (include "pdorch.fullname" .) }}
 {{- end }}
