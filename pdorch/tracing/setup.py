@@ -28,7 +28,7 @@ from proto.pdorch.v1 import worker_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(eq=False)  # one per process, compared by identity (and so a valid default of frozen configs)
 class Tracing:
     """The tracer a process's code starts spans with, and what it keeps of them."""
 

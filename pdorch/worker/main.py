@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
 from pdorch.tracing import set_process_tracing, setup_tracing
+from pdorch.tracing.log_filter import install_trace_ids
 from pdorch.worker.drain import WorkerDrain
 from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.worker.rpc import add_port, server_interceptors
@@ -87,7 +88,10 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         cfg = config_from_args(args)
     except ConfigError as e:
         exit_on_config_error(e, prog)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    log_format = f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    if cfg.observability.otlp_endpoint or cfg.observability.keep_traces:
+        install_trace_ids(log_format)  # log lines on a traced RPC's handler thread name its trace
     section = getattr(cfg, role)
     configure_torch(cfg.model.torch_threads)
     address = f"{section.host}:{section.port}"
