@@ -17,7 +17,7 @@ MODEL = "pdorch.model"
 
 # --- the router's request span
 POLICY = "pdorch.policy"  # the P choice's policy (round_robin, least_load, cache_aware)
-POLICY_SCORES = "pdorch.policy.scores"  # its scores, "address=score" per candidate
+POLICY_SCORES = "pdorch.policy.scores"  # the candidates as the policy weighed them: "address load=N, ..."
 PREFILL_WORKER = "pdorch.prefill"  # chosen P (address)
 DECODE_WORKER = "pdorch.decode"  # chosen D (address)
 RETRIES = "pdorch.retries"

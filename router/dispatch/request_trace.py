@@ -17,21 +17,23 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from pdorch.tracing import names
-from pdorch.tracing.propagation import context_from_headers, grpc_metadata, traceparent_of
+from pdorch.tracing.propagation import context_from_headers, traceparent_of
 from pdorch.tracing.setup import Tracing
 from pdorch.tracing.spans import context_of
 from pdorch.worker.prefill_rpc import CACHE_TIERS
 
 
 class RequestTrace:
-    __slots__ = ("_attempt", "_error", "context", "failovers", "retries", "span", "tracing")
+    # NOTE: the request span's attributes are gathered in a dict and set once, at its end: the SDK
+    # checks and copies every value on each set_attribute(s) call, which was most of a span's cost.
+    __slots__ = ("_attempt", "_error", "attributes", "context", "failovers", "retries", "span", "tracing")
 
     def __init__(self, tracing: Tracing, traceparent: str | None, tracestate: str | None, route: str, model: str):
         self.tracing = tracing
-        parent = context_from_headers(traceparent, tracestate)  # malformed or absent: a new trace
-        self.span = tracing.tracer.start_span("router.request", context=parent, kind=SpanKind.SERVER,
-                                              attributes={"http.route": route, names.MODEL: model})
+        parent = context_from_headers(traceparent, tracestate) if traceparent else None  # malformed: a new trace
+        self.span = tracing.tracer.start_span("router.request", context=parent, kind=SpanKind.SERVER)
         self.context = context_of(self.span)
+        self.attributes: dict = {"http.route": route, names.MODEL: model}
         self.retries = self.failovers = 0
         self._attempt: trace.Span | None = None
         self._error = False
@@ -45,20 +47,20 @@ class RequestTrace:
 
     # ------------------------------------------------------------------ dispatch (router/dispatch/dispatch.py)
     def request(self, request_id: str, prompt_tokens: int) -> None:
-        self.span.set_attributes({names.REQUEST_ID: request_id, names.PROMPT_TOKENS: prompt_tokens})
+        self.attributes[names.REQUEST_ID] = request_id
+        self.attributes[names.PROMPT_TOKENS] = prompt_tokens
 
     def attempt(self, p, d, policy: str, decision: str, candidates, resumed: bool) -> tuple[tuple[str, str], ...]:
         """A Generate call is about to go to D (with P): its span, and the metadata that carries it."""
         self.end_attempt()
-        scores = [f"{w.address} load={w.load}" for w in candidates]
-        self.span.set_attributes({names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address,
-                                  names.POLICY: policy})
+        scores = ", ".join(f"{w.address} load={w.load}" for w in candidates)  # one string: cheaper to record
+        self.attributes.update({names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address, names.POLICY: policy})
         self._attempt = span = self.tracing.tracer.start_span(
             "router.attempt", context=self.context, kind=SpanKind.CLIENT,
             attributes={names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address, names.POLICY: policy,
                         "pdorch.policy.decision": decision, names.POLICY_SCORES: scores,
                         "pdorch.resumed": resumed})
-        return grpc_metadata(context_of(span))
+        return attempt_metadata(span)
 
     def end_attempt(self, error: str = "") -> None:
         span, self._attempt = self._attempt, None
@@ -87,25 +89,41 @@ class RequestTrace:
         """The request's outcome, from its Progress (one per sequence)."""
         self.end_attempt()
         first = choices[0]
-        attributes = {names.RETRIES: self.retries, names.FAILOVERS: self.failovers,
-                      names.PREEMPTIONS: sum(p.preemptions for p in choices),
-                      names.COMPLETION_TOKENS: sum(len(p.output_ids) for p in choices),
-                      names.FINISH_REASON: first.finish_reason or ""}
-        for tier in CACHE_TIERS:
-            attributes[f"{names.CACHED_TOKENS}.{tier}"] = getattr(first, tier)
-        self.span.set_attributes(attributes)
+        attributes = self.attributes
+        attributes[names.PREEMPTIONS] = sum(p.preemptions for p in choices)
+        attributes[names.COMPLETION_TOKENS] = sum(len(p.output_ids) for p in choices)
+        attributes[names.FINISH_REASON] = first.finish_reason or ""
+        for tier, name in _CACHED:
+            attributes[name] = getattr(first, tier)
 
     def end(self, status: int, error_code: str = "", message: str = "") -> None:
         """The response is out: `status` as the client saw it (an error's code and message with it)."""
         self.end_attempt()
-        self.span.set_attribute(names.HTTP_STATUS, status)
+        attributes = self.attributes
+        attributes[names.HTTP_STATUS] = status
+        attributes[names.RETRIES], attributes[names.FAILOVERS] = self.retries, self.failovers
         if status >= 400:
             self._fail(message or f"HTTP {status}", error_code or str(status))
+        self.span.set_attributes(attributes)
         self.span.end()
 
     def _fail(self, message: str, code: str) -> None:
         if self._error:
             return
         self._error = True
-        self.span.set_attribute(names.ERROR_CODE, code)
+        self.attributes[names.ERROR_CODE] = code
         self.span.set_status(Status(StatusCode.ERROR, message))
+
+
+_CACHED = tuple((tier, f"{names.CACHED_TOKENS}.{tier}") for tier in CACHE_TIERS)
+
+
+def attempt_metadata(span: trace.Span) -> tuple[tuple[str, str], ...]:
+    """`traceparent` (and the client's `tracestate`) naming the attempt's span, for D's Generate call;
+    written directly (the propagator's inject costs a context lookup and a carrier per call)."""
+    sc = span.get_span_context()
+    if not sc.is_valid:
+        return ()
+    state = sc.trace_state.to_header() if sc.trace_state else ""
+    parent = ("traceparent", traceparent_of(span))
+    return (parent, ("tracestate", state)) if state else (parent,)
