@@ -15,6 +15,11 @@ request, so all five see the same load from the rest of the machine; the stand-i
 request (as compare.py's latency phase). Reported: each variant's TTFT p50 minus off's, the median
 over the repeats, and the same for the routers' CPU per request.
 
+The part that does not move with the machine: `spans`, in this process, one request's router spans
+(router/dispatch/request_trace.py: start, attempt, traceparent, outcome, end) `--span-requests` times
+per variant, the process's CPU per request, the exporter's thread and its gRPC to the receiver
+included (flushed before the clock stops).
+
     python -m bench.router_overhead tracing [--repeats 5] [--json]
 """
 
@@ -47,8 +52,8 @@ def observability(variant: str, otlp_port: int) -> dict:
             "sample_ratio": 1.0 if variant == "ratio_1" else 0.0}
 
 
-def start(procs: Procs, tmp: Path, delay_s: float, model_dir: Path) -> dict[str, tuple[str, int]]:
-    """Stand-ins, the OTLP receiver and a router per variant: variant -> (URL, pid)."""
+def start(procs: Procs, tmp: Path, delay_s: float, model_dir: Path, variants=VARIANTS) -> dict:
+    """Stand-ins, the OTLP receiver and a router per variant: variant -> (URL, pid), and "otlp_port"."""
     py = sys.executable
     p_port, d_port, o_port = free_port(), free_port(), free_port()
     d = procs.start("standin_decode", [py, "-m", "tests.fixtures.standin", "--role", "decode", "--port", str(d_port),
@@ -57,8 +62,8 @@ def start(procs: Procs, tmp: Path, delay_s: float, model_dir: Path) -> dict[str,
     o = procs.start("otlp_receiver", [py, "-m", "tests.fixtures.otlp", "--port", str(o_port)])
     for port, proc in ((d_port, d), (p_port, p), (o_port, o)):
         wait_port(port, 30, proc)
-    out = {}
-    for variant in VARIANTS:
+    out = {"otlp_port": o_port}
+    for variant in variants:
         r_port = free_port()
         cfg = tmp / f"router_{variant}.yaml"
         cfg.write_text(json.dumps({
@@ -76,6 +81,7 @@ async def round_robin(urls: dict[str, str], tokens: int, concurrency: int, warmu
                       think_s: float) -> dict[str, dict]:
     body = json.dumps(dict(GENERATE_BODY, sampling_params={"max_new_tokens": tokens, "temperature": 0.0})).encode()
     http = {v: LeanHTTP(url, body, False) for v, url in urls.items()}
+    order = list(urls)
     samples: dict[str, list[Sample]] = {v: [] for v in urls}
     completed = dict.fromkeys(urls, 0)  # every request, warm-up included (what the CPU time covers)
     t_measure = time.perf_counter() + warmup_s
@@ -89,7 +95,7 @@ async def round_robin(urls: dict[str, str], tokens: int, concurrency: int, warmu
             t0 = time.perf_counter()
             if t0 >= t_end:
                 return
-            variant = VARIANTS[n % len(VARIANTS)]
+            variant = order[n % len(order)]
             s = await http[variant].one([])
             completed[variant] += 1
             if t0 >= t_measure and time.perf_counter() <= t_end:
@@ -97,6 +103,41 @@ async def round_robin(urls: dict[str, str], tokens: int, concurrency: int, warmu
 
     await asyncio.gather(*(client(i) for i in range(concurrency)))
     return {v: dict(summarize(samples[v], duration_s), completed=completed[v]) for v in urls}
+
+
+def span_cpu_us(variant: str, otlp_port: int, requests: int) -> float:
+    """CPU µs per request of the router's spans of one request, exported and kept as `variant` says."""
+    from pdorch.config import ObservabilityConfig
+    from pdorch.tracing import setup_tracing
+    from router.dispatch.request_trace import RequestTrace
+    from router.http.formats import Progress
+
+    tracing = setup_tracing(ObservabilityConfig(**observability(variant, otlp_port)), "pdorch-router", "bench")
+    if not tracing.enabled:
+        return 0.0
+
+    class Worker:  # what the trace reads of one
+        def __init__(self, address: str):
+            self.address, self.load = address, 0
+
+    p, d = Worker("10.0.0.1:50161"), Worker("10.0.0.2:50171")
+    progress = Progress("r", 64)
+    progress.finish_reason = "length"
+    t0 = time.process_time()
+    for i in range(requests):
+        trace = RequestTrace(tracing, None, None, "/generate", "model")
+        trace.request(f"r{i}", 64)
+        trace.attempt(p, d, "cache_aware", "prefix_match", [p], False)
+        trace.traceparent()
+        trace.finished([progress])
+        trace.end(200)
+        if i % 64 == 0:
+            time.sleep(0.001)  # let the exporter's thread run alongside, as between a router's requests
+    if tracing.provider is not None:
+        tracing.provider.force_flush(30_000)
+    cpu = time.process_time() - t0
+    tracing.shutdown()
+    return cpu / requests * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--duration-s", type=float, default=5.0, help="each repeat's window")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="which routers (off always)")
+    ap.add_argument("--span-requests", type=int, default=5000, help="requests of each variant, spans part")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv)
+    variants = ("off", *(v for v in args.variants.split(",") if v in VARIANTS and v != "off"))
     import uvloop
 
     uvloop.install()
@@ -119,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     procs = Procs(tmp)
     delay_s = args.token_delay_ms / 1000
     runs: list[dict] = []
+    spans: dict[str, list[float]] = {v: [] for v in variants if not v.startswith("off")}
     try:
-        routers = start(procs, tmp, delay_s, model_dir)
+        routers = start(procs, tmp, delay_s, model_dir, variants)
+        otlp_port = routers.pop("otlp_port")
         urls = {v: url for v, (url, _) in routers.items()}
         for _ in range(args.repeats):
             cpu0 = {v: cpu_seconds(pid) for v, (_, pid) in routers.items()}
@@ -128,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             for v, (_, pid) in routers.items():
                 res[v]["cpu_ms_per_request"] = (cpu_seconds(pid) - cpu0[v]) * 1000 / max(1, res[v]["completed"])
             runs.append(res)
+            for v, us in spans.items():
+                us.append(span_cpu_us(v, otlp_port, args.span_requests))
             if not args.json:
                 print("  " + "  ".join(f"{v}: ttft_p50={res[v]['ttft_p50_ms']:.3f} ms n={res[v]['completed']}"
-                                       for v in VARIANTS), flush=True)
+                                       for v in variants), flush=True)
     finally:
         procs.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -142,15 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     result = {"concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
               "repeats": args.repeats,
               "off_ttft_p50_ms": round(statistics.median(r["off"]["ttft_p50_ms"] for r in runs), 4),
-              **{f"added_ttft_p50_ms_{v}": added(v, "ttft_p50_ms") for v in VARIANTS[1:]},
+              **{f"added_ttft_p50_ms_{v}": added(v, "ttft_p50_ms") for v in variants[1:]},
               "off_cpu_ms_per_request": round(statistics.median(r["off"]["cpu_ms_per_request"] for r in runs), 4),
-              **{f"added_cpu_ms_per_request_{v}": added(v, "cpu_ms_per_request") for v in VARIANTS[1:]}}
-    if not args.json:
+              **{f"added_cpu_ms_per_request_{v}": added(v, "cpu_ms_per_request") for v in variants[1:]},
+              **{f"span_cpu_us_per_request_{v}": round(statistics.median(us), 1) for v, us in spans.items()}}
+    if not args.json and variants == VARIANTS:
         print(f"\nTTFT p50 added over tracing off (median over {args.repeats} repeats; off: "
               f"{result['off_ttft_p50_ms']} ms): noise (off again) {result['added_ttft_p50_ms_off_b']:+} ms, "
               f"ratio 1.0 {result['added_ttft_p50_ms_ratio_1']:+} ms (ring only {result['added_ttft_p50_ms_ring']:+} ms), "
               f"ratio 0 {result['added_ttft_p50_ms_ratio_0']:+} ms; "
               f"router CPU per request (off: {result['off_cpu_ms_per_request']} ms): ratio 1.0 "
-              f"{result['added_cpu_ms_per_request_ratio_1']:+} ms, ratio 0 {result['added_cpu_ms_per_request_ratio_0']:+} ms")
+              f"{result['added_cpu_ms_per_request_ratio_1']:+} ms, ratio 0 {result['added_cpu_ms_per_request_ratio_0']:+} ms; "
+              f"the spans' own CPU per request: ratio 1.0 {result['span_cpu_us_per_request_ratio_1']} µs, ratio 0 "
+              f"{result['span_cpu_us_per_request_ratio_0']} µs, ring only {result['span_cpu_us_per_request_ring']} µs")
     print(json.dumps(result))
     return 0
