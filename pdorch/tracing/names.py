@@ -38,7 +38,8 @@ KEYS = "pdorch.keys"
 CHUNKS = "pdorch.chunks"
 WORKER_ID = "pdorch.worker"
 
-# The attributes `pdorch trace` prints next to a span (prefix match: pdorch.pages.* and
-# pdorch.cached_tokens.* included), in this order.
-KEY_ATTRIBUTES = (POLICY, PREFILL_WORKER, DECODE_WORKER, RETRIES, FAILOVERS, PREEMPTIONS, CACHED_TOKENS,
-                  PAGES, BYTES, TRANSPORT, CHUNKS, FINISH_REASON, HTTP_STATUS, ERROR_CODE)
+# The attributes `pdorch trace` prints next to a span, in this order (CACHED_TOKENS and PAGES: each
+# tier's and reason's, pdorch.cached_tokens.store, pdorch.pages.evicted, ...; the rest: that name only).
+KEY_ATTRIBUTES = (POLICY, "pdorch.policy.decision", PREFILL_WORKER, DECODE_WORKER, RETRIES, FAILOVERS,
+                  PREEMPTIONS, CACHED_TOKENS, PAGES, BYTES, TRANSPORT, CHUNKS, FINISH_REASON, HTTP_STATUS, ERROR_CODE)
+KEY_PREFIXES = (CACHED_TOKENS, PAGES)

@@ -7,7 +7,7 @@ start offset from the trace's first span, duration, and its key attributes (name
 
 from __future__ import annotations
 
-from pdorch.tracing.names import KEY_ATTRIBUTES, REQUEST_ID
+from pdorch.tracing.names import KEY_ATTRIBUTES, KEY_PREFIXES, REQUEST_ID
 
 
 def rows(trace: dict) -> list[dict]:
@@ -30,10 +30,12 @@ def rows(trace: dict) -> list[dict]:
 
 
 def key_attributes(attributes: dict) -> str:
-    """`name=value` for the attributes worth a glance, pdorch. left off, in KEY_ATTRIBUTES' order."""
+    """`name=value` for the attributes worth a glance (zeros and empties left out), pdorch. left off,
+    in KEY_ATTRIBUTES' order."""
     picked = []
     for key in KEY_ATTRIBUTES:
-        for name in sorted(a for a in attributes if a == key or a.startswith(key + ".")):
+        prefix = key + "." if key in KEY_PREFIXES else None
+        for name in sorted(a for a in attributes if a == key or prefix and a.startswith(prefix)):
             value = attributes[name]
             if value in ("", 0) and name != "http.response.status_code":
                 continue
@@ -49,12 +51,15 @@ def render(trace: dict) -> str:
     head = f"trace {trace['trace_id']}"
     if root is not None:
         head += f"  request {root['attributes'][REQUEST_ID]}"
+    process_w = max((len(r["process"]) for r in table), default=7)
+    span_w = max((2 * r["depth"] + len(r["name"]) for r in table), default=4)
     lines = [f"{head}  {total:.3f} ms, {len(table)} spans",
-             f"{'start ms':>10} {'dur ms':>10}  {'process':<28} {'span':<30} attributes"]
+             f"{'start ms':>10} {'dur ms':>10}  {'process':<{process_w}}  {'span':<{span_w}}  attributes"]
     for r in table:
         name = "  " * r["depth"] + r["name"]
         extra = r["attributes"] + (f"  ERROR: {r['error']}" if r["error"] else "")
-        lines.append(f"{r['start_ms']:>10.3f} {r['duration_ms']:>10.3f}  {r['process'][:28]:<28} {name:<30} {extra}")
+        lines.append(f"{r['start_ms']:>10.3f} {r['duration_ms']:>10.3f}  {r['process']:<{process_w}}  "
+                     f"{name:<{span_w}}  {extra}".rstrip())
     for address, error in (trace.get("unreachable") or {}).items():
         lines.append(f"  (worker {address} did not answer: {error}; its spans are missing)")
     return "\n".join(lines)

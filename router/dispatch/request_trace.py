@@ -26,7 +26,7 @@ from pdorch.worker.prefill_rpc import CACHE_TIERS
 class RequestTrace:
     # NOTE: the request span's attributes are gathered in a dict and set once, at its end: the SDK
     # checks and copies every value on each set_attribute(s) call, which was most of a span's cost.
-    __slots__ = ("_attempt", "_error", "attributes", "context", "failovers", "retries", "span", "tracing")
+    __slots__ = ("_attempt", "_attempt_attributes", "_error", "attributes", "context", "failovers", "retries", "span", "tracing")
 
     def __init__(self, tracing: Tracing, traceparent: str | None, tracestate: str | None, route: str, model: str):
         self.tracing = tracing
@@ -36,6 +36,7 @@ class RequestTrace:
         self.attributes: dict = {"http.route": route, names.MODEL: model}
         self.retries = self.failovers = 0
         self._attempt: trace.Span | None = None
+        self._attempt_attributes: dict = {}
         self._error = False
 
     def traceparent(self) -> bytes:
@@ -53,19 +54,21 @@ class RequestTrace:
     def attempt(self, p, d, policy: str, decision: str, candidates, resumed: bool) -> tuple[tuple[str, str], ...]:
         """A Generate call is about to go to D (with P): its span, and the metadata that carries it."""
         self.end_attempt()
-        scores = ", ".join(f"{w.address} load={w.load}" for w in candidates)  # one string: cheaper to record
-        self.attributes.update({names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address, names.POLICY: policy})
-        self._attempt = span = self.tracing.tracer.start_span(
-            "router.attempt", context=self.context, kind=SpanKind.CLIENT,
-            attributes={names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address, names.POLICY: policy,
-                        "pdorch.policy.decision": decision, names.POLICY_SCORES: scores,
-                        "pdorch.resumed": resumed})
+        chosen = {names.PREFILL_WORKER: p.address, names.DECODE_WORKER: d.address, names.POLICY: policy}
+        self.attributes.update(chosen)
+        self._attempt = span = self.tracing.tracer.start_span("router.attempt", context=self.context,
+                                                              kind=SpanKind.CLIENT)
+        # NOTE: recorded when the attempt ends, after the first token: nothing but the span's start is on
+        # the TTFT path (the loads are the ones the policy weighed, taken now)
+        self._attempt_attributes = {**chosen, "pdorch.policy.decision": decision, "pdorch.resumed": resumed,
+                                    names.POLICY_SCORES: ", ".join(f"{w.address} load={w.load}" for w in candidates)}
         return attempt_metadata(span)
 
     def end_attempt(self, error: str = "") -> None:
         span, self._attempt = self._attempt, None
         if span is None:
             return
+        span.set_attributes(self._attempt_attributes)
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end()

@@ -88,9 +88,11 @@ def test_one_chat_request_is_one_trace_across_router_decode_and_prefill(stack):
     assert attributes["pdorch.decode"] == stack.cluster.decode.address
     assert (attributes["pdorch.retries"], attributes["pdorch.failovers"]) == (0, 0)
     assert spans["router.attempt"].attributes["pdorch.policy"] == stack.router.app.state.service.policy.name
-    # the child spans lie within their parents (one clock: every process is on this machine)
+    # each starts after its parent (one clock: every process is on this machine); D's call ends after
+    # P's. (D's stream may end a moment after the router answered: its trailers follow the last token.)
     assert root.start_ns <= spans["router.attempt"].start_ns <= spans["decode.generate"].start_ns
-    assert spans["prefill.prefill"].end_ns <= spans["decode.generate"].end_ns <= root.end_ns
+    assert spans["decode.generate"].start_ns <= spans["prefill.prefill"].start_ns
+    assert spans["prefill.prefill"].end_ns <= spans["decode.generate"].end_ns
 
 
 def test_a_client_traceparent_is_honoured(stack):
