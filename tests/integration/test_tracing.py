@@ -147,3 +147,13 @@ def test_admin_traces_refuses_bad_input(stack):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
     r = httpx.get(f"{stack.router.url}/admin/traces?request_id=never-served", timeout=10)
     assert r.status_code == 404 and "keep_traces" in r.json()["error"]["message"]
+
+
+def test_an_error_sets_the_span_status_with_the_code_the_client_saw(stack):
+    r = httpx.post(stack.router.url + "/v1/chat/completions", timeout=30, json={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 404
+    [root] = [s for s in stack.otlp.wait_for(_trace_id(r), {"router.request"}) if s.name == "router.request"]
+    assert root.status_code == 2 and "no-such-model" in root.status_message
+    assert root.attributes["http.response.status_code"] == 404
+    assert root.attributes["pdorch.error.code"] == r.json()["error"]["code"] == "model_not_found"

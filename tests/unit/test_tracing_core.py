@@ -167,3 +167,30 @@ def test_worker_rpcs_are_server_spans_and_carry_the_context_on():
     assert {r.parent_span_id for r in records} == {"00f067aa0ba902b7"}
     failed = [r for r in records if r.status_code == 2]
     assert len(failed) == 1 and failed[0].status_message == "RESOURCE_EXHAUSTED: queue full"
+
+
+def test_log_lines_about_a_traced_request_name_its_trace():
+    import logging
+
+    from opentelemetry import context as otel_context
+
+    from pdorch.tracing.log_filter import TraceIdFilter
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    handler.addFilter(TraceIdFilter())
+    log = logging.getLogger("test_tracing_core.log")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("outside any request")
+        span = start_span(_tracing(), "router.request", context_from_headers(PARENT))
+        token = otel_context.attach(context_of(span))
+        try:
+            log.warning("about the request")
+        finally:
+            otel_context.detach(token)
+    finally:
+        log.removeHandler(handler)
+    assert [r.trace for r in records] == ["", f" trace={TRACE_ID}"]
