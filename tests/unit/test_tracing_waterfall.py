@@ -43,3 +43,20 @@ def test_render_names_the_request_and_the_workers_that_did_not_answer():
     assert out[3].split()[:5] == ["1.000", "10.500", "router", "router-1", "router.attempt"]
     assert out[3].endswith("ERROR: UNAVAILABLE: gone")
     assert "worker 10.0.0.9:50171 did not answer: DEADLINE_EXCEEDED" in out[-1]
+
+
+def test_png_draws_the_waterfall(tmp_path):
+    from pdorch.tracing.waterfall import draw_png
+
+    draw_png(TRACE, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_png_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from pdorch.trace_cmd import _pngs
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it raises ImportError
+    assert _pngs([TRACE], str(tmp_path / "t.png")) == 1
+    assert "--png needs matplotlib" in capsys.readouterr().err and not (tmp_path / "t.png").exists()
