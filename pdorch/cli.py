@@ -4,6 +4,7 @@
     pdorch master [--config FILE] [--set ...] [--listen HOST] [--print] [MOONCAKE_FLAGS] [-- MOONCAKE_FLAGS]
     pdorch store-memory [--config FILE] [--set ...] [--port N] [--print]   mooncake_client holding store memory
     pdorch status [--url URL] [--admin-key KEY] [--json]
+    pdorch trace REQUEST_ID | --trace-id ID | --slowest N [--url URL] [--json] [--png FILE]   a request's waterfall
     pdorch model prepare [smollm2|PATH] [--cache-dir DIR]
     pdorch config [--config FILE] [--set ...]      print the validated, effective configuration
     pdorch planner [--config FILE] [--set ...] [--once]   size the fleet against planner.* SLOs until SIGTERM
@@ -30,6 +31,7 @@ from pdorch.config_loader import (
 )
 from pdorch.master_cmd import add_master_args, run_master, split_passthrough
 from pdorch.store_memory import DEFAULT_PORT, run_store_memory
+from pdorch.trace_cmd import add_trace_args, run_trace
 
 _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous_api_key"), ("grpc", "token"),
             ("grpc", "previous_token"))
@@ -104,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
                         "e.g. env PDORCH_ROUTER_ADMIN_KEY)")
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
 
+    trace = _command(sub, "trace", help="a request's trace as a waterfall (process, span, start, duration, "
+                     "key attributes), from the spans the router and workers keep (observability.keep_traces)")
+    add_trace_args(trace)
+
     model = _command(sub, "model", config=False, help="model management")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     # NOTE: no own --help: everything after `prepare` goes to engine.prepare, which documents itself.
@@ -166,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, cfg)
     if args.command == "status":
         return _status(args, cfg)
+    if args.command == "trace":
+        return run_trace(args, cfg)
     if args.command == "master":
         return run_master(cfg, args.listen, args.print_only, passthrough)
     if args.command == "store-memory":

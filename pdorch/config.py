@@ -345,6 +345,31 @@ class PlannerConfig:
 
 
 @dataclass(frozen=True)
+class ObservabilityConfig:
+    """Traces (pdorch/tracing/): OpenTelemetry spans of each request, exported over OTLP and/or kept in memory
+    for `pdorch trace`. Off (both empty/0) by default, and then free: no tracer, no header parsed."""
+
+    otlp_endpoint: str = _key("", "OTLP collector the spans are exported to in batches, off the serving threads: "
+                              "http://host:4317 (otlp_protocol grpc) or http://host:4318/v1/traces (http); "
+                              "https:// for TLS; empty = no export", format="http_url")
+    otlp_protocol: str = _key("grpc", "OTLP transport of otlp_endpoint", choices=["grpc", "http"])
+    sample_ratio: float = _key(1.0, "Share of new traces recorded (a trace the caller's traceparent brings "
+                               "follows the caller's decision: parent-based)", min=0.0, max=1.0)
+    keep_traces: int = _key(0, "Last N traces each process keeps in memory for `pdorch trace` and "
+                            "/admin/traces (served by the router, gathered from the workers' Traces RPC); "
+                            "0 = none", min=0, max=100_000)
+    max_spans_per_trace: int = _key(256, "Spans kept of one trace in memory (a very long request's later spans "
+                                    "are dropped from the ring; the export keeps them)", min=1, max=100_000)
+    export_queue_size: int = _key(4096, "Spans waiting for export; a full queue drops new spans (counted) "
+                                  "rather than slow a request", min=1, max=1_000_000)
+    export_delay_ms: int = _key(500, "Longest a span waits before its batch is exported", min=1, max=60_000)
+    shutdown_timeout_s: float = _key(2.0, "At shutdown, how long the last spans get to be exported", min=0.0,
+                                     max=60.0)
+    traces_rpc_timeout_s: float = _key(2.0, "The router's deadline on each worker's Traces call "
+                                       "(/admin/traces, `pdorch trace`)", min=0.05, max=60.0)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration: one frozen section object per YAML section."""
 
@@ -356,3 +381,4 @@ class Config:
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)

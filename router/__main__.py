@@ -19,7 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ConfigError as e:
         exit_on_config_error(e, "router")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=args.log_level.upper(), format=log_format)
+    if cfg.observability.otlp_endpoint or cfg.observability.keep_traces:
+        from pdorch.tracing.log_filter import install_trace_ids
+
+        install_trace_ids(log_format)  # a request's log lines name its trace
 
     import uvicorn
 

@@ -7,12 +7,13 @@ other studies of the same question are its sub-commands, each with its own flags
     python -m bench.router_overhead pick [--json] [...]        the worker choice at fleet scale (pick.py)
     python -m bench.router_overhead http-layer [--json] [...]  the HTTP layer alone (http_layer.py)
     python -m bench.router_overhead responses [--json] [...]   /v1/responses against chat (responses.py)
+    python -m bench.router_overhead tracing [--json] [...]     what tracing adds to TTFT (tracing.py)
 """
 
 import importlib
 import sys
 
-STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses"}
+STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses", "tracing": "tracing"}
 
 
 def main(argv: list[str]) -> int:

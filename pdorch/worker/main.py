@@ -27,6 +27,8 @@ from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.tracing import set_process_tracing, setup_tracing
+from pdorch.tracing.log_filter import install_trace_ids
 from pdorch.worker.drain import WorkerDrain
 from pdorch.worker.kv_events import MAX_SUBSCRIBERS
 from pdorch.worker.rpc import add_port, server_interceptors
@@ -86,13 +88,19 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         cfg = config_from_args(args)
     except ConfigError as e:
         exit_on_config_error(e, prog)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    log_format = f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.INFO, format=log_format)
+    if cfg.observability.otlp_endpoint or cfg.observability.keep_traces:
+        install_trace_ids(log_format)  # log lines on a traced RPC's handler thread name its trace
     section = getattr(cfg, role)
     configure_torch(cfg.model.torch_threads)
     address = f"{section.host}:{section.port}"
     # Peers dial what etcd holds: a wildcard listen is reached at the address the pod advertises.
     advertised = f"{cfg.store.local_hostname if section.host in WILDCARD_HOSTS else section.host}:{section.port}"
     worker_id = f"{role}-{cfg.store.local_hostname}-{section.port}"
+    # Before the worker is built: its parts read process_tracing() (pdorch/tracing/process.py).
+    tracing = setup_tracing(cfg.observability, f"pdorch-{role}", worker_id)
+    set_process_tracing(tracing)
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -132,6 +140,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     if metrics_server is not None:
         metrics_server.shutdown()
     worker.close()
+    tracing.shutdown()  # the last spans exported, within observability.shutdown_timeout_s
 
 
 def _serve_grpc(cfg, role: str, section, worker, add_to_server, address: str, prog: str):

@@ -28,6 +28,9 @@ from pathlib import Path
 import grpc
 
 from pdorch.config import GrpcConfig
+from pdorch.tracing.grpc_client import SendTraceContext
+from pdorch.tracing.grpc_server import RpcSpans
+from pdorch.tracing.process import process_tracing
 from pdorch.worker.errors import grpc_errors
 from pdorch.worker.tokens import TOKEN_HEADER, CallerTokens, TokenCheck, accepted_tokens, bearer
 from proto.pdorch.v1 import worker_pb2 as pb
@@ -61,6 +64,11 @@ class WorkerServicer:
 
         yield from watch_kv(self._worker.kv_events, request, context)
 
+    def Traces(self, request, context):
+        """The spans this process's ring keeps of one trace (observability.keep_traces; none when 0)."""
+        with grpc_errors(context, "Traces"):
+            return pb.TracesReply(spans=process_tracing().records(request.trace_id, request.request_id))
+
 
 def _read(path: str, key: str) -> bytes:
     try:
@@ -72,9 +80,11 @@ def _read(path: str, key: str) -> bytes:
 # ---------------------------------------------------------------------------------------- server side
 def server_interceptors(rpc: GrpcConfig, on_refused: Callable[[str], None] | None = None
                         ) -> list[grpc.ServerInterceptor]:
-    """The token check (grpc.token, and grpc.previous_token during a rotation); none without a token."""
+    """The token check (grpc.token, and grpc.previous_token during a rotation), then, with tracing on,
+    the request RPCs' server spans (pdorch/tracing/grpc_server.py); none without either."""
     tokens = accepted_tokens(rpc)
-    return [TokenCheck(tokens, on_refused)] if tokens else []
+    tracing = process_tracing()
+    return ([TokenCheck(tokens, on_refused)] if tokens else []) + ([RpcSpans(tracing)] if tracing.enabled else [])
 
 
 def add_port(server: grpc.Server, address: str, rpc: GrpcConfig) -> int:
@@ -158,7 +168,9 @@ def client_channel(address: str, rpc: GrpcConfig, options=(), tokens: CallerToke
         channel = grpc.secure_channel(address, _channel_credentials(rpc), options=_tls_options(rpc, options))
     else:
         channel = grpc.insecure_channel(address, options=list(options))
-    return grpc.intercept_channel(channel, _SendToken(tokens, address)) if tokens.tokens else channel
+    interceptors = ([_SendToken(tokens, address)] if tokens.tokens else []) + (
+        [SendTraceContext()] if process_tracing().enabled else [])  # D -> P carries the Generate's span
+    return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
 
 
 def aio_channel(address: str, rpc: GrpcConfig, options=(), tokens: CallerTokens | None = None) -> grpc.aio.Channel:

@@ -35,6 +35,7 @@ from pdorch.worker.prefill_rpc import CACHE_TIERS
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.failover import MAX_FAILOVERS, Resumption
 from router.dispatch.policies import Policy, RouteContext, SessionAffinity
+from router.dispatch.request_trace import RequestTrace
 from router.dispatch.workers import Worker, WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.grpc.stream import RpcError, StreamCall
@@ -65,6 +66,7 @@ class Job:
     deadline: float = 0.0  # time.monotonic() by which the request must be done; 0 = timeout_s from now
     grammar_param: str = ""  # the body field its grammar came from: a worker's refusal of it names that field
     kv_tokens: int = 0  # KV the request may need on its decode worker (prompt + output): D is one whose pool holds it
+    trace: RequestTrace | None = None  # its spans (router/dispatch/request_trace.py); None = tracing off
 
     def __post_init__(self):
         if not self.deadline:
@@ -91,7 +93,9 @@ class Dispatcher:
     def has_capacity(self) -> tuple[bool, bool]:
         return bool(self.pool.routable("prefill")), bool(self.pool.routable("decode"))
 
-    def _pick(self, job: Job, page_hashes: list[str], tried_p: set, tried_d: set) -> tuple[Worker, Worker]:
+    def _pick(self, job: Job, page_hashes: list[str], tried_p: set, tried_d: set,
+              resumed: bool = False) -> tuple[Worker, Worker, tuple]:
+        """(P, D, the trace metadata of the call to D: () with tracing off)."""
         prefills = self.pool.routable("prefill", tried_p) or self.pool.routable("prefill")
         decodes = self.pool.routable("decode", tried_d) or self.pool.routable("decode")
         if not prefills or not decodes:
@@ -105,12 +109,17 @@ class Dispatcher:
                               "(prompt + output) is available; retry later")
         ctx = RouteContext(page_hashes, job.session)
         p = self.affinity.lookup(job.session, prefills) if job.session else None
+        decision = "session"
         if p is None:
             p = self.policy.choose(prefills, ctx)
+            decision = getattr(self.policy, "last_reason", self.policy.name)
             if job.session:
                 self.affinity.remember(job.session, p)
         self.policy.on_routed(p, ctx)
-        return p, self.policy.choose_decode(decodes, ctx)
+        d = self.policy.choose_decode(decodes, ctx)
+        if job.trace is None:
+            return p, d, ()
+        return p, d, job.trace.attempt(p, d, self.policy.name, decision, prefills, resumed)
 
     async def _blame(self, p: Worker, d: Worker, error: str) -> None:
         """Probe both workers; charge the failure to whichever does not answer (D if both do)."""
@@ -167,8 +176,12 @@ class Dispatcher:
                     self.metrics.worker_errors.labels(att.d.role, att.d.address).inc()
                     broke = (f"decode worker {att.d.address} failed mid-stream: {e.code().name}: {e.details()}")
                     if not self._may_resume(e, failovers, job):
+                        if job.trace is not None:
+                            job.trace.stream_failed(broke)
                         raise StreamFailed(broke) from None
                     failovers += 1
+                    if job.trace is not None:
+                        job.trace.failover(broke, len(streamed))
                     att.close()
                     resumption, att = await self._resume(job, streamed, att.d, failovers, broke)
                     batch = att.first
@@ -203,6 +216,8 @@ class Dispatcher:
             att = await self._open(job, resumption, set(), {dead})
         except (APIError, ValueError) as e:
             self.metrics.failovers.labels("failed").inc()
+            if job.trace is not None:
+                job.trace.stream_failed(f"{broke}; resuming failed: {getattr(e, 'message', e)}")
             raise StreamFailed(f"{broke}; resuming on another decode worker failed: "
                                f"{getattr(e, 'message', e)}") from None
         self.metrics.failovers.labels("resumed").inc()
@@ -228,11 +243,13 @@ class Dispatcher:
                 if remaining <= 0 or last_error.type == "timeout":
                     break  # NOTE: a retry never gets a fresh deadline (issue 14, hazard 3)
                 self.metrics.retries.inc()
+                if job.trace is not None:
+                    job.trace.retry(last_error.message)
                 log.warning("request %s failed before its first token (%s); retrying with %.1f s left",
                             job.request_id, last_error.message, remaining)
             elif remaining <= 0:
                 raise _timeout(f"the request's deadline ({job.timeout_s:g} s) passed before it reached a worker")
-            p, d = self._pick(job, hashes, tried_p, tried_d)
+            p, d, metadata = self._pick(job, hashes, tried_p, tried_d, resumption is not None)
             tried_p.add(p)
             tried_d.add(d)
             if resumption is None:
@@ -245,7 +262,7 @@ class Dispatcher:
             call: StreamCall | None = None
             try:
                 call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
-                                          worker_pb2.GenerateResponse.FromString, remaining)
+                                          worker_pb2.GenerateResponse.FromString, remaining, metadata)
                 first = await _until_first_token(call)
             except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
                 p.in_flight -= 1
@@ -254,6 +271,9 @@ class Dispatcher:
                 self.policy.load_changed(d)
                 if call is not None:
                     call.cancel()  # stop the work on D and P
+                if job.trace is not None:
+                    job.trace.end_attempt(f"{e.code().name}: {e.details()}" if isinstance(e, RpcError)
+                                          else type(e).__name__)
                 if not isinstance(e, (RpcError, _EarlyEOF)):
                     raise
                 final = attempt + 1 >= self.max_attempts

@@ -168,6 +168,7 @@ class CacheAware(Policy):
         else:
             worker = chosen.worker
         self.decisions[reason] = self.decisions.get(reason, 0) + 1
+        self.last_reason = reason  # a traced request's decision (router/dispatch/request_trace.py)
         return worker
 
     def choose_decode(self, workers, ctx=None):

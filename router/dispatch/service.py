@@ -211,9 +211,13 @@ class RouterService:
         header = self.router_cfg.session_affinity_header
         session = (request.headers.get(header) if header else None) or session
         timeout_s = self.router_cfg.request_timeout_s
-        return Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
-                   deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param,
-                   kv_tokens=kv_tokens if pool else 0)
+        trace = getattr(request, "trace", None)  # the hot path's RequestTrace; None with tracing off
+        job = Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
+                  deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param,
+                  kv_tokens=kv_tokens if pool else 0, trace=trace)
+        if trace is not None:
+            trace.request(job.request_id, n)
+        return job
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:
@@ -268,6 +272,7 @@ class _Run:
         self.svc = svc
         self.route = route
         self.t0 = t0
+        self.trace = job.trace
         self.choices = [Progress(job.request_id, len(job.token_ids)) for _ in range(max(job.sampling.n, 1))]
         self.progress = self.choices[0]
         self.deltas: list[tuple[int, str]] = []
@@ -330,3 +335,5 @@ class _Run:
                 m.preemptions.inc(self.progress.preemptions)
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
             self.svc.release()
+            if self.trace is not None:
+                self.trace.finished(self.choices)

@@ -75,8 +75,10 @@ class Channel:
         self._header_prefix: dict[tuple[str, str], bytes] = {}  # (path, authorization) -> block but grpc-timeout
         self._closed = False
 
-    async def call(self, path: str, message: bytes, deserialize, timeout_s: float) -> StreamCall:
-        """Start a server-streaming call; connection failures raise RpcError(UNAVAILABLE)."""
+    async def call(self, path: str, message: bytes, deserialize, timeout_s: float,
+                   metadata: tuple[tuple[str, str], ...] = ()) -> StreamCall:
+        """Start a server-streaming call; connection failures raise RpcError(UNAVAILABLE). `metadata`:
+        the call's own header fields (a trace's `traceparent`: pdorch/tracing/propagation.py)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -95,6 +97,8 @@ class Channel:
                 + literal_indexed_name(4, path.encode()) + literal_indexed_name(1, self._authority)
                 + literal_indexed_name(31, b"application/grpc") + literal(b"te", b"trailers"))
         headers = prefix + literal(b"grpc-timeout", grpc_timeout(deadline - loop.time()))
+        for name, value in metadata:
+            headers += literal(name.encode(), value.encode())
         return conn.start(headers, message, deserialize, deadline)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, deadline: float) -> Connection:

@@ -20,13 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
+from pdorch.tracing import ROUTER_SERVICE, Tracing, setup_tracing
 from router.dispatch.discovery import make_discovery
 from router.dispatch.failover import failover_enabled
 from router.dispatch.policies import make_policy
 from router.dispatch.service import RouterService
 from router.dispatch.workers import WorkerPool
 from router.errors import APIError
-from router.http import admin, tokenize
+from router.http import admin, admin_traces, tokenize
 from router.http.auth import Auth
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from router.http.formats import json_response
@@ -93,6 +94,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     policy, watcher = _routing(cfg, pool, metrics)
     failover = failover_enabled(rc.mid_stream_failover, cfg.store.enabled, cfg.decode.offload_generated_kv)
     svc = RouterService(cfg.model, rc, failover, tokenizer, pool, policy, metrics, model_dir)
+    tracing = setup_tracing(cfg.observability, ROUTER_SERVICE, f"router-{rc.host}:{rc.port}")
     _export_gauges(metrics, svc, pool, policy)
     auth = Auth(rc.api_key, rc.admin_key, rc.previous_api_key)
     discovery = make_discovery(cfg.discovery, pool)
@@ -111,6 +113,7 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
                 await watcher.stop()
             await discovery.stop()
             await pool.close()
+            tracing.shutdown()  # the last spans exported, within observability.shutdown_timeout_s
 
     app = RouterApp(title="pdorch router", version="1", lifespan=lifespan)
     app.metrics_port = rc.metrics_port
@@ -118,9 +121,11 @@ def create_app(cfg: Config, tokenizer, model_dir: Path | None = None) -> FastAPI
     app.state.pool = pool
     app.state.metrics = metrics
     app.state.kv_watcher = watcher  # pdorch status: each worker's stream state (router/http/admin.py)
+    app.state.tracing = tracing
     _add_error_handlers(app)
-    _add_generation_routes(app, cfg, svc, auth, metrics)
+    _add_generation_routes(app, cfg, svc, auth, metrics, tracing)
     admin.add_routes(app, cfg, svc, auth, pool, metrics)
+    admin_traces.add_routes(app, cfg.observability, auth, pool, tracing)
     tokenize.add_routes(app, svc, auth)
     return app
 
@@ -171,7 +176,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return APIError(500, "internal error in the router (see its log)", "internal_error").response()
 
 
-def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, metrics: RouterMetrics) -> None:
+def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, metrics: RouterMetrics,
+                           tracing: Tracing) -> None:
     """The generation routes (served by RouterHttpProtocol itself, router/http/hot_path.py; through FastAPI
     only under another server) and /v1/models."""
     gen = GenerationHandlers(cfg, svc, auth)
@@ -182,7 +188,7 @@ def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, met
     app.state.responses_store = responses.store
     hot = HotRoutes({b"/v1/chat/completions": gen.chat, b"/v1/completions": gen.completions,
                      b"/v1/responses": responses.create, b"/generate": gen.generate}, metrics,
-                    max_body_bytes=rc.max_body_mb << 20)
+                    max_body_bytes=rc.max_body_mb << 20, tracing=tracing, model=cfg.model.served_name)
     app.hot_routes = hot
 
     def _route(handler):

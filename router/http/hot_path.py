@@ -25,9 +25,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opentelemetry import context as otel_context
 from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from pdorch.tracing.setup import NO_TRACING, Tracing
+from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
 from router.http.generation import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
@@ -46,6 +49,8 @@ class HotRoutes:
     handlers: dict[bytes, Callable]
     metrics: RouterMetrics
     max_body_bytes: int = MAX_BODY_BYTES
+    tracing: Tracing = NO_TRACING  # on: each request is a router.request span (router/dispatch/request_trace.py)
+    model: str = ""  # the served model's name (the span's pdorch.model)
 
     def too_large(self) -> APIError:
         limit = self.max_body_bytes
@@ -55,13 +60,15 @@ class HotRoutes:
 
 
 class HotRequest:
-    """What the generation handlers read of a request (as on Starlette's Request): path and headers."""
+    """What the generation handlers read of a request (as on Starlette's Request): path and headers,
+    and its spans (None with tracing off) for the job to carry (RouterService.make_job)."""
 
-    __slots__ = ("headers", "scope")
+    __slots__ = ("headers", "scope", "trace")
 
-    def __init__(self, path: str, raw_headers: list[tuple[bytes, bytes]]):
+    def __init__(self, path: str, raw_headers: list[tuple[bytes, bytes]], trace: RequestTrace | None = None):
         self.scope = {"path": path}
         self.headers = Headers(raw=raw_headers)
+        self.trace = trace
 
 
 class _Wake:
@@ -105,6 +112,9 @@ class HotCycle:
         self._expect_100_continue = expect_100_continue
         self._task: asyncio.Task | None = None
         self._gone = False
+        self._trace: RequestTrace | None = None
+        self._status = 0  # the response's, once its head is out
+        self._error: APIError | None = None
 
     def client_left(self) -> None:
         if self._task is not None and not self._gone:
@@ -116,6 +126,13 @@ class HotCycle:
         if self.disconnected:  # a pipelined request whose client left before its turn
             return
         self._task = asyncio.current_task()
+        token = None
+        if self.routes.tracing.enabled:
+            headers = Headers(raw=self.headers)
+            self._trace = RequestTrace(self.routes.tracing, headers.get("traceparent"), headers.get("tracestate"),
+                                       self.path, self.routes.model)
+            # the task's current span: every log line about the request names its trace (pdorch/tracing/log_filter.py)
+            token = otel_context.attach(self._trace.context)
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -129,6 +146,10 @@ class HotCycle:
                 self.transport.close()
             else:
                 self._respond(APIError(500, "internal error in the router (see its log)", "internal_error").response())
+        finally:
+            if self._trace is not None:
+                self._end_trace()
+                otel_context.detach(token)
 
     async def _serve(self) -> None:
         limit = self.routes.max_body_bytes
@@ -139,8 +160,9 @@ class HotCycle:
         if self.declared_length > limit or len(self.body) > limit:
             return self._respond(self.routes.too_large().response())
         try:
-            response = await self.handler(HotRequest(self.path, self.headers), bytes(self.body))
+            response = await self.handler(HotRequest(self.path, self.headers, self._trace), bytes(self.body))
         except APIError as e:
+            self._error = e
             response = e.response()
         if isinstance(response, SSEResponse):
             await self._stream(response)
@@ -158,14 +180,25 @@ class HotCycle:
         finally:
             self.message_event.waiter = None
 
+    def _end_trace(self) -> None:
+        if self._gone:  # NOTE: 499, as proxies log it: the client closed the connection first
+            self._trace.end(499, "client_closed", "the client closed the connection")
+        elif self._error is not None:
+            self._trace.end(self._status, str(self._error.code), self._error.message)
+        else:
+            self._trace.end(self._status or 500)
+
     def _head(self, status: int, headers) -> list[bytes]:
         self.response_started = True
+        self._status = status
         self.routes.metrics.requests.labels(self.path, status).inc()
         parts = [STATUS_LINE[status]]
         for name, value in self.default_headers:
             parts += (name, b": ", value, b"\r\n")
         for name, value in headers:
             parts += (name, b": ", value, b"\r\n")
+        if self._trace is not None:
+            parts += (b"traceparent: ", self._trace.traceparent(), b"\r\n")
         if not self.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")

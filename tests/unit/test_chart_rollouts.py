@@ -46,6 +46,7 @@ def _who_reads(key: str) -> set[str]:
         return set()  # the store-memory node's, off by default (test_chart_store_memory.py has it on)
     return {"model": {"router"} | WORKERS, "store": WORKERS, "prefill": {"prefill"}, "decode": {"decode"},
             "router": {"router"}, "grpc": {"router"} | WORKERS, "discovery": {"router"} | WORKERS,
+            "observability": {"router"} | WORKERS,  # every component traces (pdorch/tracing/)
             "planner": set()}[section]  # the planner is off by default (test_chart_planner.py has it on)
 
 
@@ -89,6 +90,8 @@ def _other_value(f: dataclasses.Field, kind, default):
                 "http_url": ["http://10.0.0.9:9090/metrics"]}.get(meta.get("format"), ["x"])
     if meta.get("format") == "abspath":
         return "/var/lib/pdorch-changed"
+    if meta.get("format") == "http_url":
+        return "http://10.0.0.9:4317"
     return "cuda" if meta.get("format") == "device" else f"{default}-changed"
 
 

@@ -63,9 +63,11 @@ What a component reads of the config, as JSON: (dict "root" $ "component" "route
 
     master   store.enabled, store.metadata_server, store.master_* (its flags and ports), store.ssd_path
              (set, it turns the master's offload on)
-    prefill  model, prefill, discovery, grpc, store but mooncake_master's own flags and the node's segment
-    decode   model, decode, discovery, grpc, store but mooncake_master's own flags and the node's segment
-    router   model, router, discovery, grpc, store.enabled and where the store is (POST
+    prefill  model, prefill, discovery, grpc, observability, store but mooncake_master's own flags and the
+             node's segment
+    decode   model, decode, discovery, grpc, observability, store but mooncake_master's own flags and the
+             node's segment
+    router   model, router, discovery, grpc, observability, store.enabled and where the store is (POST
              /flush_cache?store=true), decode.offload_generated_kv (mid-stream failover's `auto`)
     planner  all of it (it reads the router's and the workers' metrics and sizes both roles)
     store-memory  store: where the master and metadata are, protocol, device_name, memory_node_segment_mb
@@ -89,11 +91,11 @@ component (tests/unit/test_chart_rollouts.py renders each key's change).
 {{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name"
   "memory_node_segment_mb") }}
 {{- else if eq .component "router" }}
-{{- $out = pick $cfg "model" "router" "discovery" "grpc" }}
+{{- $out = pick $cfg "model" "router" "discovery" "grpc" "observability" }}
 {{- $_ := set $out "store" (pick $store "enabled" "master_address" "metadata_server" "protocol" "device_name") }}
 {{- $_ := set $out "decode" (pick (default (dict) $cfg.decode) "offload_generated_kv") }}
 {{- else }}
-{{- $out = pick $cfg "model" .component "discovery" "grpc" }}
+{{- $out = pick $cfg "model" .component "discovery" "grpc" "observability" }}
 {{- $s := dict }}
 {{- range $k, $v := $store }}{{ if not (has $k (append $masterFlags "memory_node_segment_mb")) }}{{ $_ := set $s $k $v }}{{ end }}{{ end }}
 {{- $_ := set $out "store" $s }}

@@ -335,6 +335,56 @@ class KVEventBatch(_message.Message):
     inflight_released: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, worker_id: _Optional[str] = ..., epoch: _Optional[str] = ..., seq: _Optional[int] = ..., snapshot: _Optional[bool] = ..., l1_stored: _Optional[_Iterable[str]] = ..., l1_removed: _Optional[_Iterable[str]] = ..., store_written: _Optional[_Iterable[str]] = ..., store_removed: _Optional[_Iterable[str]] = ..., free_pages: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., page_size: _Optional[int] = ..., inflight_claimed: _Optional[_Iterable[str]] = ..., inflight_released: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class SpanRecord(_message.Message):
+    __slots__ = ("trace_id", "span_id", "parent_span_id", "name", "service", "instance", "start_unix_ns", "end_unix_ns", "attributes_json", "status_code", "status_message", "links")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_JSON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    service: str
+    instance: str
+    start_unix_ns: int
+    end_unix_ns: int
+    attributes_json: str
+    status_code: int
+    status_message: str
+    links: _containers.RepeatedCompositeFieldContainer[SpanLink]
+    def __init__(self, trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., parent_span_id: _Optional[str] = ..., name: _Optional[str] = ..., service: _Optional[str] = ..., instance: _Optional[str] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., attributes_json: _Optional[str] = ..., status_code: _Optional[int] = ..., status_message: _Optional[str] = ..., links: _Optional[_Iterable[_Union[SpanLink, _Mapping]]] = ...) -> None: ...
+
+class SpanLink(_message.Message):
+    __slots__ = ("trace_id", "span_id")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    span_id: str
+    def __init__(self, trace_id: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
+
+class TracesRequest(_message.Message):
+    __slots__ = ("trace_id", "request_id")
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    request_id: str
+    def __init__(self, trace_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class TracesReply(_message.Message):
+    __slots__ = ("spans",)
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[SpanRecord]
+    def __init__(self, spans: _Optional[_Iterable[_Union[SpanRecord, _Mapping]]] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "prefill_address", "timeout_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class PrefillServiceStub:
                 request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
                 response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
                 _registered_method=True)
+        self.Traces = channel.unary_unary(
+                '/pdorch.v1.PrefillService/Traces',
+                request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.SerializeToString,
+                response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.FromString,
+                _registered_method=True)
 
 
 class PrefillServiceServicer:
@@ -113,6 +118,13 @@ class PrefillServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Traces(self, request, context):
+        """/ The spans this worker keeps of a trace (observability.keep_traces; none when it is 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefillServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +157,11 @@ def add_PrefillServiceServicer_to_server(servicer, server):
                     servicer.WatchKV,
                     request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.FromString,
                     response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.SerializeToString,
+            ),
+            'Traces': grpc.unary_unary_rpc_method_handler(
+                    servicer.Traces,
+                    request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.FromString,
+                    response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -320,6 +337,33 @@ class PrefillService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Traces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdorch.v1.PrefillService/Traces',
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.SerializeToString,
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class DecodeServiceStub:
     """/ Decode worker (D).
@@ -360,6 +404,11 @@ class DecodeServiceStub:
                 '/pdorch.v1.DecodeService/WatchKV',
                 request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
                 response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
+                _registered_method=True)
+        self.Traces = channel.unary_unary(
+                '/pdorch.v1.DecodeService/Traces',
+                request_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.SerializeToString,
+                response_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.FromString,
                 _registered_method=True)
 
 
@@ -409,6 +458,13 @@ class DecodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Traces(self, request, context):
+        """/ The spans this worker keeps of a trace (observability.keep_traces; none when it is 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -441,6 +497,11 @@ def add_DecodeServiceServicer_to_server(servicer, server):
                     servicer.WatchKV,
                     request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.FromString,
                     response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.SerializeToString,
+            ),
+            'Traces': grpc.unary_unary_rpc_method_handler(
+                    servicer.Traces,
+                    request_deserializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.FromString,
+                    response_serializer=proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -606,6 +667,33 @@ class DecodeService:
             '/pdorch.v1.DecodeService/WatchKV',
             proto_dot_pdorch_dot_v1_dot_worker__pb2.WatchKVRequest.SerializeToString,
             proto_dot_pdorch_dot_v1_dot_worker__pb2.KVEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Traces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdorch.v1.DecodeService/Traces',
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesRequest.SerializeToString,
+            proto_dot_pdorch_dot_v1_dot_worker__pb2.TracesReply.FromString,
             options,
             channel_credentials,
             insecure,

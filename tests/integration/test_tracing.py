@@ -1,0 +1,159 @@
+"""Traces through the real stack (issue 54): router (in this process), one prefill and one decode worker
+process, mooncake_master, tiny model; every process exports over OTLP to a receiver this test serves
+(tests/fixtures/otlp.py) and keeps its last traces for `pdorch trace`.
+
+One stack for the module (`stack`); a test of another part of a request's trace (store reads, a
+failover) asks `stack.chat(...)` for a request and `stack.otlp.wait_for(trace_id, names)` for its spans.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import httpx
+import pytest
+
+from pdorch.cli import main as pdorch_main
+from tests.fixtures.otlp import OtlpReceiver
+from tests.fixtures.router import cluster_router, wait_until
+from tests.fixtures.workers import start_cluster
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+# One request's spans from the three processes, parent first (the workers add theirs under these).
+REQUEST_SPANS = {"router.request", "router.attempt", "decode.generate", "prefill.prefill"}
+
+
+@dataclasses.dataclass
+class Stack:
+    cluster: object
+    router: object
+    otlp: OtlpReceiver
+
+    def chat(self, text: str, headers: dict | None = None, max_tokens: int = 4) -> httpx.Response:
+        r = httpx.post(self.router.url + "/v1/chat/completions", headers=headers or {}, timeout=60, json={
+            "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r
+
+    def admin_trace(self, trace_id: str) -> dict:
+        r = httpx.get(f"{self.router.url}/admin/traces/{trace_id}", timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_model_dir):
+    otlp = OtlpReceiver().start()
+    observability = {"otlp_endpoint": otlp.endpoint, "keep_traces": 32, "export_delay_ms": 50,
+                     "shutdown_timeout_s": 1.0}
+    # max_local_prefill_tokens 0: every request calls the prefill worker (its spans are in every trace)
+    cluster = start_cluster(tmp_path_factory.mktemp("tracing"), tiny_model_dir, with_store=True,
+                            observability=observability, decode={"max_local_prefill_tokens": 0})
+    with cluster.stopped_on_failure():
+        router = cluster_router(cluster, tiny_model_dir)
+    yield Stack(cluster, router, otlp)
+    router.stop()
+    cluster.stop()
+    otlp.stop()
+
+
+def _trace_id(response: httpx.Response) -> str:
+    version, trace_id, span_id, flags = response.headers["traceparent"].split("-")
+    assert (version, len(span_id)) == ("00", 16) and int(flags, 16) & 1  # sampled
+    return trace_id
+
+
+def test_one_chat_request_is_one_trace_across_router_decode_and_prefill(stack):
+    r = stack.chat("Tell me about the history of the printing press in Europe and its effect on science.")
+    trace_id = _trace_id(r)
+    spans = {s.name: s for s in stack.otlp.wait_for(trace_id, REQUEST_SPANS)}
+    services = {name: spans[name].service for name in REQUEST_SPANS}
+    assert services == {"router.request": "pdorch-router", "router.attempt": "pdorch-router",
+                        "decode.generate": "pdorch-decode", "prefill.prefill": "pdorch-prefill"}
+    root = spans["router.request"]
+    assert root.parent_span_id == ""  # no traceparent from the client: a new trace
+    assert spans["router.attempt"].parent_span_id == root.span_id
+    assert spans["decode.generate"].parent_span_id == spans["router.attempt"].span_id
+    assert spans["prefill.prefill"].parent_span_id == spans["decode.generate"].span_id
+    body = r.json()
+    attributes = root.attributes
+    assert attributes["pdorch.request_id"] == body["id"].removeprefix("chatcmpl-")
+    assert attributes["pdorch.finish_reason"] == body["choices"][0]["finish_reason"]
+    assert attributes["pdorch.prompt_tokens"] == body["usage"]["prompt_tokens"]
+    assert attributes["pdorch.completion_tokens"] == body["usage"]["completion_tokens"]
+    assert attributes["http.response.status_code"] == 200 and root.status_code != 2
+    assert attributes["pdorch.prefill"] == stack.cluster.prefill.address
+    assert attributes["pdorch.decode"] == stack.cluster.decode.address
+    assert (attributes["pdorch.retries"], attributes["pdorch.failovers"]) == (0, 0)
+    assert spans["router.attempt"].attributes["pdorch.policy"] == stack.router.app.state.service.policy.name
+    # each starts after its parent (one clock: every process is on this machine); D's call ends after
+    # P's. (D's stream may end a moment after the router answered: its trailers follow the last token.)
+    assert root.start_ns <= spans["router.attempt"].start_ns <= spans["decode.generate"].start_ns
+    assert spans["decode.generate"].start_ns <= spans["prefill.prefill"].start_ns
+    assert spans["prefill.prefill"].end_ns <= spans["decode.generate"].end_ns
+
+
+def test_a_client_traceparent_is_honoured(stack):
+    r = stack.chat("What is a traceparent?", headers={
+        "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "client=1"})
+    assert _trace_id(r) == CLIENT_TRACE
+    spans = {s.name: s for s in stack.otlp.wait_for(CLIENT_TRACE, REQUEST_SPANS)}
+    assert spans["router.request"].parent_span_id == CLIENT_SPAN
+
+
+@pytest.mark.parametrize("bad", ["00-not-a-trace-01", f"00-{'0' * 32}-{CLIENT_SPAN}-01", f"zz-{CLIENT_TRACE}"])
+def test_a_malformed_traceparent_is_ignored_and_a_new_trace_starts(stack, bad):
+    r = stack.chat("Hello there", headers={"traceparent": bad})
+    trace_id = _trace_id(r)
+    assert trace_id not in (CLIENT_TRACE, "0" * 32)
+    spans = {s.name: s for s in stack.otlp.wait_for(trace_id, REQUEST_SPANS)}
+    assert spans["router.request"].parent_span_id == ""
+
+
+def test_pdorch_trace_prints_the_waterfall_of_a_just_served_request(stack, capsys):
+    r = stack.chat("Name three rivers of Africa and the countries they cross.")
+    trace_id, request_id = _trace_id(r), r.json()["id"]
+    # the workers' spans end as their RPCs do, a moment after the client has its answer
+    wait_until(lambda: REQUEST_SPANS <= {s["name"] for s in stack.admin_trace(trace_id)["spans"]}, 10,
+               "every process's spans in /admin/traces")
+    capsys.readouterr()
+    assert pdorch_main(["trace", request_id, "--url", stack.router.url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"trace {trace_id}  request {request_id.removeprefix('chatcmpl-')}")
+    rows = [line.split() for line in out[2:]]  # start, duration, service, instance, span, attributes...
+    order = [row[4] for row in rows if row[4] in REQUEST_SPANS]
+    assert order == ["router.request", "router.attempt", "decode.generate", "prefill.prefill"], "\n".join(out)
+    by_name = {row[4]: row for row in rows}
+    assert [by_name[n][2] for n in order] == ["router", "router", "decode", "prefill"]  # the process column
+    starts = [float(row[0]) for row in rows]
+    assert starts == sorted(starts) and starts[0] == 0.0
+    assert f"prefill={stack.cluster.prefill.address}" in " ".join(by_name["router.request"])
+    # --json: the same spans, as /admin/traces serves them
+    assert pdorch_main(["trace", "--trace-id", trace_id, "--url", stack.router.url, "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["trace_id"] == trace_id and body["unreachable"] == {}
+    assert {s["service"] for s in body["spans"]} == {"pdorch-router", "pdorch-decode", "pdorch-prefill"}
+    # --slowest: the traces the router keeps, the longest first
+    assert pdorch_main(["trace", "--slowest", "2", "--url", stack.router.url]) == 0
+    assert capsys.readouterr().out.count("\ntrace ") + 1 >= 2
+
+
+def test_admin_traces_refuses_bad_input(stack):
+    for path, param in (("/admin/traces/xyz", "trace_id"), ("/admin/traces?slowest=0", "slowest"),
+                        ("/admin/traces", "request_id")):
+        r = httpx.get(stack.router.url + path, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    r = httpx.get(f"{stack.router.url}/admin/traces?request_id=never-served", timeout=10)
+    assert r.status_code == 404 and "keep_traces" in r.json()["error"]["message"]
+
+
+def test_an_error_sets_the_span_status_with_the_code_the_client_saw(stack):
+    r = httpx.post(stack.router.url + "/v1/chat/completions", timeout=30, json={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 404
+    [root] = [s for s in stack.otlp.wait_for(_trace_id(r), {"router.request"}) if s.name == "router.request"]
+    assert root.status_code == 2 and "no-such-model" in root.status_message
+    assert root.attributes["http.response.status_code"] == 404
+    assert root.attributes["pdorch.error.code"] == r.json()["error"]["code"] == "model_not_found"
