@@ -77,8 +77,10 @@ def pages_by_reason(reasons: Iterable[str]) -> dict[str, int]:
     return {f"{names.PAGES}.{r}": n for r, n in collections.Counter(reasons).items()}
 
 
-def record_store_read(name: str, ctx: Context | None, done, page_nbytes: int, num_keys: int) -> None:
-    """A store load (its IOCompletion, submit -> completion) as a span: keys, pages by tier, bytes, misses."""
+def record_store_read(name: str, ctx: Context | None, done, page_nbytes: int, num_keys: int,
+                      misses: Sequence[str] | None = None) -> None:
+    """A store load (its IOCompletion, submit -> completion) as a span: keys, pages by tier, bytes, and
+    the pages it did not give by miss reason (`misses`, one per such page; default page_misses())."""
     if not traced(ctx):
         return
     end = now_ns()
@@ -86,7 +88,7 @@ def record_store_read(name: str, ctx: Context | None, done, page_nbytes: int, nu
     attrs: dict[str, AttributeValue] = {
         names.KEYS: num_keys, f"{names.PAGES}.store": done.pages_ok - ssd, f"{names.PAGES}.ssd": ssd,
         names.BYTES: done.pages_ok * page_nbytes, names.STORE_RESULT: done.reason}
-    attrs.update(pages_by_reason(page_misses(done, num_keys)))
+    attrs.update(pages_by_reason(page_misses(done, num_keys) if misses is None else misses))
     record_span(process_tracing(), name, ctx, end - int(done.elapsed_s * 1e9), end, attrs,
                 "" if done.reason == results.OK or done.pages_ok else f"store read failed: {done.reason}")
 
