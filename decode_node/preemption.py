@@ -39,6 +39,7 @@ import bisect
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from decode_node import spans
 from decode_node.messages import ResumeRead
 from decode_node.request import DecodeRequest
 from pdorch.worker.prompt_pages import page_ranges
@@ -192,6 +193,8 @@ class Preemption:
     def resumed(self, req: DecodeRequest, now: float) -> None:
         """`req`'s KV is whole again: it decodes from this step on; its stream learns how long it paused."""
         req.preempt.resuming = False
+        if req.preempt.paused_since is not None:
+            spans.resumed(req, req.preempt.paused_since)
         paused = now - (req.preempt.paused_since if req.preempt.paused_since is not None else now)
         req.preempt.paused_since = None
         self._paused.observe(paused)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from opentelemetry.context import Context
+
 from decode_node.request import DecodeRequest
 from store_client.page_hash import store_key
 
@@ -27,6 +29,7 @@ class PrefixLoad:
     page_ids: tuple[int, ...]
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     from_ssd: tuple[bool, ...] = ()  # per page, once settled: read from the store's SSD tier
+    trace_ctx: Context | None = None  # the request's (its decode.store_read span's parent)
 
     def page_ok(self, done) -> tuple[bool, ...]:
         ok = tuple(done.page_ok)
@@ -70,7 +73,7 @@ def start_load(rt, req: DecodeRequest, pages: tuple[int, ...]) -> PrefixLoad | N
     """D's own store read of `pages` (prompt page indexes) into its pages, on the I/O thread."""
     if not pages:
         return None
-    load = PrefixLoad(pages, tuple(req.page_ids[i] for i in pages))
+    load = PrefixLoad(pages, tuple(req.page_ids[i] for i in pages), trace_ctx=req.trace_ctx)
     keys = [store_key(rt.fingerprint, req.page_hashes[i]) for i in pages]
     rt.store_io.submit_load(PrefixRead(load), keys, rt.pool.page_addrs(list(load.page_ids)))
     return load

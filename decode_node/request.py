@@ -12,6 +12,8 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field, replace
 
+from opentelemetry.context import Context
+
 from engine.sampler import TokenCounts
 from engine.sampling_params import SamplingParams
 from pdorch.worker.leases import IOLeases
@@ -123,6 +125,10 @@ class DecodeRequest:
     index: int = 0
     forks: list[DecodeRequest] = field(default_factory=list)
     spare_pages: list[int] = field(default_factory=list)  # admitted for the forks' copies of the last page
+    # The decode.generate RPC's span (pdorch/tracing/grpc_server.py): every span of the request is its
+    # child (decode_node/spans.py); None when not traced. Forks (n > 1) carry none.
+    trace_ctx: Context | None = None
+    arrived_ns: int = 0  # unix ns when the Generate call was created here (decode.first_token's start)
 
     @property
     def request_id(self) -> str:

@@ -28,6 +28,7 @@ import time
 import torch
 from prometheus_client import Counter
 
+from decode_node import spans
 from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
 from decode_node.drain_writeback import DrainSaved, write_back_saved
 from decode_node.forks import Fork, place
@@ -209,6 +210,7 @@ class DecodeScheduler:
     def _on_completion(self, done) -> None:
         if isinstance(done.tag, PrefixRead):  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
             load = done.tag.load
+            spans.store_read(load, done, self._rt.pool.page_nbytes)
             if load.future.set_running_or_notify_cancel():
                 load.future.set_result(done)
             else:  # abandoned at its deadline: nothing writes into its pages any more
@@ -342,6 +344,7 @@ class DecodeScheduler:
         self._running.remove(victim)
         self.preemption.preempt(victim, time.monotonic())
         victim.emit(DecodeEvent(preemptions=1, paused=True))  # at once: the router keeps its client meanwhile
+        spans.preempted(victim)
         if self._reserve is not None:
             self._reserve.preempted()
         log.info("preempted %s after %d generated tokens (%d preempted now)", victim.request_id,

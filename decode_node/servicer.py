@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decode_node import convert
 from decode_node.worker import DecodeWorker
+from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.worker.errors import grpc_errors
 from pdorch.worker.rpc import WorkerServicer
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
@@ -15,7 +16,7 @@ class DecodeServicer(WorkerServicer):
     def Generate(self, request, context):
         with grpc_errors(context, "Generate"):
             job = convert.job_from_proto(request)
-            req = self._worker.create(job)
+            req = self._worker.create(job, current_trace_ctx())
             # Client cancellation (router gone): abort here, which also cancels the call to P.
             context.add_callback(lambda: self._worker.abort(job.request_id))
             for event in self._worker.run(req, is_active=context.is_active):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
+from decode_node import spans
 from decode_node.messages import PageWrite, StepSaved
 from decode_node.request import DecodeRequest
 from decode_node.restore import LostPages, Restore
@@ -83,6 +84,7 @@ class StepWrites:
         saved: StepSaved = done.tag
         for req in saved.owners:
             req.io.give_back(saved.lease)
+        spans.step_written(saved.owners, saved.writes, done, self._rt.pool.page_nbytes)
         self._cache.saved([w.page for w in saved.writes], done.page_ok, done.reason)
         for kind, reason in (("offload", "generated"), ("writeback", "computed")):
             written = sum(1 for w, ok in zip(saved.writes, done.page_ok) if ok and w.kind == kind)

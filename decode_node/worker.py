@@ -30,7 +30,9 @@ import time
 from dataclasses import replace
 
 import torch
+from opentelemetry.context import Context
 
+from decode_node import spans
 from decode_node.drain_writeback import pages_pending, submit_write_back
 from decode_node.fence import PageFence
 from decode_node.forks import Fork, fork_sequences, shared_pages
@@ -44,6 +46,8 @@ from decode_node.stopping import check_stop, make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
+from pdorch.tracing import names, now_ns
+from pdorch.tracing.worker_spans import request_span
 from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -102,7 +106,9 @@ class DecodeWorker:
         self.rt.close()
 
     # --------------------------------------------------------------------------------- requests
-    def create(self, job: GenerateJob) -> DecodeRequest:
+    def create(self, job: GenerateJob, trace_ctx: Context | None = None) -> DecodeRequest:
+        """Validate and register the request; `trace_ctx`: the Generate RPC's span (the parent of the
+        request's spans, decode_node/spans.py; None when not traced)."""
         # NOTE: one position is kept free: the first decode step feeds the first token there.
         check_prompt(job.request_id, job.token_ids, self.rt.arch.vocab_size, self.max_context - 1,
                      f"max context {self.max_context} minus the first generated token")
@@ -116,7 +122,8 @@ class DecodeWorker:
         req = DecodeRequest(job=job, deadline=deadline, own_deadline=job.timeout_s > 0,
                             stopper=make_stopper(self.tokenizer, job.params, list(job.token_ids)),
                             token_ids=list(job.token_ids), generator=self.rt.sampler.make_generator(job.params),
-                            grammar=grammar)
+                            grammar=grammar, trace_ctx=trace_ctx, arrived_ns=now_ns())
+        request_span(trace_ctx, job.request_id)
         with self._lock:
             if job.request_id in self._requests:
                 raise InvalidRequest(f"request id {job.request_id!r} is already running on this worker")
@@ -155,9 +162,10 @@ class DecodeWorker:
         def cancelled() -> bool:
             return req.cancelled or not is_active()
 
-        self._admit(req, cancelled)
+        with spans.admission(req):
+            self._admit(req, cancelled)
         first, forks = self._prompt_kv(req, cancelled)
-        yield from self._stream(req, first, forks, cancelled)
+        yield from spans.streamed(req, self._stream(req, first, forks, cancelled))
 
     def _admit(self, req: DecodeRequest, cancelled) -> None:
         """The prompt's pages: hashed once, D's prefix-cache hits taken, the rest allocated (waiting
@@ -189,7 +197,10 @@ class DecodeWorker:
         sequences = req.job.params.n
         plan = None
         try:
+            planning = now_ns()
             plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts
+            spans.planned(req, plan, planning, self.rt.page_size, names.MISS_NOT_IN_STORE if self.rt.store is not None
+                          and self.rt.store.enabled else names.MISS_STORE_UNAVAILABLE)
             # conditional disaggregation: a local plan calls no prefill worker at all
             res = None if plan.local else self._prefill(req, cancelled, plan)
             self.prompt_kv.finish(req, plan, cancelled)  # D's own read landed: what D still computes is in req

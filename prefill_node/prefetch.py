@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from pdorch.config import PrefillConfig
+from pdorch.tracing import names
 from prefill_node import prefix
 from prefill_node.leases import STORE_LOAD
 from prefill_node.task import Phase, PrefillTask
@@ -126,7 +127,8 @@ class Prefetch:
         task.io.give_back(STORE_LOAD)  # the load touches only task.load.late now
         task.load.given_up_pages = len(loading)
         self.metrics.given_up.labels(self.policy.name).inc(len(loading))
-        prefix.on_loaded(task, self._rt, list(loading), (), self._prefix_cache)  # none arrived: holes
+        prefix.on_loaded(task, self._rt, list(loading), (), self._prefix_cache,  # none arrived: holes
+                         miss_reasons=[names.MISS_GIVEN_UP] * len(loading))
         return True
 
     def settle_late(self, task: PrefillTask, page_ok) -> None:

@@ -21,8 +21,12 @@ only (they touch the allocator).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.page_allocator import pages_for
+from pdorch.tracing import names
 from pdorch.worker.prompt_pages import reusable_pages
+from prefill_node import spans
 from prefill_node.leases import STORE_LOAD
 from prefill_node.messages import PrefixLoaded
 from prefill_node.persistence import needs_write
@@ -73,6 +77,8 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
         state.loads_left += 1
     else:
         state.missed = missing
+        why = names.MISS_NOT_REUSED if fresh else names.MISS_STORE_UNAVAILABLE
+        state.miss_reasons.update((i, why) for i in missing)
     if state.loads_left:
         task.phase = Phase.LOADING
     else:
@@ -81,17 +87,21 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
 
 
 def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False,
-              page_ssd=()) -> None:
+              page_ssd=(), miss_reasons: Sequence[str] = ()) -> None:
     """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
     persisted when read from the store; read from D they are backfilled: the store may lack them),
     the others become holes once both have finished. `page_ssd`: per page, read from the store's
-    SSD tier (counted apart from its DRAM)."""
+    SSD tier (counted apart from its DRAM); `miss_reasons`: per page that did not arrive, in order,
+    why (names.MISS_*; a read from D's pool: decode_read_failed)."""
     alloc, state = rt.allocator, task.prefix
     ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
     ssd = list(page_ssd) + [False] * (len(pages) - len(page_ssd))
+    default = names.MISS_DECODE_READ_FAILED if from_decode else names.MISS_NOT_IN_STORE
+    reasons = iter(miss_reasons)
     for i, good, disk in zip(pages, ok, ssd):
         if not good:
             state.missed.append(i)
+            state.miss_reasons[i] = next(reasons, default)
             continue
         if from_decode:
             state.decode_pages += 1
@@ -115,3 +125,4 @@ def _plan_compute(task: PrefillTask, holes: list[int]) -> None:
     (the ranges themselves are planned by the task's first step: prefill_node/step.py)."""
     task.prefix.holes = list(holes)
     task.phase = Phase.COMPUTING
+    spans.prefix_matched(task)

@@ -31,11 +31,12 @@ from prometheus_client import Counter
 
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
+from pdorch.tracing import worker_spans as ws
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.status import WorkerLoad
-from prefill_node import prefix
+from prefill_node import prefix, spans
 from prefill_node.inflight import InFlight, InFlightMetrics
 from prefill_node.leases import DECODE_READ, PUSH, STORE_LOAD, STORE_SAVE
 from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
@@ -62,6 +63,8 @@ class PrefillScheduler:
         self._paced: tuple[PrefillTask, float] | None = None
         self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
+        # what the KV push's span names as its transport (the transfer engine's protocol)
+        self._transport = getattr(getattr(rt.peer_transfer, "transfer", None), "protocol", "") or "unknown"
         self._rec = recorder
         self._waiting: collections.deque[PrefillTask] = collections.deque()
         # Every task still holding state, in arrival order (an ordered set: tasks hash by identity).
@@ -201,6 +204,7 @@ class PrefillScheduler:
                 self._prefetch.settle_late(tag.task, done.page_ok)
                 return
             tag.task.io.give_back(STORE_LOAD)
+            spans.store_read(tag.task, done, self._rt.pool.page_nbytes)
             self._prefetch.completed(tag.task)
             self._on_loaded(tag.task, done)
         else:
@@ -210,6 +214,7 @@ class PrefillScheduler:
                 self._rt.allocator.release(tag.pages)
                 return
             tag.task.io.give_back(STORE_SAVE)
+            spans.written(tag.task, done, self._rt.pool.page_nbytes)
         self._maybe_release(tag.task)
 
     def _on_loaded(self, task: PrefillTask, done) -> None:
@@ -219,7 +224,8 @@ class PrefillScheduler:
         if done.reason != "ok":
             log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
                       done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, task.prefix.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd)
+        prefix.on_loaded(task, self._rt, task.prefix.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd,
+                         miss_reasons=ws.page_misses(done, len(task.prefix.loading)))
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -262,9 +268,11 @@ class PrefillScheduler:
                     return  # the task before it still holds its pages (see _may_admit)
                 patient = self._persist.usable and self._prefix_cache and (
                     self._pressure_since is None or now - self._pressure_since < self._persist_wait_s)
+                task.admitted = now
                 if not prefix.admit(task, self._rt, self._prefix_cache, allow_loss=not patient):
                     self._under_pressure(task, now, patient)
                     return  # wait for pages to come back (the deadline still applies)
+                spans.queued(task)
                 self._pressure_since = None
                 self._inflight.metrics.pages.inc(task.prefix.inflight_pages)
                 self._inflight.claim(task)
@@ -309,10 +317,17 @@ class PrefillScheduler:
         local = self._rt.pool.page_addrs([task.page_ids[i] for i in task.prefix.reading])
         remote = [task.job.dest_page_addrs[i] for i in task.prefix.reading]
         try:
-            self._pusher.read(task, local, remote, lambda t, err, nbytes, s: self._loop.post(Read(t, err)))
+            self._pusher.read(task, local, remote, self._on_read)
         except BaseException:  # never started (pusher closed): no completion will come
             task.io.give_back(DECODE_READ)
             raise
+
+    def _on_read(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
+        """Pusher thread: the read from D's pool is over; the scheduler takes it from here."""
+        try:
+            spans.decode_read(task, err, nbytes, seconds, len(task.prefix.reading))
+        finally:
+            self._loop.post(Read(task, err))
 
     def _under_pressure(self, task: PrefillTask, now: float, patient: bool) -> None:
         """The head of the queue lacks pages. Writing a page to the store costs ~1 ms, recomputing it
@@ -353,6 +368,7 @@ class PrefillScheduler:
         if self._persist.save_task_pages(task):
             task.io.take(STORE_SAVE)
         self._inflight.release(task)  # its pages are in L1 now: the claim ends
+        spans.computed(task, page_size)
         task.phase = Phase.PUSHING
         task.io.take(PUSH)
         # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).
@@ -370,6 +386,7 @@ class PrefillScheduler:
     def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
         """Pusher thread: answer the caller right away, then let the scheduler release the pages."""
         try:
+            spans.pushed(task, err, nbytes, seconds, self._transport)
             if err is None:
                 self._rec.transfer(nbytes, seconds)
                 task.succeed(self._result(task, nbytes, seconds))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.worker import convert
 from pdorch.worker.errors import grpc_errors
 from pdorch.worker.prefill_rpc import WRITES_OVER_KEY
@@ -18,7 +19,7 @@ class PrefillServicer(WorkerServicer):
         with grpc_errors(context, "Prefill"):
             try:
                 job = convert.job_from_proto(request)
-                task = self._worker.start(job)
+                task = self._worker.start(job, current_trace_ctx())
                 # Fires when the RPC ends for any reason; after a success the cancel is a no-op. When D
                 # cancels (its client went away) or dies, this frees our pages at once.
                 # NOTE: registered after start(): an RPC already over (D cancelled before we got here)

@@ -41,7 +41,7 @@ class PrefillStep:
         page_size = self._rt.page_size
         chunks = [Chunk(page_ids=task.page_ids[:pages_for(end, page_size)], start_pos=start,
                         token_ids=list(task.job.token_ids[start:end])) for task, start, end in batch]
-        t0 = time.perf_counter()
+        t0, t0_mono = time.perf_counter(), time.monotonic()
         every = [task.job.params.prompt_logprobs is not None for task, _, _ in batch]
         with torch.inference_mode():
             if any(every):
@@ -54,6 +54,10 @@ class PrefillStep:
         total = sum(end - start for _, start, end in batch)
         self.last = (list({id(t): t for t, _, _ in batch}.values()), total, elapsed)
         finished = []
+        for task in self.last[0]:
+            if not task.compute.chunks:
+                task.compute.started = t0_mono
+            task.compute.chunks += 1
         for row, (task, start, end) in enumerate(batch):
             consume(task.compute.todo, end)
             task.compute.seconds += elapsed * (end - start) / total

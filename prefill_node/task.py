@@ -33,6 +33,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry.context import Context
+
 from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens, FirstToken, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import computed_full_pages
@@ -68,6 +70,7 @@ class PrefixState:
     reading: list[int] = field(default_factory=list)  # page indexes of the read from D's pool in flight
     loads_left: int = 0  # of those two, the ones not completed yet
     missed: list[int] = field(default_factory=list)  # pages the completed ones could not give
+    miss_reasons: dict[int, str] = field(default_factory=dict)  # page index -> why it was not reused (traces)
     backfill: list[int] = field(default_factory=list)  # L1 hits the store lacks: written with the write-back
     pages_short: int = 0  # when admission failed: pages missing without dropping unpersisted ones
 
@@ -109,6 +112,8 @@ class ComputeState:
     # range attends to every page before it. None until the task's first step plans them.
     todo: list[list[int]] | None = None
     seconds: float = 0.0  # this task's share of the forwards' time
+    chunks: int = 0  # the forwards that computed a chunk of it
+    started: float = 0.0  # time.monotonic() of its first forward
     prompt_logprobs: dict = field(default_factory=dict)  # position -> TokenLogprob (params.prompt_logprobs)
     first: FirstToken | None = None  # sequence 0's first token
     more_first: tuple = ()  # FirstToken of sequences 1 .. n-1 (params.n > 1)
@@ -130,6 +135,9 @@ class PrefillTask:
     persist: PersistState = field(default_factory=PersistState)
     compute: ComputeState = field(default_factory=ComputeState)
     push: PushGate = field(init=False)
+    # The prefill.prefill RPC's span (pdorch/tracing/grpc_server.py): every span of the task is its child.
+    trace_ctx: Context | None = None
+    admitted: float = 0.0  # time.monotonic() when its pages were allocated (the queue's end)
 
     def __post_init__(self):
         self.push = PushGate(self.future)

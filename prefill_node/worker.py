@@ -16,8 +16,11 @@ import concurrent.futures
 import logging
 import time
 
+from opentelemetry.context import Context
+
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
+from pdorch.tracing.worker_spans import request_span
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -98,15 +101,17 @@ class PrefillWorker:
     def prefill(self, job: PrefillJob) -> PrefillResult:
         return self.wait(self.start(job))
 
-    def start(self, job: PrefillJob) -> PrefillTask:
-        """Validate and queue the job; the task's answer comes from wait()."""
+    def start(self, job: PrefillJob, trace_ctx: Context | None = None) -> PrefillTask:
+        """Validate and queue the job; the task's answer comes from wait(). `trace_ctx`: the Prefill
+        RPC's span (the parent of the task's spans; None when not traced)."""
         self.validate(job)
         if self._scheduler.load.queued >= self.cfg.max_queued_requests:
             raise Overloaded(f"prefill queue full ({self.cfg.max_queued_requests} requests waiting)")
         timeout_s = job.timeout_s if job.timeout_s > 0 else self.cfg.request_timeout_s
         deadline = time.monotonic() + timeout_s
         grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
-        task = PrefillTask(job=job, deadline=deadline, grammar=grammar)
+        task = PrefillTask(job=job, deadline=deadline, grammar=grammar, trace_ctx=trace_ctx)
+        request_span(trace_ctx, job.request_id)
         self._scheduler.submit(task)
         return task
 

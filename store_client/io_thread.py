@@ -66,6 +66,7 @@ class IOCompletion:
     elapsed_s: float = 0.0  # submit -> completion
     page_ok: tuple[bool, ...] = ()  # per page of the submission (after cancel_owner removals)
     page_ssd: tuple[bool, ...] = ()  # load: per page, read from the store's SSD tier; () = none was
+    miss_reasons: tuple[str, ...] = ()  # load: per page not loaded, why (results.py); () = all `reason`
 
 
 @dataclass(eq=False)  # identity: jobs are found in and removed from queues by object
@@ -301,7 +302,7 @@ class StoreIO:
             self._metrics.misses.labels(LOAD, TIMEOUT).inc(len(job.keys))
             self._complete(job, TIMEOUT)
         for job, result in zip(live, results):
-            self._complete(job, result.reason, result.page_ok, result.page_ssd)
+            self._complete(job, result.reason, result.page_ok, result.page_ssd, result.miss_reasons)
         self._publish_depth()
 
     def _run_save(self, job: _Job, lo: int, hi: int) -> None:
@@ -328,11 +329,11 @@ class StoreIO:
         self._publish_depth()
 
     # ------------------------------------------------------------------ helpers
-    def _complete(self, job: _Job, reason: str, page_ok=None, page_ssd=()) -> None:
+    def _complete(self, job: _Job, reason: str, page_ok=None, page_ssd=(), miss_reasons=()) -> None:
         """Deliver the job's completion; `page_ok` defaults to the job's own (a save's chunks so far)."""
         page_ok = tuple(job.page_ok if page_ok is None else page_ok) or (False,) * len(job.keys)
         done = IOCompletion(job.tag, job.op, sum(page_ok), reason, len(job.keys), job.skipped,
-                            time.monotonic() - job.submitted, page_ok, tuple(page_ssd))
+                            time.monotonic() - job.submitted, page_ok, tuple(page_ssd), tuple(miss_reasons))
         saved = self.on_saved
         if saved is not None and job.op == SAVE and done.pages_ok:
             saved([k for k, good in zip(job.keys, page_ok) if good])

@@ -13,6 +13,8 @@ RPC_FAILED = "rpc_failed"
 TIMEOUT = "timeout"
 DISABLED = "disabled"
 NO_SPACE = "no_space"
+# Traces only (metrics count it as transfer_failed): an object of another size under the key.
+SIZE_MISMATCH = "size_mismatch"
 
 _NOT_FOUND = -704
 _EXISTS = -705
@@ -27,6 +29,7 @@ class LoadResult:
     reason: str  # OK when all were loaded, else why the first missing page was not
     page_ok: tuple[bool, ...] = ()  # per page: loaded
     page_ssd: tuple[bool, ...] = ()  # per page: loaded from the SSD tier (replica_tier.py); () = none
+    miss_reasons: tuple[str, ...] = ()  # per page NOT loaded, in order, why (SIZE_MISMATCH apart)
 
 
 @dataclass(frozen=True)

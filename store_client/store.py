@@ -53,6 +53,7 @@ from store_client.results import (
     ABSENT,
     DISABLED,
     OK,
+    SIZE_MISMATCH,
     TRANSFER_FAILED,
     LoadResult,
     SaveResult,
@@ -241,11 +242,13 @@ class KVStore:
             return LoadResult(n, OK, ok, ssd)
         first = ok.index(False)
         self.metrics.hole_pages.inc(sum(ok[first:]))  # present after a missing page: read, not lost
-        reasons = [TRANSFER_FAILED if c >= 0 else classify(c, elapsed, self._deadline)
-                   for c, good in zip(codes, ok) if not good]
+        missed = [c for c, good in zip(codes, ok) if not good]
+        reasons = [TRANSFER_FAILED if c >= 0 else classify(c, elapsed, self._deadline) for c in missed]
         for why, count in collections.Counter(reasons).items():
             self._miss("load", count, why)
-        return LoadResult(n, reasons[0], ok, ssd)
+        # for traces: a positive size is an object of another size (layout) under our key
+        per_page = tuple(SIZE_MISMATCH if c > 0 else why for c, why in zip(missed, reasons))
+        return LoadResult(n, reasons[0], ok, ssd, per_page)
 
     def save(self, keys: Sequence[str], addrs: Sequence[int]) -> SaveResult:
         """Write pages whose objects the store lacks; existing objects are skipped (never rewritten)."""

@@ -128,11 +128,11 @@ def make(num_pages=8, chunk_tokens=64, store_io=None, transfer=None, start=True,
     return sched, rt, transfer
 
 
-def submit(sched, tokens, rid="r", dest=None):
+def submit(sched, tokens, rid="r", dest=None, trace_ctx=None):
     n_pages = -(-len(tokens) // PAGE_SIZE)
     job = PrefillJob(rid, tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
                      dest or tuple(range(50_000, 50_000 + n_pages * 100, 100)), 10.0, PAGE_SIZE, "fp")
-    task = PrefillTask(job=job, deadline=time.monotonic() + 10)
+    task = PrefillTask(job=job, deadline=time.monotonic() + 10, trace_ctx=trace_ctx)
     sched.submit(task)
     return task
 

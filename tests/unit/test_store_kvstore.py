@@ -50,6 +50,15 @@ def test_negative_codes_map_to_reasons(code, elapsed, reason):
     assert classify(code, elapsed, deadline_s=10.0) == reason
 
 
+def test_a_load_names_each_missing_pages_reason_and_an_object_of_another_size_apart(disabled):
+    store, reg = disabled  # page_nbytes 4096: a positive other size is a foreign object (another layout)
+    result = store._load_result([4096, -704, 100, -800], 0.0, [False] * 4)
+    assert result.page_ok == (True, False, False, False) and result.reason == "absent"
+    assert result.miss_reasons == ("absent", "size_mismatch", "transfer_failed")
+    # metrics keep counting the foreign object as transfer_failed
+    assert reg.get_sample_value("pdorch_store_miss_pages_total", {"op": "load", "reason": "transfer_failed"}) == 2
+
+
 def test_metrics_can_be_created_once_per_registry():
     reg = CollectorRegistry()
     StoreMetrics(reg)
