@@ -1,14 +1,12 @@
 """Traces through the real stack (issue 54): router (in this process), one prefill and one decode worker
 process, mooncake_master, tiny model; every process exports over OTLP to a receiver this test serves
-(tests/fixtures/otlp.py) and keeps its last traces for `pdorch trace`.
-
-One stack for the module (`stack`); a test of another part of a request's trace (store reads, a
-failover) asks `stack.chat(...)` for a request and `stack.otlp.wait_for(trace_id, names)` for its spans.
+(tests/fixtures/otlp.py) and keeps its last traces for `pdorch trace` (tests/fixtures/traced_stack.py).
+One stack for the module; store reads, a failover and a preemption in a trace:
+tests/integration/test_traces_workers.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import httpx
@@ -17,6 +15,7 @@ import pytest
 from pdorch.cli import main as pdorch_main
 from tests.fixtures.otlp import OtlpReceiver
 from tests.fixtures.router import cluster_router, wait_until
+from tests.fixtures.traced_stack import Stack, observability, trace_id_of
 from tests.fixtures.workers import start_cluster
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -25,32 +24,12 @@ CLIENT_SPAN = "00f067aa0ba902b7"
 REQUEST_SPANS = {"router.request", "router.attempt", "decode.generate", "prefill.prefill"}
 
 
-@dataclasses.dataclass
-class Stack:
-    cluster: object
-    router: object
-    otlp: OtlpReceiver
-
-    def chat(self, text: str, headers: dict | None = None, max_tokens: int = 4) -> httpx.Response:
-        r = httpx.post(self.router.url + "/v1/chat/completions", headers=headers or {}, timeout=60, json={
-            "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0})
-        assert r.status_code == 200, r.text
-        return r
-
-    def admin_trace(self, trace_id: str) -> dict:
-        r = httpx.get(f"{self.router.url}/admin/traces/{trace_id}", timeout=30)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model_dir):
     otlp = OtlpReceiver().start()
-    observability = {"otlp_endpoint": otlp.endpoint, "keep_traces": 32, "export_delay_ms": 50,
-                     "shutdown_timeout_s": 1.0}
     # max_local_prefill_tokens 0: every request calls the prefill worker (its spans are in every trace)
     cluster = start_cluster(tmp_path_factory.mktemp("tracing"), tiny_model_dir, with_store=True,
-                            observability=observability, decode={"max_local_prefill_tokens": 0})
+                            observability=observability(otlp), decode={"max_local_prefill_tokens": 0})
     with cluster.stopped_on_failure():
         router = cluster_router(cluster, tiny_model_dir)
     yield Stack(cluster, router, otlp)
@@ -59,15 +38,9 @@ def stack(tmp_path_factory, tiny_model_dir):
     otlp.stop()
 
 
-def _trace_id(response: httpx.Response) -> str:
-    version, trace_id, span_id, flags = response.headers["traceparent"].split("-")
-    assert (version, len(span_id)) == ("00", 16) and int(flags, 16) & 1  # sampled
-    return trace_id
-
-
 def test_one_chat_request_is_one_trace_across_router_decode_and_prefill(stack):
     r = stack.chat("Tell me about the history of the printing press in Europe and its effect on science.")
-    trace_id = _trace_id(r)
+    trace_id = trace_id_of(r)
     spans = {s.name: s for s in stack.otlp.wait_for(trace_id, REQUEST_SPANS)}
     services = {name: spans[name].service for name in REQUEST_SPANS}
     assert services == {"router.request": "pdorch-router", "router.attempt": "pdorch-router",
@@ -98,7 +71,7 @@ def test_one_chat_request_is_one_trace_across_router_decode_and_prefill(stack):
 def test_a_client_traceparent_is_honoured(stack):
     r = stack.chat("What is a traceparent?", headers={
         "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "client=1"})
-    assert _trace_id(r) == CLIENT_TRACE
+    assert trace_id_of(r) == CLIENT_TRACE
     spans = {s.name: s for s in stack.otlp.wait_for(CLIENT_TRACE, REQUEST_SPANS)}
     assert spans["router.request"].parent_span_id == CLIENT_SPAN
 
@@ -106,7 +79,7 @@ def test_a_client_traceparent_is_honoured(stack):
 @pytest.mark.parametrize("bad", ["00-not-a-trace-01", f"00-{'0' * 32}-{CLIENT_SPAN}-01", f"zz-{CLIENT_TRACE}"])
 def test_a_malformed_traceparent_is_ignored_and_a_new_trace_starts(stack, bad):
     r = stack.chat("Hello there", headers={"traceparent": bad})
-    trace_id = _trace_id(r)
+    trace_id = trace_id_of(r)
     assert trace_id not in (CLIENT_TRACE, "0" * 32)
     spans = {s.name: s for s in stack.otlp.wait_for(trace_id, REQUEST_SPANS)}
     assert spans["router.request"].parent_span_id == ""
@@ -114,7 +87,7 @@ def test_a_malformed_traceparent_is_ignored_and_a_new_trace_starts(stack, bad):
 
 def test_pdorch_trace_prints_the_waterfall_of_a_just_served_request(stack, capsys):
     r = stack.chat("Name three rivers of Africa and the countries they cross.")
-    trace_id, request_id = _trace_id(r), r.json()["id"]
+    trace_id, request_id = trace_id_of(r), r.json()["id"]
     # the workers' spans end as their RPCs do, a moment after the client has its answer
     wait_until(lambda: REQUEST_SPANS <= {s["name"] for s in stack.admin_trace(trace_id)["spans"]}, 10,
                "every process's spans in /admin/traces")
@@ -153,7 +126,7 @@ def test_an_error_sets_the_span_status_with_the_code_the_client_saw(stack):
     r = httpx.post(stack.router.url + "/v1/chat/completions", timeout=30, json={
         "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert r.status_code == 404
-    [root] = [s for s in stack.otlp.wait_for(_trace_id(r), {"router.request"}) if s.name == "router.request"]
+    [root] = [s for s in stack.otlp.wait_for(trace_id_of(r), {"router.request"}) if s.name == "router.request"]
     assert root.status_code == 2 and "no-such-model" in root.status_message
     assert root.attributes["http.response.status_code"] == 404
     assert root.attributes["pdorch.error.code"] == r.json()["error"]["code"] == "model_not_found"
