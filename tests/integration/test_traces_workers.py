@@ -4,8 +4,7 @@ store, a stream failed over to another decode worker, a preempted stream (docs/o
 
 One stack: mooncake_master, one prefill and two decode worker processes (tiny random-weights model,
 decode offload on; the decode workers contribute no store memory, so a killed one takes no page with
-it), the router in this process, every process exporting to an OTLP receiver the test serves. The
-tests run in this order: the failover kills a decode worker, the preemption runs on the survivor.
+it), the router in this process, every process exporting to an OTLP receiver the test serves.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ PAGE_SIZE = 16  # tests/fixtures/workers.py
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}
 STORE_PAGES = f"{names.PAGES}.store"
 DECODE_PAGES = 48
-PREEMPT_STREAMS, PREEMPT_TOKENS = 4, 300  # 40-token prompts: 22 pages each, 88 for the four
+PREEMPT_STREAMS, PREEMPT_TOKENS = 4, 360  # 40-token prompts: 25 pages each; any two outgrow a pool
 
 
 def pages(span, *tiers: str) -> dict[str, int]:
@@ -122,8 +121,9 @@ def test_a_stream_failed_over_shows_both_decode_workers_in_one_trace(stack):
 
 
 def test_a_preempted_stream_shows_its_pause_in_its_trace(stack):
-    """One decode worker left (the failover above): four streams outgrow its pool, one is preempted."""
-    [decode] = [w for w in stack.cluster.workers if w.role == "decode" and w.proc.poll() is None]
+    """Four streams on one or two decode workers (the failover above may have left one): on either,
+    two of them outgrow the pool, and the latest arrival is preempted."""
+    live = {w.address.replace(":", "-") for w in stack.cluster.workers if w.role == "decode" and w.proc.poll() is None}
     bodies = [{"input_ids": [(seed * 7919 + i * 31) % 1000 + 10 for i in range(40)],
                "sampling_params": {"max_new_tokens": PREEMPT_TOKENS, "temperature": 0, "ignore_eos": True}}
               for seed in range(PREEMPT_STREAMS)]
@@ -141,4 +141,4 @@ def test_a_preempted_stream_shows_its_pause_in_its_trace(stack):
         assert root.attributes[names.PREEMPTIONS] == times == len(pauses)
         assert all(p.parent_span_id == generate.span_id and generate.start_ns < p.start_ns < p.end_ns
                    for p in pauses)
-        assert generate.instance.endswith(decode.address.replace(":", "-"))
+        assert generate.instance.removeprefix("decode-") in live
