@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import pdorch.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 from pdorch.config import DiscoveryConfig
@@ -58,8 +59,8 @@ class EtcdDiscovery:
         self.cfg = cfg
         self.pool = pool
         self.prefix = workers_prefix(cfg.cluster)
-        self._client = None
-        self._watch_id = None
+        self._client: Any = None  # etcd3's client (untyped); set by start()
+        self._watch_id: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._entries: dict[str, tuple[str, str]] = {}  # key -> (role, address)
         self._resync_task: asyncio.Task | None = None
@@ -68,6 +69,10 @@ class EtcdDiscovery:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await self._sync()
+
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "Discovery.start() sets the loop before any watch runs"
+        return self._loop
 
     async def _sync(self) -> None:
         """List the prefix, reconcile the pool with it, watch from the next revision."""
@@ -101,7 +106,7 @@ class EtcdDiscovery:
         role, worker_id, address, info = e
         old = self._entries.get(key)
         if old is not None and old != (role, address):
-            self._loop.create_task(self.pool.remove(*old))
+            self._started_loop().create_task(self.pool.remove(*old))
         self._entries[key] = (role, address)
         self.pool.upsert(role, address, worker_id, meta=info)
 
@@ -114,7 +119,7 @@ class EtcdDiscovery:
     def _on_watch(self, resp) -> None:
         if self._stopped:
             return
-        self._loop.call_soon_threadsafe(self._apply, resp)
+        self._started_loop().call_soon_threadsafe(self._apply, resp)
 
     def _apply(self, resp) -> None:
         import etcd3.events as ev
@@ -130,11 +135,11 @@ class EtcdDiscovery:
                 if e is not None:
                     self._put(key, e)
             elif isinstance(event, ev.DeleteEvent):
-                self._loop.create_task(self._remove(key))
+                self._started_loop().create_task(self._remove(key))
 
     def _schedule_resync(self) -> None:
         if self._resync_task is None or self._resync_task.done():
-            self._resync_task = self._loop.create_task(self._resync())
+            self._resync_task = self._started_loop().create_task(self._resync())
 
     async def _resync(self) -> None:
         failures = 0

@@ -30,6 +30,10 @@ class Connection(Protocol):
 
     def reset_stream(self, call: StreamCall, code: int) -> None: ...
 
+    def goaway_text(self) -> str: ...
+
+    def forget(self, call: StreamCall) -> None: ...
+
 
 _STATUS_BY_NUMBER = {s.value[0]: s for s in grpc.StatusCode}
 
