@@ -93,7 +93,7 @@ class PrefillClient:
                 return self.prefill(address, asked, timeout_s - (time.monotonic() - t0), is_cancelled, retried=True)
             err = _map_error(e, address, job.request_id, timeout_s)
             metadata = e.trailing_metadata() or ()
-            err.writes_over = any(k == WRITES_OVER_KEY and v == "1" for k, v in metadata)
+            err.writes_over = any(k == WRITES_OVER_KEY and v == "1" for k, v in metadata)  # type: ignore[attr-defined]
             raise err from None
         except grpc.FutureCancelledError:
             raise _unconfirmed(Aborted(f"request {job.request_id} cancelled during prefill")) from None
@@ -117,7 +117,7 @@ class PrefillClient:
 
 
 def _unconfirmed(err: Exception) -> Exception:
-    err.writes_over = False
+    err.writes_over = False  # type: ignore[attr-defined]  # read by PageFence through getattr
     return err
 
 

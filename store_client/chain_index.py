@@ -199,7 +199,7 @@ class ChainIndex:
         if limit is None:
             return []
         oldest_allowed = self._clock() - limit
-        stale = []
+        stale: list[str] = []
         for key, last in self._last_use.items():  # oldest first: stop at the first fresh key
             if last >= oldest_allowed or len(stale) >= n:
                 break

@@ -268,7 +268,7 @@ class StoreEvictor:
         after a refresh. Asking again for the same n victims would return them again and remove
         nothing, so each batch asks for n + (keys passed over) and skips those.
         """
-        removed, passed_over = 0, set()
+        removed, passed_over = 0, set[str]()
         while removed < share and not self._stop.is_set():
             want = min(share - removed, REMOVE_BATCH)
             batch = [k for k in self.index.victims(want + len(passed_over)) if k not in passed_over][:want]

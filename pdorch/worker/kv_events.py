@@ -32,10 +32,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from pdorch.worker.kv_events_metrics import KVEventMetrics
 from pdorch.worker.kv_subscription import EventBatch, Subscription
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
+
+if TYPE_CHECKING:  # status.py reads the proto stubs; the load's type is all this file needs
+    from pdorch.worker.status import WorkerLoad
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +124,7 @@ class KVEventJournal:
     queued, running: pdorch.worker.status.WorkerLoad); it is called by the publisher, never under
     the journal's lock. Thread-safe; start() / stop(timeout_s) own the publisher thread."""
 
-    def __init__(self, worker_id: str, page_size: int, load_fn: Callable[[], object], registry=None,
+    def __init__(self, worker_id: str, page_size: int, load_fn: Callable[[], WorkerLoad], registry=None,
                  store_max_pages: int = 262144, layout_version: int = KV_LAYOUT_VERSION,
                  cut_interval_s: float = CUT_INTERVAL_S, heartbeat_s: float = HEARTBEAT_S,
                  queue_batches: int = QUEUE_BATCHES, ring_batches: int = RING_BATCHES,
@@ -359,7 +363,7 @@ def hashes_of(keys: Iterable[str]) -> list[str]:
     return [k.rpartition("/")[2] for k in keys]
 
 
-def worker_journal(rt, store_index_pages: int, worker_id: str, load_fn: Callable[[], object], registry,
+def worker_journal(rt, store_index_pages: int, worker_id: str, load_fn: Callable[[], WorkerLoad], registry,
                    store_evicted: Callable[[list[str]], None],
                    store_lost: Callable[[list[str]], None] | None = None) -> KVEventJournal:
     """A worker's journal, fed from its runtime and started: its allocator (L1), the store writes of

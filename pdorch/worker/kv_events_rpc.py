@@ -44,6 +44,7 @@ def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.
                             request.after_seq, request.subscriber or context.peer())
     if isinstance(sub, str):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, sub)
+        return  # abort() raises; this tells the type checker `sub` is a Subscription below
     sending = None  # when the send in progress began
 
     def ended() -> None:  # from the journal's thread: a send blocked on a full window never returns else

@@ -8,8 +8,12 @@ generated classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # engine.sampler imports torch; the type is all this file needs
+    from engine.sampler import TokenLogprob
 
 # Trailing metadata P sets on a Prefill answer (any status) when no KV write of the request into D's
 # pages can land any more: D may then give those pages to another request at once (docs/workers.md).
@@ -58,7 +62,7 @@ class FirstToken:
 
     token_id: int
     sampler_state: bytes = b""  # its generator (seed + i) after sampling, for seeded requests
-    logprob: object = None  # engine.sampler.TokenLogprob, when asked for
+    logprob: TokenLogprob | None = None  # when asked for
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,6 @@ class PrefillResult:
     compute_s: float = 0.0
     sampler_state: bytes = b""  # torch.Generator state after the first token (seeded requests)
     unstored_pages: tuple[int, ...] = ()  # pushed pages P does not write to the store (selective write-back)
-    first_logprob: object = None  # engine.sampler.TokenLogprob of the first token, when asked for
+    first_logprob: TokenLogprob | None = None  # of the first token, when asked for
     more_first: tuple[FirstToken, ...] = ()  # sequences 1 .. n-1's first tokens (params.n > 1)
     prompt_logprobs: tuple = ()  # engine.sampler.TokenLogprob of prompt tokens 1 .. n-1 (params.prompt_logprobs)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import grpc
@@ -142,7 +142,7 @@ class Dispatcher:
         if not final and job.remaining_s() > 0:
             await asyncio.wait((task,), timeout=job.remaining_s())
 
-    async def stream(self, job: Job) -> AsyncIterator[list[worker_pb2.GenerateResponse]]:
+    async def stream(self, job: Job) -> AsyncGenerator[list[worker_pb2.GenerateResponse], None]:
         """Yield D's chunks in batches (all that arrived together; the first batch holds the first
         token). Raises APIError before the first token, StreamFailed after it."""
         att = await self._open(job, None, set(), set())

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import grpc
@@ -120,7 +122,7 @@ class WorkerPool:
         self._context_tokens: int | None = None  # the workers' smallest context; None: recount
         self._decode_pools: tuple[int, int] | None = None  # the decode workers' (smallest, largest) KV pool; None: recount
         self._health_task: asyncio.Task | None = None
-        self.on_remove = []  # callbacks(worker) (policies forget their index)
+        self.on_remove: list[Callable[[Worker], None]] = []  # callbacks(worker) (policies forget their index)
 
     # ------------------------------------------------------------------ membership
     def upsert(self, role: str, address: str, worker_id: str = "", meta: dict | None = None) -> Worker:
@@ -192,7 +194,7 @@ class WorkerPool:
             self._decode_pools = (min(pools, default=0), max(pools, default=0))
         return self._decode_pools
 
-    def routable(self, role: str, exclude: set[Worker] = frozenset()) -> RoutableList:
+    def routable(self, role: str, exclude: AbstractSet[Worker] = frozenset()) -> RoutableList:
         """The role's workers a request may go to now, in the pool's order. NOTE: with every healthy
         worker's circuit closed (the steady state) this is one cached list, not a pass over the
         workers: at 1,000 workers that pass cost more than the routing decision. Callers must not

@@ -41,7 +41,7 @@ class StreamSlots:
             return True
         fut = self.loop.create_future()
         self._waiters.append(fut)
-        timer = self.loop.call_at(deadline, lambda: fut.done() or fut.set_result(None))
+        timer = self.loop.call_at(deadline, lambda: None if fut.done() else fut.set_result(None))
         try:
             got = await fut
         except asyncio.CancelledError:
