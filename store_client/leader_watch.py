@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import etcd3
 
-import pdorch.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
+import store_client.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 
 log = logging.getLogger(__name__)
 

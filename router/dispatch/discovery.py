@@ -17,7 +17,7 @@ import json
 import logging
 from typing import Any
 
-import pdorch.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
+import store_client.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 from pdorch.config import DiscoveryConfig
 from pdorch.worker.registration import connect, workers_prefix
 from router.dispatch.workers import WorkerPool

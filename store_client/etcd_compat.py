@@ -1,4 +1,5 @@
-"""python3-etcd3 0.13.0, mended once for every watcher (the router's discovery, the store's leader watch).
+"""python3-etcd3 0.13.0, mended once for every watcher (the store's leader watch, the router's discovery).
+Here because store_client imports nothing of pdorch and the router already imports store_client.
 
 Its watch thread calls `six.itervalues` without importing six when the watch stream ends (etcd down or
 restarted). The NameError kills the thread before the callbacks hear about it, so a watch would end
