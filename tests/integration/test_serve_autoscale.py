@@ -55,7 +55,8 @@ def test_serve_autoscale_with_two_masters_starts_its_own_etcd_and_stops_it_last(
         assert len(masters) == 2 and all(f"--etcd_endpoints={endpoint}" in m for m in masters), masters
         memory = [cmd for cmd in kids.values() if "mooncake_client" in cmd]
         assert len(memory) == 1 and f"--master_server_address=etcd://{endpoint}" in memory[0], memory
-        workers = [cmd for cmd in kids.values() if "_node" in cmd]
+        # by module: every child's --set carries store.memory_node_segment_mb, "_node" alone matches the router too
+        workers = [cmd for cmd in kids.values() if " -m prefill_node " in cmd or " -m decode_node " in cmd]
         assert len(workers) == 2 and all("discovery.mode=etcd" in w and f"discovery.etcd_endpoints={endpoint}" in w
                                          and "--set store.global_segment_size_mb=0" in w for w in workers), workers
         r = httpx.post(url + "/generate", timeout=60,
