@@ -1,4 +1,4 @@
-"""Fixtures for bench/scale_up_hits/test_stack.py: kept here, apart from tests/, so the two
+"""Fixtures for bench/scale_up_hits/test_stack.py: kept beside the test, not in tests/, so the two
 share only local_stack/ and the project."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def run_bench(cmd: list[str], tmp_path: Path, model_dir: Path) -> dict:
 
 
 def generate(argv: list[str]) -> int:
-    """bench/trace/generate.py through its command line (tests do not import bench)."""
+    """bench/trace/generate.py through its command line (tests/ keeps off bench's modules)."""
     return subprocess.run([sys.executable, "-m", "bench.trace.generate", *argv], cwd=ROOT, timeout=60, check=False).returncode
 
 
