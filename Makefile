@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup system-deps venv test test-unit test-integration proto lint bench chart-test
+.PHONY: setup system-deps venv test test-unit test-integration test-bench proto lint bench chart-test
 
 setup: system-deps venv  ## install everything on a fresh Debian machine (idempotent)
 
@@ -32,8 +32,11 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PIP) install -q --no-deps -e .
 	@touch $@
 
-test:  ## the whole suite (unit + integration), as CI runs it
-	$(PY) -m pytest -q tests
+test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py), as CI runs it
+	$(PY) -m pytest -q tests bench
+
+test-bench:  ## the benchmarks' own logic (bench/*/test_*.py)
+	$(PY) -m pytest -q bench
 
 test-unit:
 	$(PY) -m pytest -q tests/unit

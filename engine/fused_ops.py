@@ -19,7 +19,7 @@ fp32, cast, then times up in the input dtype; RoPE's two products each rounded, 
 
 `TorchOps` is the reference and the CPU path; `TritonOps` runs on CUDA (and in Triton's interpreter
 on CPU: tests/unit/test_triton_kernels.py). Which one a GPU worker uses is chosen by measurement
-(bench/gpu_check.py times a decode step with each); until that measurement exists the torch ops are used.
+(bench/gpu_check/run.py times a decode step with each); until that measurement exists the torch ops are used.
 """
 
 from __future__ import annotations

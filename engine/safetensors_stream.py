@@ -6,7 +6,7 @@ pages of each slice are dropped from this process (MADV_DONTNEED) once copied. S
 second copy of the checkpoint in host memory: the overhead is one slice, whatever the model size.
 
 NOTE: safetensors' own `safe_open` keeps the whole mapping resident until the file is closed (every
-page read stays in the process's RSS: the checkpoint's size again, measured in bench/model_load.py),
+page read stays in the process's RSS: the checkpoint's size again, measured in bench/engine/model_load.py),
 which is why this reads the (simple, documented) format itself:
 
     [8 bytes: header length N, little-endian u64][N bytes: JSON header][data]

@@ -38,9 +38,9 @@ _SECRETS = (("router", "api_key"), ("router", "admin_key"), ("router", "previous
 # `pdorch bench NAME` -> (module of bench/, one-line help)
 BENCHMARKS = {
     "multiturn": ("bench.multiturn.cli", "sustained multi-turn load: hit rate vs ideals, TTFT, tiers, RSS per round"),
-    "long-context": ("bench.long_context", "long shared documents read back from the store vs recomputed"),
-    "soak": ("bench.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
-    "overload": ("bench.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
+    "long-context": ("bench.store_io.long_context", "long shared documents read back from the store vs recomputed"),
+    "soak": ("bench.reliability.soak.cli", "N minutes of steady multi-turn traffic: RSS drift per process, errors, leaked pages"),
+    "overload": ("bench.reliability.overload", "4x more concurrent requests than admitted: outcomes, rejection latency"),
     "trace": ("bench.trace.cli", "replay a trace (Mooncake, Bailian, aiperf): hit rate vs instant/causal ideals, goodput"),
     "autoscale": ("bench.autoscale", "the planner vs fixed fleets, simulated: SLO intervals met, replica-seconds"),
     "profile": ("bench.profile.cli", "the planner's profile: one prefill and one decode replica's tokens/s and latency"),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 # At most this many objects per page: with Hkv <= 8 (every Llama / Qwen 2-3 size) one object per KV
 # head, so every TP size (1, 2, 4, 8, replicated heads included) reads exactly its heads; smaller
-# objects cost little (bench/store_io.py --head-groups-only: 0.69x load bandwidth at 8, 0.86x at 4).
+# objects cost little (bench/store_io/run.py --head-groups-only: 0.69x load bandwidth at 8, 0.86x at 4).
 MAX_GROUPS = 8
 
 

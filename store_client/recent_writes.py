@@ -19,7 +19,7 @@ than configured, logged once per overflow).
 
 NOTE: two looks at least RECHECK_S apart, and only pages missing in both are lost: right after a
 switch the new leader answered "absent" for pages that read back a moment later
-(bench/master_failover.py).
+(bench/reliability/master_failover.py).
 
 Thread-safe: the I/O threads add, the store connector's thread audits.
 """

@@ -4,6 +4,5 @@ pytest_plugins = [
     "tests.fixtures.processes",
     "tests.fixtures.model",
     "tests.fixtures.store",
-    "tests.fixtures.workers",
     "tests.fixtures.router",
 ]

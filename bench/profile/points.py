@@ -1,5 +1,5 @@
 """The arithmetic of a profile point from timed streams (bench/profile/stream.py), apart from the
-sending so it can be checked on hand-made timings (tests/unit/test_bench_profile_points.py)."""
+sending so it can be checked on hand-made timings (bench/profile/test_points.py)."""
 
 from __future__ import annotations
 

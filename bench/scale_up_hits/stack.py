@@ -1,6 +1,6 @@
 """The real local stack with a fleet that changes size: etcd discovery, a mooncake_master, a store
 peer that holds the store's memory, prefill and decode workers run by a LocalFleet, and the router
-in this process. Shared by bench/scale_up_hits and tests/integration/test_scale_up_hits.py.
+in this process. Shared by bench/scale_up_hits and its test, bench/scale_up_hits/test_stack.py.
 
 Every worker is a pure store client (store.global_segment_size_mb 0): Mooncake may place a page in
 its writer's own segment, and a worker's segment would come and go with it; the peer's stays.
@@ -19,14 +19,14 @@ from typing import Self
 import httpx
 
 from engine.tokenizer import Tokenizer
+from local_stack.processes import free_port, stop_process
+from local_stack.router import RouterThread, start_etcd
+from local_stack.store import Peer
+from local_stack.workers import make_config
 from pdorch.config import Config, DiscoveryConfig
 from pdorch.config_loader import dump_config
 from pdorch.local_fleet import LocalFleet
 from store_client.master import MasterProcess
-from tests.fixtures.processes import free_port, stop_process
-from tests.fixtures.router import RouterThread, start_etcd
-from tests.fixtures.store import Peer
-from tests.fixtures.workers import make_config
 
 START_TIMEOUT_S = 180.0
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
+from local_stack.router import RouterThread, router_config
+from local_stack.workers import WorkerCluster, start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.workers import WorkerCluster, start_cluster
 
 
 def prompt(n: int, seed: int = 0) -> list[int]:

@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
+from local_stack.router import cluster_router
+from local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
-from tests.fixtures.router import cluster_router
-from tests.fixtures.workers import WorkerCluster, make_config
 
 MESSAGES = [{"role": "user", "content": "Save Ann, who lives in Oslo."}]
 # as pydantic's model_json_schema() writes nested models (each in $defs), values bounded for a random model

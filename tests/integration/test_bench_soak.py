@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_soak_json(tmp_path, tiny_model_dir):
     sets = [f"model.source={tiny_model_dir}", f"model.cache_dir={tmp_path / 'models'}", "model.torch_threads=1"]
-    argv = [sys.executable, "-m", "bench.soak", "--minutes", "0.2", "--request-rate", "2", "--clients", "2",
+    argv = [sys.executable, "-m", "bench.reliability.soak", "--minutes", "0.2", "--request-rate", "2", "--clients", "2",
             "--rounds", "2", "--first-tokens", "40", "--turn-tokens", "30", "--output-tokens", "8",
             "--rss-interval", "1", "--timeout", "60", "--json", "--plot", str(tmp_path / "rss.png"),
             "--log-dir", str(tmp_path / "logs")]

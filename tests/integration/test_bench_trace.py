@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.trace.generate import main as generate
-
 ROOT = Path(__file__).resolve().parents[2]
 RUN_FIELDS = ("name", "sets", "requests", "errors", "prompt_tokens", "cached_tokens", "hit_rate",
               "instant_ideal_hit_rate", "causal_ideal_hit_rate", "hit_over_instant_ideal", "hit_over_causal_ideal",
@@ -37,6 +35,11 @@ def run_bench(cmd: list[str], tmp_path: Path, model_dir: Path) -> dict:
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def generate(argv: list[str]) -> int:
+    """bench/trace/generate.py through its command line (tests/ keeps off bench's modules)."""
+    return subprocess.run([sys.executable, "-m", "bench.trace.generate", *argv], cwd=ROOT, timeout=60, check=False).returncode
 
 
 def test_spaced_trace_reaches_both_ideals(tmp_path, tiny_model_dir):

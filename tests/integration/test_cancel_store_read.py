@@ -21,9 +21,9 @@ import uuid
 import grpc
 import pytest
 
+from local_stack.workers import WorkerCluster, make_config, worker_metric
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.master import MasterProcess
-from tests.fixtures.workers import WorkerCluster, make_config, worker_metric
 
 PREFIX = [(i * 29) % 900 + 20 for i in range(320)]  # 20 pages of 16 tokens
 PROMPT = PREFIX + [7, 8, 9, 10, 11]  # the tail: computed by the decode worker itself

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from local_stack.workers import start_cluster, worker_metric
 from store_client.evictor import master_eviction_counters, master_fill
-from tests.fixtures.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
 TURNS, ANSWER = 4, 32

@@ -17,10 +17,10 @@ import urllib.request
 import grpc
 import pytest
 
+from local_stack.processes import free_port
+from local_stack.workers import WorkerCluster, make_config
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
-from tests.fixtures.processes import free_port
-from tests.fixtures.workers import WorkerCluster, make_config
 
 PAGE_SIZE = 16
 

@@ -14,7 +14,7 @@ import concurrent.futures
 
 import pytest
 
-from tests.fixtures.workers import start_cluster, worker_metric
+from local_stack.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
 NUM_PAGES = 16

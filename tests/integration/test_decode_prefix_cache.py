@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
+from local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.evictor import master_fill
-from tests.fixtures.workers import start_cluster, worker_metric
 from tests.integration.test_disagg_smollm2 import reference, tok  # noqa: F401 - fixtures
 from tests.integration.test_store_to_decode import PAGE_NBYTES
 

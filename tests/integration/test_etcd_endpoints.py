@@ -15,10 +15,10 @@ import time
 import httpx
 import pytest
 
+from local_stack.processes import free_port, stop_process, wait_for_port
+from local_stack.router import router_config, wait_until
 from pdorch.config import DiscoveryConfig
 from pdorch.worker.registration import WorkerRegistration, connect, worker_key
-from tests.fixtures.processes import free_port, stop_process, wait_for_port
-from tests.fixtures.router import router_config, wait_until
 
 TTL_S = 2
 MEMBERS = ("m0", "m1", "m2")

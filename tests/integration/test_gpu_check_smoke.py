@@ -1,4 +1,4 @@
-"""bench/gpu_check.py --smoke on the CPU: the prepared device check runs end to end (tiny shapes), so
+"""bench/gpu_check/run.py --smoke on the CPU: the prepared device check runs end to end (tiny shapes), so
 the one run it gets on a GPU machine does not fail on a typo. Its correctness part is real here too:
 the engine equals transformers token for token in fp32, seeded sampling is reproducible, and the
 devices part's TP 2 (over gloo here) gives the greedy tokens of one process."""

@@ -19,12 +19,12 @@ import time
 import grpc
 import pytest
 
+from local_stack.processes import free_port
 from pdorch.worker import main as worker_main
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc import stream as grpc_stream
 from router.grpc.stream import Channel, RpcError
-from tests.fixtures.processes import free_port
 
 SCALE = 0.05  # 1/20: the router's 10 s keepalive becomes 0.5 s
 CLIENT_KEEPALIVE_S = grpc_stream.KEEPALIVE_S * SCALE

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from tests.fixtures.router import RouterThread, router_config, wait_until
-from tests.fixtures.workers import start_cluster, worker_metric
+from local_stack.router import RouterThread, router_config, wait_until
+from local_stack.workers import start_cluster, worker_metric
 from tests.integration.fault_helpers import router_workers
 
 PROMPT_TOKENS = 2048

@@ -14,11 +14,11 @@ import time
 import grpc
 import pytest
 
+from local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION, page_hashes
-from tests.fixtures.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
 # Acceptance (d): requests/s with a stalled subscriber over the mean of the runs without one before

@@ -18,9 +18,9 @@ import grpc
 import httpx
 import pytest
 
+from local_stack.workers import start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
-from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import prompt, router_workers, start_router
 
 PAGE = 16

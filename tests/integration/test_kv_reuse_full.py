@@ -19,12 +19,12 @@ import pytest
 from mooncake.store import MooncakeDistributedStore
 
 from engine.arch import ModelArch
+from local_stack.workers import start_cluster
+from local_stack.workers import worker_metric as metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes, store_key
 from store_client.page_objects import PageObjects, head_groups
-from tests.fixtures.workers import start_cluster
-from tests.fixtures.workers import worker_metric as metric
 from tests.integration.test_disagg_smollm2 import long_document
 
 PAGE_SIZE = 16

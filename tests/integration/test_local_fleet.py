@@ -27,6 +27,9 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
+from local_stack.processes import free_port, stop_process
+from local_stack.router import RouterThread, start_etcd
+from local_stack.workers import make_config
 from pdorch.child_process import Child, stop_children
 from pdorch.config import DiscoveryConfig
 from pdorch.config_loader import dump_config
@@ -34,9 +37,6 @@ from pdorch.local_fleet import LocalFleet
 from pdorch.ports import port_answers
 from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_argv
 from store_client.master import MasterProcess, find_mooncake_binary
-from tests.fixtures.processes import free_port, stop_process
-from tests.fixtures.router import RouterThread, start_etcd
-from tests.fixtures.workers import make_config
 
 MAX_TOKENS = 400  # long enough to be mid-stream when the decode worker leaves (~2 ms a token here)
 STREAMS = 6

@@ -20,11 +20,11 @@ import time
 
 import pytest
 
+from local_stack.processes import stop_process
+from local_stack.router import start_etcd
+from local_stack.workers import WorkerCluster, make_config, worker_metric
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView
-from tests.fixtures.processes import stop_process
-from tests.fixtures.router import start_etcd
-from tests.fixtures.workers import WorkerCluster, make_config, worker_metric
 from tests.integration.test_store_ha import (
     _REMOVE_ALL,
     LEAD_TIMEOUT_S,

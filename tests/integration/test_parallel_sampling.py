@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from local_stack.router import cluster_router
+from local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
-from tests.fixtures.router import cluster_router
-from tests.fixtures.workers import WorkerCluster, make_config
 
 MODEL = None  # the served model
 PAGE = 16

@@ -18,10 +18,10 @@ import time
 
 import pytest
 
+from local_stack.workers import start_cluster
+from local_stack.workers import worker_metric as metric
 from pdorch.worker.prompt_pages import reusable_pages
 from tests.fixtures.threads import in_thread
-from tests.fixtures.workers import start_cluster
-from tests.fixtures.workers import worker_metric as metric
 
 PAGE_SIZE = 16
 PAGES = 12

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.workers import start_cluster
+from local_stack.router import RouterThread, router_config
+from local_stack.workers import start_cluster
 
 VOCAB = 49152
 CONTEXT = 2048

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
-from tests.fixtures.processes import stop_process
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.workers import start_cluster
+from local_stack.processes import stop_process
+from local_stack.router import RouterThread, router_config
+from local_stack.workers import start_cluster
 
 PAGE_SIZE = 16
 

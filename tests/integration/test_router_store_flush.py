@@ -6,9 +6,9 @@ import dataclasses
 
 import httpx
 
+from local_stack.router import router_config
 from pdorch.config import StoreConfig
 from store_client.master import MasterProcess
-from tests.fixtures.router import router_config
 
 
 def test_flush_cache_with_store_removes_every_object(tmp_path, standins, make_router):

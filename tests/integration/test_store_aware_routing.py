@@ -11,8 +11,8 @@ import time
 
 import httpx
 
+from local_stack.workers import start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
-from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import prompt, router_workers, start_router
 
 PAGE = 16

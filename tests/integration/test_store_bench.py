@@ -1,4 +1,4 @@
-"""bench/store_io.py runs end to end (tiny sizes) and its last line is the promised JSON object."""
+"""bench/store_io/run.py runs end to end (tiny sizes) and its last line is the promised JSON object."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_store_io_bench_smoke():
-    out = subprocess.run([sys.executable, "bench/store_io.py", "--runs", "1", "--seconds", "0.3", "--pages", "8",
+    out = subprocess.run([sys.executable, "bench/store_io/run.py", "--runs", "1", "--seconds", "0.3", "--pages", "8",
                           "--batch", "4", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
     assert out.returncode == 0, out.stderr[-3000:]

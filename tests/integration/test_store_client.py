@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from local_stack.store import page_pattern, store_config
 from store_client.io_thread import StoreIO
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics
 from store_client.page_hash import model_fingerprint, page_hashes, store_keys
 from store_client.store import KVStore
-from tests.fixtures.store import page_pattern, store_config
 
 PAGE = 64 * 1024
 N = 6

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from local_stack.store import store_config
 from store_client.chain_index import ChainIndex
 from store_client.evictor import StoreEvictor, master_eviction_counters, master_fill
 from store_client.master import MasterProcess
@@ -25,7 +26,6 @@ from store_client.metrics import StoreMetrics
 from store_client.page_hash import model_fingerprint, page_hashes, store_keys
 from store_client.page_objects import PageObjects
 from store_client.store import KVStore
-from tests.fixtures.store import store_config
 
 PAGE = 64 * 1024
 SEGMENT_MB = 16  # NOTE: the smallest segment this master accepts here (8 MiB fails setup with -600)

@@ -19,14 +19,14 @@ import urllib.request
 import grpc
 import pytest
 
+from local_stack.processes import stop_process
+from local_stack.router import Etcd, start_etcd
+from local_stack.workers import WorkerCluster, make_config, worker_metric
 from pdorch.status import store_masters
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.evictor import parse_metrics
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView
-from tests.fixtures.processes import stop_process
-from tests.fixtures.router import Etcd, start_etcd
-from tests.fixtures.workers import WorkerCluster, make_config, worker_metric
 
 PAGE = 16
 LEAD_TIMEOUT_S = 30.0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from local_stack.router import restart_etcd, wait_until
 from pdorch.worker.registration import connect
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector
@@ -27,7 +28,6 @@ from store_client.master import MasterProcess
 from store_client.master_view import view_key
 from store_client.metrics import StoreMetrics
 from store_client.ports import free_port
-from tests.fixtures.router import restart_etcd, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEN_WITHIN_S = 0.5

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
-from tests.fixtures.workers import start_cluster, worker_metric
 from tests.integration.test_disagg_smollm2 import chat, long_document, reference, tok  # noqa: F401 - fixtures
 
 PAGE_SIZE = 16

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from engine.tokenizer import Tokenizer
+from local_stack.hf_checkpoints import build_checkpoint
+from local_stack.router import RouterThread, router_config
+from local_stack.workers import start_cluster
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
-from tests.fixtures.hf_checkpoints import build_checkpoint
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.workers import start_cluster
 
 PAGE = 16
 MAX_TOKENS = 8

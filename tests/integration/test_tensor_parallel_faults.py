@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
+from local_stack.hf_checkpoints import build_checkpoint
+from local_stack.router import RouterThread, router_config
+from local_stack.workers import start_cluster
 from pdorch.child_process import pid_alive
-from tests.fixtures.hf_checkpoints import build_checkpoint
-from tests.fixtures.router import RouterThread, router_config
 from tests.fixtures.threads import in_thread
-from tests.fixtures.workers import start_cluster
 from tests.integration.fault_helpers import iter_sse, prompt, router_workers, wait_running
 
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}  # a dead D's segment takes no page with it

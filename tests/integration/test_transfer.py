@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from local_stack.processes import free_port
+from local_stack.store import digest, page_pattern
 from store_client.transfer import KVTransfer, TransferError, merge_runs
-from tests.fixtures.processes import free_port
-from tests.fixtures.store import digest, page_pattern
 
 PAGE = 64 * 1024
 PAGES = 8

@@ -15,6 +15,7 @@ from dataclasses import replace
 import grpc
 import pytest
 
+from local_stack.processes import free_port
 from pdorch.config import GrpcConfig
 from pdorch.worker.main import make_server
 from pdorch.worker.rpc import add_port, aio_channel, bearer, client_channel
@@ -22,7 +23,6 @@ from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH
 from router.dispatch.workers import WorkerPool
 from router.grpc.stream import Channel, RpcError
-from tests.fixtures.processes import free_port
 
 TOKEN = "s3cret-worker-token"
 

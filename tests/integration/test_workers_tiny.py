@@ -13,10 +13,10 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from local_stack.processes import stop_process
+from local_stack.workers import start_cluster
 from pdorch.worker.registration import connect
 from proto.pdorch.v1 import worker_pb2 as pb
-from tests.fixtures.processes import stop_process
-from tests.fixtures.workers import start_cluster
 
 PAGE_SIZE = 16
 

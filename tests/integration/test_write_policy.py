@@ -18,13 +18,13 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
+from local_stack.store import model_page_objects, store_config
+from local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.metrics import StoreMetrics
 from store_client.page_hash import page_hashes, store_key
 from store_client.store import KVStore
-from tests.fixtures.store import model_page_objects, store_config
-from tests.fixtures.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
 POLICIES = ("write_through", "write_through_selective", "write_back")

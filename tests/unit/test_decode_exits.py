@@ -18,12 +18,12 @@ from decode_node import worker as decode_worker
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
+from local_stack.workers import make_config
 from pdorch.ports import free_port
 from pdorch.worker.errors import Aborted, WorkerError
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.runtime import build_runtime
-from tests.fixtures.workers import make_config
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,11 @@ from engine.page_allocator import PageAllocator
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
+from local_stack.workers import make_config
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.runtime import WorkerRuntime
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
-from tests.fixtures.workers import make_config
 
 PAGE_SIZE = 16  # make_config's page size
 FIRST_TOKEN = 7  # what P would have answered

@@ -10,12 +10,12 @@ import time
 import grpc
 import pytest
 
+from local_stack.processes import free_port
+from local_stack.router import wait_until
+from local_stack.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.stream import Channel, RpcError
-from tests.fixtures.processes import free_port
-from tests.fixtures.router import wait_until
-from tests.fixtures.standin import StandinServer
 
 
 def _request(rid: str = "r", tokens: int = 4, prompt: list[int] | None = None) -> bytes:

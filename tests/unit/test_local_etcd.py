@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import io
 
+from local_stack.processes import wait_for_port
 from pdorch.child_process import Child, stop_children
 from pdorch.config_loader import default_config_path, load_config
 from pdorch.launcher import LocalCluster, ServeOptions
 from pdorch.local_etcd import EtcdNeeds, LocalEtcd, etcd_needs
 from pdorch.worker.registration import connect
-from tests.fixtures.processes import wait_for_port
 
 
 def _cfg(**overrides):

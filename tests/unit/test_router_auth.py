@@ -9,10 +9,10 @@ import logging
 import httpx
 import pytest
 
+from local_stack.processes import free_port
+from local_stack.router import RouterThread, router_config
+from local_stack.standin import StandinServer
 from router.http.app import _ROUTES
-from tests.fixtures.processes import free_port
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.standin import StandinServer
 
 API_KEY = "sk-client-7d1e0c5a93"
 ADMIN_KEY = "sk-admin-4b8f2d6e10"

@@ -14,13 +14,13 @@ import pytest
 
 from engine.chat_prompts import ChatPrompts
 from engine.tokenizer import Tokenizer
+from local_stack.processes import free_port
+from local_stack.router import router_config
 from pdorch.config import ModelConfig
 from pdorch.config_loader import ConfigError, load_config
 from pdorch.launcher import ServeError, chat_template_summary
 from pdorch.status import fetch_status, render_status
 from router.http.chat_prompt import chat_prompts
-from tests.fixtures.processes import free_port
-from tests.fixtures.router import router_config
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

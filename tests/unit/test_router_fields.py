@@ -22,10 +22,10 @@ import pytest
 import typing_extensions
 from pydantic import BaseModel
 
+from local_stack.processes import free_port
+from local_stack.router import RouterThread, router_config
+from local_stack.standin import StandinServer
 from router.http.bodies import ChatCompletionRequest, CompletionRequest
-from tests.fixtures.processes import free_port
-from tests.fixtures.router import RouterThread, router_config
-from tests.fixtures.standin import StandinServer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "hi"}]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+from local_stack.processes import free_port
+from local_stack.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2 as pb
 from router.dispatch.workers import WorkerPool
 from router.kv.index import KVIndex
 from router.kv.watch import KVWatcher
-from tests.fixtures.processes import free_port
-from tests.fixtures.standin import StandinServer
 
 
 def _batch(seq: int, snapshot: bool = False, stored=(), epoch: str = "e1") -> pb.KVEventBatch:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from local_stack.processes import free_port
 from router.http.listen import PortInUse, listen_sockets
-from tests.fixtures.processes import free_port
 
 
 def test_connections_are_spread_over_the_sockets_of_one_port():

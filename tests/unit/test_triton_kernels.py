@@ -34,7 +34,7 @@ def test_kernel_equals_float64(results, case):
 
 
 def test_the_gpu_checks_kernel_grid_passes_in_the_interpreter(results):
-    """bench/gpu_check.py's grid (shapes shrunk to what the interpreter runs in seconds), fp32: every case
+    """bench/gpu_check/run.py's grid (shapes shrunk to what the interpreter runs in seconds), fp32: every case
     within its tolerance, every kernel and page size of the grid present."""
     grid = results["grid_smoke"]
     assert isinstance(grid, list), grid

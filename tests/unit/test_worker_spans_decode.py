@@ -13,6 +13,8 @@ from decode_node import spans as decode_spans
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
+from local_stack.router import wait_until
+from local_stack.workers import make_config
 from pdorch.config import ObservabilityConfig
 from pdorch.tracing import context_of, set_process_tracing, setup_tracing, start_span
 from pdorch.tracing import names as n
@@ -21,8 +23,6 @@ from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import CachedTokens, PrefillResult
 from pdorch.worker.prompt_pages import compute_ranges, computed_full_pages, reusable_pages
 from pdorch.worker.runtime import build_runtime
-from tests.fixtures.router import wait_until
-from tests.fixtures.workers import make_config
 from tests.unit.test_decode_scheduler import (
     HeldStoreIO,
     admitted,

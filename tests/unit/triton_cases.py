@@ -24,9 +24,9 @@ def _patch_index(tensor, scope):
 
 
 _interp._patch_lang_tensor = _patch_index
-from bench.gpu_check_kernels import PoolArch as Arch
-from bench.gpu_check_kernels import attention64, rotary_store_errors, run_kernels
 from engine.kv_pool import KVPool
+from engine.reference.kernel_checks import PoolArch as Arch
+from engine.reference.kernel_checks import attention64, rotary_store_errors, run_kernels
 
 
 def decode_case(page, heads, kv_heads, head_dim, dtype, splits) -> float:
@@ -44,7 +44,7 @@ def decode_case(page, heads, kv_heads, head_dim, dtype, splits) -> float:
     width = max(map(len, tables))
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     # NOTE: q stays fp32: the interpreter's tl.dot on bf16 operands is wrong (NumPy has no bf16), so
-    # the bf16 case here is a bf16 pool read into fp32 math; bf16 x bf16 runs in bench/gpu_check.py.
+    # the bf16 case here is a bf16 pool read into fp32 math; bf16 x bf16 runs in bench/gpu_check/run.py.
     q = torch.randn(len(lens), heads, head_dim)
     out = tk.paged_decode(q, pool, 1, table, torch.tensor(lens, dtype=torch.int32), splits, block_n=16)
     assert out.shape == (len(lens), heads * head_dim) and out.dtype == q.dtype
@@ -74,7 +74,7 @@ def fused_case(op: str) -> float:
         return max(float((y - ry).abs().max() / ry.abs().max()), float((s - rs).abs().max() / rs.abs().max()))
     if op == "rotary_store":  # q, k and v as the model has them: views of one qkv row per token
         # NOTE: an fp16 pool for the cast: the interpreter truncates fp32 -> bf16 (NumPy has no bf16; the
-        # GPU rounds to nearest, as torch), so a bf16 pool is checked by bench/gpu_check.py on the GPU.
+        # GPU rounds to nearest, as torch), so a bf16 pool is checked by bench/gpu_check/run.py on the GPU.
         return max(rotary_store_errors(torch.float32, torch.float32), rotary_store_errors(torch.float32, torch.float16))
     gate_up = torch.randn(3, 2 * 1500) * 4
     y, ref = TritonOps.silu_mul(gate_up, 1500), TorchOps.silu_mul(gate_up, 1500)
@@ -113,7 +113,7 @@ CASES = {
     "extend_on_prefix": lambda: extend_case(13, 40, 4),
     "extend_one_token": lambda: extend_case(32, 33, 16),
     "extend_long_prefix": lambda: extend_case(50, 90, 8),
-    # bench/gpu_check.py's kernel grid at small sizes (its GPU run covers it whole, fp32 and bf16)
+    # bench/gpu_check/run.py's kernel grid at small sizes (its GPU run covers it whole, fp32 and bf16)
     "grid_smoke": lambda: run_kernels("cpu", ("float32",), smoke=True),
     "fused_add_rms_norm": lambda: fused_case("add_rms_norm"),
     "fused_silu_mul": lambda: fused_case("silu_mul"),

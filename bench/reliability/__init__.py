@@ -1,0 +1,2 @@
+"""bench/reliability: the stack under faults and pressure: worker and master failover, decode preemption,
+overload, a soak (soak/). Each runs as `python -m bench.reliability.<name>`."""
