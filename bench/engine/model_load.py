@@ -1,7 +1,7 @@
 """Model load benchmark: pdorch's streamed loader against `safetensors.torch.load_file` + `load_state_dict`.
 
 The checkpoint: random weights of Qwen2.5-0.5B's shape (24 layers, hidden 896, vocab 151936, tied
-embeddings) in bfloat16, ~0.99 GB, built once by transformers (local_stack/hf_checkpoints.py) into --dir.
+embeddings) in bfloat16, ~0.99 GB, built once by transformers (pdorch/local_stack/hf_checkpoints.py) into --dir.
 Each load runs in a fresh process (page cache warm, read once before the runs), --runs times, ours
 and the baseline alternating; medians. Measured per load:
 
@@ -81,7 +81,7 @@ def child(method: str, model_dir: Path) -> dict:
 
 
 def build(model_dir: Path) -> int:
-    from local_stack.hf_checkpoints import QWEN25_05B, build_checkpoint
+    from pdorch.local_stack.hf_checkpoints import QWEN25_05B, build_checkpoint
 
     if not (model_dir / "model.safetensors").is_file():
         print(f"[model_load] building a random Qwen2.5-0.5B-shaped bf16 checkpoint in {model_dir} ...",

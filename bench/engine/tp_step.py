@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from local_stack.hf_checkpoints import build_checkpoint
+    from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_checkpoint("llama3", pathlib.Path(tmp) / "m", seed=0, tokenizer=False, shape=SHAPE))

@@ -31,7 +31,7 @@ PROMPT = 1024
 
 
 def run_pair(model_dir, tmp: pathlib.Path, p: int, d: int, requests: int) -> dict:
-    from local_stack.workers import start_cluster, worker_metric
+    from pdorch.local_stack.workers import start_cluster, worker_metric
 
     c = start_cluster(tmp, model_dir, with_store=False, prefill={"tp_size": p, "num_pages": 256},
                       decode={"tp_size": d, "num_pages": 256, "max_local_prefill_tokens": 0,
@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from local_stack.hf_checkpoints import build_checkpoint
+    from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """bench/gpu_check/run.py, part 2: the engine against transformers on tiny random checkpoints.
 
-Per family (Llama 3, Qwen2; local_stack/hf_checkpoints.py's build_checkpoint) and dtype (fp32, bf16):
+Per family (Llama 3, Qwen2; pdorch/local_stack/hf_checkpoints.py's build_checkpoint) and dtype (fp32, bf16):
 
     logits    the engine's last-token logits of 3 prompts, each prefilled in two chunks (the second on
               top of the first's cached pages: the extend path), against HF's forward of the whole
@@ -41,7 +41,7 @@ STEPS = 24
 def build_tiny(family: str, root: pathlib.Path) -> pathlib.Path:
     # NOTE: the GPU machine has no SmolLM2 package to build a tokenizer from; these checks compare token ids
     # and logits only.
-    from local_stack.hf_checkpoints import build_checkpoint
+    from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
     return build_checkpoint(family, root / family, seed=7, tokenizer=False)
 

@@ -41,7 +41,7 @@ TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 
 
 
 def build(root: pathlib.Path, name: str, shape: dict, dtype: str = "float32") -> pathlib.Path:
-    from local_stack.hf_checkpoints import build_checkpoint
+    from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
     return build_checkpoint("llama3", root / name, seed=3, dtype=dtype, shape=shape, tokenizer=False, std=0.3)
 

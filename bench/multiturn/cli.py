@@ -47,9 +47,9 @@ from bench.multiturn.presets import (
 )
 from bench.multiturn.run import Target, run_workload
 from bench.multiturn.stats import rounded, run_summary
-from local_stack.hf_checkpoints import FAMILIES
 from pdorch.config_loader import add_config_args
 from pdorch.launch_plan import torch_threads_per_worker
+from pdorch.local_stack.hf_checkpoints import FAMILIES
 
 VARIANTS = {"a": ("store + offload", []), "b": ("store off", ["store.enabled=false"]),
             "c": ("offload off", ["decode.offload_generated_kv=false"]), "d": ("engine.LLM", []),
@@ -108,7 +108,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="component logs of the started clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--test-model", choices=FAMILIES, help="serve a random-weights checkpoint of this family "
-                   "(local_stack/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
+                   "(pdorch/local_stack/hf_checkpoints.py, built once into ~/.cache/pdorch/test-models) instead of model.source")
     add_config_args(p)
     return p
 

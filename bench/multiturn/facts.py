@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def commit() -> str:
 
 
 def test_model_dir(family: str) -> Path:
-    """The random `family` checkpoint of local_stack/hf_checkpoints.py, built once (seed 0, tiny shape)."""
+    """The random `family` checkpoint of pdorch/local_stack/hf_checkpoints.py, built once (seed 0, tiny shape)."""
     out = Path(os.path.expanduser("~/.cache/pdorch/test-models")) / family
     if not (out / "config.json").is_file():
         tmp = out.with_name(f".{family}.tmp-{os.getpid()}")

@@ -22,8 +22,8 @@ from bench.profile.measure import ProfileError, Profiler, Settings
 from bench.profile.profile_file import profile_dict
 from bench.profile.stream import UniquePrompts
 from bench.trace.tokens import ordinary_vocabulary
-from local_stack.hf_checkpoints import FAMILIES
 from pdorch.config_loader import add_config_args
+from pdorch.local_stack.hf_checkpoints import FAMILIES
 from pdorch.planner.profile import profile_from_dict, save_profile
 
 
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", help="component logs of the cluster (default: a temp dir)")
     p.add_argument("--test-model", choices=FAMILIES, help="serve a random-weights checkpoint of this family "
-                   "(local_stack/hf_checkpoints.py) instead of model.source")
+                   "(pdorch/local_stack/hf_checkpoints.py) instead of model.source")
     p.set_defaults(url=None)  # bench_config's: the profile always starts its own one-replica cluster
     add_config_args(p)
     return p

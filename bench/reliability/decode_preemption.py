@@ -43,8 +43,8 @@ from bench.multiturn.cluster import ServeCluster, port_overrides
 from bench.multiturn.facts import commit, test_model_dir
 from bench.multiturn.stats import percentile
 from engine.page_allocator import pages_for
-from local_stack.hf_checkpoints import FAMILIES
 from pdorch.config_loader import add_config_args, default_config_path
+from pdorch.local_stack.hf_checkpoints import FAMILIES
 
 VARIANTS = {"on": [], "off": ["decode.preemption=false", "decode.growth_reserve=0"],
             "no_reserve": ["decode.growth_reserve=0"]}
@@ -61,7 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oversubscription", default="1.5,3", help="streams' KV at their end / the pool (default 1.5,3)")
     p.add_argument("--variants", default="on,off,no_reserve", help=f"of {','.join(VARIANTS)}, reserve=R")
     p.add_argument("--test-model", choices=FAMILIES, help="serve the random-weights checkpoint of this family "
-                   "(local_stack/hf_checkpoints.py) instead of model.source")
+                   "(pdorch/local_stack/hf_checkpoints.py) instead of model.source")
     p.add_argument("--log-dir", help="component logs of the clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     add_config_args(p)

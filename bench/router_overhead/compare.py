@@ -2,7 +2,7 @@
 worker; side by side in one run with SGLang's Rust `sglang-router` (PyPI) routing to an HTTP
 stand-in that answers exactly like our gRPC one.
 
-    client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (local_stack/standin.py)
+    client --HTTP /generate--> pdorch router --gRPC Generate--> stand-in D (pdorch/local_stack/standin.py)
     client --gRPC Generate------------------------------------> stand-in D          (our baseline)
     client --HTTP /generate--> sglang-router --HTTP /generate--> HTTP stand-in (http_standin.py)
     client --HTTP /generate------------------------------------> HTTP stand-in     (its baseline)

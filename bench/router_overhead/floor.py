@@ -92,7 +92,7 @@ async def serve(port: int, decode: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--decode", required=True, help="host:port of a decode worker (or local_stack/standin.py)")
+    ap.add_argument("--decode", required=True, help="host:port of a decode worker (or pdorch/local_stack/standin.py)")
     args = ap.parse_args()
     uvloop.run(serve(args.port, args.decode))
     return 0

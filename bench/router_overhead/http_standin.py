@@ -1,5 +1,5 @@
 """An SGLang-compatible HTTP worker for sglang-router's side of the comparison: it streams the same
-synthetic tokens as the gRPC stand-in (local_stack/standin.py), in SGLang's `/generate` SSE
+synthetic tokens as the gRPC stand-in (pdorch/local_stack/standin.py), in SGLang's `/generate` SSE
 format, so both routers route to workers that cost the same.
 
     python -m bench.router_overhead.http_standin --port P [--token-delay-ms 40]
@@ -13,7 +13,7 @@ import json
 
 
 def serve_http_standin(port: int, token_delay_s: float) -> None:
-    """An SGLang-compatible HTTP worker with the same synthetic stream as local_stack/standin.py."""
+    """An SGLang-compatible HTTP worker with the same synthetic stream as pdorch/local_stack/standin.py."""
     from aiohttp import web
 
     async def generate(request: web.Request):
@@ -34,7 +34,7 @@ def serve_http_standin(port: int, token_delay_s: float) -> None:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
-            if i and token_delay_s:  # between tokens only, like local_stack/standin.py
+            if i and token_delay_s:  # between tokens only, like pdorch/local_stack/standin.py
                 await asyncio.sleep(token_delay_s)
             await resp.write(b"data: " + json.dumps(chunk(i)).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

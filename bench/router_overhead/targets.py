@@ -80,9 +80,9 @@ def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path
     """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
     py = sys.executable
     p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
-    d = procs.start("standin_decode", [py, "-m", "local_stack.standin", "--role", "decode", "--port", str(d_port),
+    d = procs.start("standin_decode", [py, "-m", "pdorch.local_stack.standin", "--role", "decode", "--port", str(d_port),
                                        "--token-delay-s", str(token_delay_s)])
-    p = procs.start("standin_prefill", [py, "-m", "local_stack.standin", "--role", "prefill", "--port", str(p_port)])
+    p = procs.start("standin_prefill", [py, "-m", "pdorch.local_stack.standin", "--role", "prefill", "--port", str(p_port)])
     h = procs.start("standin_http", [py, "-m", "bench.router_overhead.http_standin", "--port", str(h_port),
                                      "--token-delay-ms", str(token_delay_s * 1000)])
     cfg = tmp / "router.yaml"

@@ -9,7 +9,7 @@ import json
 from itertools import pairwise
 
 from bench.router_overhead.floor import FloorProtocol
-from local_stack.standin import Behavior, StandinServer
+from pdorch.local_stack.standin import Behavior, StandinServer
 from pdorch.ports import free_port
 from router.grpc.stream import Channel
 

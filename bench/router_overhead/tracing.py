@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.router_overhead.load_client import GENERATE_BODY, LeanHTTP, Sample, summarize
 from bench.router_overhead.targets import Procs, cpu_seconds, wait_http, wait_port
-from local_stack.processes import free_port
+from pdorch.local_stack.processes import free_port
 
 VARIANTS = ("off", "off_b", "ratio_1", "ratio_0", "ring")
 
@@ -56,10 +56,10 @@ def start(procs: Procs, tmp: Path, delay_s: float, model_dir: Path, variants=VAR
     """Stand-ins, the OTLP receiver and a router per variant: variant -> (URL, pid), and "otlp_port"."""
     py = sys.executable
     p_port, d_port, o_port = free_port(), free_port(), free_port()
-    d = procs.start("standin_decode", [py, "-m", "local_stack.standin", "--role", "decode", "--port", str(d_port),
+    d = procs.start("standin_decode", [py, "-m", "pdorch.local_stack.standin", "--role", "decode", "--port", str(d_port),
                                        "--token-delay-s", str(delay_s)])
-    p = procs.start("standin_prefill", [py, "-m", "local_stack.standin", "--role", "prefill", "--port", str(p_port)])
-    o = procs.start("otlp_receiver", [py, "-m", "local_stack.otlp", "--port", str(o_port)])
+    p = procs.start("standin_prefill", [py, "-m", "pdorch.local_stack.standin", "--role", "prefill", "--port", str(p_port)])
+    o = procs.start("otlp_receiver", [py, "-m", "pdorch.local_stack.otlp", "--port", str(o_port)])
     for port, proc in ((d_port, d), (p_port, p), (o_port, o)):
         wait_port(port, 30, proc)
     out = {"otlp_port": o_port}

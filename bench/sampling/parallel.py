@@ -31,8 +31,8 @@ import httpx
 
 from bench.multiturn.cluster import ServeCluster, metrics_urls, port_overrides
 from bench.multiturn.facts import commit, test_model_dir
-from local_stack.hf_checkpoints import FAMILIES
 from pdorch.config_loader import add_config_args, default_config_path
+from pdorch.local_stack.hf_checkpoints import FAMILIES
 
 TIMEOUT_S = 600.0
 # the prefill worker's counters, by the start of their sample line
@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=512, help="tokens per prompt (default 512)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per sequence (default 64)")
     p.add_argument("--test-model", choices=FAMILIES, help="serve the random-weights checkpoint of this family "
-                   "(local_stack/hf_checkpoints.py) instead of model.source")
+                   "(pdorch/local_stack/hf_checkpoints.py) instead of model.source")
     p.add_argument("--log-dir", help="component logs (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     add_config_args(p)

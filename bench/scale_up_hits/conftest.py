@@ -1,5 +1,5 @@
 """Fixtures for bench/scale_up_hits/test_stack.py: kept beside the test, not in tests/, so the two
-share only local_stack/ and the project."""
+share only pdorch/local_stack/ and the project."""
 
 from __future__ import annotations
 

@@ -19,13 +19,13 @@ from typing import Self
 import httpx
 
 from engine.tokenizer import Tokenizer
-from local_stack.processes import free_port, stop_process
-from local_stack.router import RouterThread, start_etcd
-from local_stack.store import Peer
-from local_stack.workers import make_config
 from pdorch.config import Config, DiscoveryConfig
 from pdorch.config_loader import dump_config
 from pdorch.local_fleet import LocalFleet
+from pdorch.local_stack.processes import free_port, stop_process
+from pdorch.local_stack.router import RouterThread, start_etcd
+from pdorch.local_stack.store import Peer
+from pdorch.local_stack.workers import make_config
 from store_client.master import MasterProcess
 
 START_TIMEOUT_S = 180.0

@@ -21,7 +21,7 @@ last prompt token on top of the cached rest), in this process once the cluster i
 
     python bench/store_io/ttft.py [--prompt-tokens 2000] [--runs 3] [--torch-threads 2] [--json]
 
-NOTE: the cluster launcher is the integration tests' one (local_stack/workers.py), so run
+NOTE: the cluster launcher is the integration tests' one (pdorch/local_stack/workers.py), so run
 this from a repository checkout with the dev requirements installed (`make setup`).
 """
 
@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from engine.prepare import DEFAULT_CACHE_DIR, prepare_model
 from engine.tokenizer import Tokenizer
-from local_stack.store import Peer
-from local_stack.workers import start_cluster
+from pdorch.local_stack.store import Peer
+from pdorch.local_stack.workers import start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
 
 CASES = ("recompute", "store", "l1", "store_decode", "decode_alone")

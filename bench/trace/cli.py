@@ -31,8 +31,8 @@ from bench.trace.plan import PlanOptions, plan
 from bench.trace.request import TraceError
 from bench.trace.run import RunSpec, replay_once
 from bench.trace.tokens import BlockTokens, ordinary_vocabulary
-from local_stack.hf_checkpoints import FAMILIES
 from pdorch.config_loader import add_config_args
+from pdorch.local_stack.hf_checkpoints import FAMILIES
 
 # in-flight prefix sharing: on prefill workers and on decode workers (one switch each)
 INFLIGHT_KEYS = ("prefill.share_inflight_prefix", "decode.share_inflight_prefix")
@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="component logs of the started clusters (default: temp dirs)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--test-model", choices=FAMILIES, help="serve a random-weights checkpoint of this family "
-                   "(local_stack/hf_checkpoints.py) instead of model.source")
+                   "(pdorch/local_stack/hf_checkpoints.py) instead of model.source")
     add_config_args(p)
     return p
 

@@ -17,8 +17,8 @@ import pytest
 
 from engine.chat_prompts import ChatPrompts
 from engine.tokenizer import Tokenizer
-from local_stack.router import cluster_router, wait_until
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.router import cluster_router, wait_until
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
 from tests.integration.fault_helpers import iter_sse, kill_serving_decode
 from tests.integration.test_agent_tools import streamed_calls

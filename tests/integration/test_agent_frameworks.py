@@ -22,7 +22,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from local_stack.router import cluster_router
+from pdorch.local_stack.router import cluster_router
 from tests.integration.test_agent_tools import cluster  # noqa: F401  (P + D, every prompt prefilled by P)
 
 PROMPT = "Save Ann, who lives in Oslo."

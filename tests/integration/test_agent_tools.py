@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import cluster_router
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
 
 MESSAGES = [{"role": "user", "content": "Save Ann, who lives in Oslo."}]

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_stack.processes import free_port
+from pdorch.local_stack.processes import free_port
 from tests.fixtures.stream_load import StreamLoad, run_streams
 from tests.integration.test_serve import children_of, pdorch_command
 from tests.integration.test_serve_supervision import serve_env, serve_process, wait_serve_ready

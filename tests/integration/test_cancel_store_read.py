@@ -21,7 +21,7 @@ import uuid
 import grpc
 import pytest
 
-from local_stack.workers import WorkerCluster, make_config, worker_metric
+from pdorch.local_stack.workers import WorkerCluster, make_config, worker_metric
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.master import MasterProcess
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from store_client.evictor import master_eviction_counters, master_fill
 
 PAGE_SIZE = 16

@@ -17,8 +17,8 @@ import urllib.request
 import grpc
 import pytest
 
-from local_stack.processes import free_port
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 

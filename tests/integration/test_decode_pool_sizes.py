@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from local_stack.router import cluster_router
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import start_cluster, worker_metric
 
 SMALL, LARGE = 8, 24  # pages: 128 and 384 tokens
 PROMPT = [(i * 41) % 900 + 20 for i in range(40)]

@@ -14,7 +14,7 @@ import concurrent.futures
 
 import pytest
 
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 
 PAGE_SIZE = 16
 NUM_PAGES = 16

@@ -7,9 +7,9 @@ import time
 
 import grpc
 
-from local_stack.processes import wait_for_port
-from local_stack.workers import START_TIMEOUT_S, WorkerCluster, make_config
 from pdorch.config import GrpcConfig
+from pdorch.local_stack.processes import wait_for_port
+from pdorch.local_stack.workers import START_TIMEOUT_S, WorkerCluster, make_config
 from pdorch.worker.rpc import client_channel
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc

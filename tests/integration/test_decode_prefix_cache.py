@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.evictor import master_fill
 from tests.integration.test_disagg_smollm2 import reference, tok  # noqa: F401 - fixtures

@@ -12,7 +12,7 @@ import pytest
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from local_stack.workers import start_cluster
+from pdorch.local_stack.workers import start_cluster
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 

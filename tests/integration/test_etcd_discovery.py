@@ -11,9 +11,9 @@ import time
 
 import httpx
 
-from local_stack.processes import stop_process
-from local_stack.router import router_config, wait_until
 from pdorch.config import DiscoveryConfig
+from pdorch.local_stack.processes import stop_process
+from pdorch.local_stack.router import router_config, wait_until
 from pdorch.worker.registration import WorkerRegistration, connect, worker_key
 
 TTL_S = 2
@@ -96,7 +96,7 @@ def test_router_watch_adds_and_drops_workers(etcd_server, standins, make_router)
 
 def test_router_resyncs_after_etcd_restarts(etcd_server, standins, make_router, tmp_path):
     """The watch stream dies with etcd; the router keeps its workers, then follows new registrations."""
-    from local_stack.router import restart_etcd
+    from pdorch.local_stack.router import restart_etcd
 
     p, d = standins("prefill"), standins("decode")
     d2 = standins("decode")
@@ -123,8 +123,8 @@ def test_real_workers_register_and_the_router_follows_their_lifetime(etcd_server
     import signal
 
     from engine.tokenizer import Tokenizer
-    from local_stack.router import RouterThread
-    from local_stack.workers import start_cluster
+    from pdorch.local_stack.router import RouterThread
+    from pdorch.local_stack.workers import start_cluster
 
     disc = {"mode": "etcd", "etcd_endpoints": (etcd_server.endpoint,), "cluster": "e2e", "lease_ttl_s": TTL_S}
     cluster = start_cluster(tmp_path, tiny_model_dir, with_store=False, discovery=disc)

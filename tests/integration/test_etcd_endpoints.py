@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from local_stack.processes import free_port, stop_process, wait_for_port
-from local_stack.router import router_config, wait_until
 from pdorch.config import DiscoveryConfig
+from pdorch.local_stack.processes import free_port, stop_process, wait_for_port
+from pdorch.local_stack.router import router_config, wait_until
 from pdorch.worker.registration import WorkerRegistration, connect, worker_key
 
 TTL_S = 2

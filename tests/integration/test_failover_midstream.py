@@ -23,11 +23,11 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import RouterThread, router_config, wait_until
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.router import RouterThread, router_config, wait_until
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
 
-PAGE_SIZE = 16  # page size of the cluster (local_stack/workers.py)
+PAGE_SIZE = 16  # page size of the cluster (pdorch/local_stack/workers.py)
 KILL_AFTER = 20  # streamed tokens before the kill
 MAX_TOKENS = 64
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}

@@ -10,8 +10,8 @@ import time
 import httpx
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import RouterThread, _start_etcd, router_config, wait_until
-from local_stack.workers import start_cluster
+from pdorch.local_stack.router import RouterThread, _start_etcd, router_config, wait_until
+from pdorch.local_stack.workers import start_cluster
 from tests.fixtures.traffic import Traffic
 from tests.integration.fault_helpers import assert_survivors_sound, prompt, start_router
 
@@ -76,8 +76,8 @@ def test_killed_master_costs_recompute_not_errors_and_hits_return_after_restart(
 
 
 def test_stopped_etcd_keeps_routing_to_known_workers_and_registrations_return(tmp_path, tiny_model_dir, caplog):
-    from local_stack.processes import free_port, stop_process
-    from local_stack.router import Etcd
+    from pdorch.local_stack.processes import free_port, stop_process
+    from pdorch.local_stack.router import Etcd
 
     client_port, peer_port = free_port(), free_port()
     etcd = Etcd(f"127.0.0.1:{client_port}", client_port, peer_port, str(tmp_path / "etcd"), str(tmp_path / "etcd.log"))

@@ -19,7 +19,7 @@ import time
 import grpc
 import pytest
 
-from local_stack.processes import free_port
+from pdorch.local_stack.processes import free_port
 from pdorch.worker import main as worker_main
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH

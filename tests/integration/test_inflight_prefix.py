@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import RouterThread, router_config, wait_until
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.router import RouterThread, router_config, wait_until
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from tests.integration.fault_helpers import router_workers
 
 PROMPT_TOKENS = 2048

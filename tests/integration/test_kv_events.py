@@ -14,7 +14,7 @@ import time
 import grpc
 import pytest
 
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc

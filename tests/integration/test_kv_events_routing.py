@@ -18,7 +18,7 @@ import grpc
 import httpx
 import pytest
 
-from local_stack.workers import start_cluster
+from pdorch.local_stack.workers import start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 from tests.integration.fault_helpers import prompt, router_workers, start_router

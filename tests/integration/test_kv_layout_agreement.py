@@ -11,8 +11,8 @@ import torch
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from local_stack.router import RouterThread, router_config, wait_until
-from local_stack.workers import start_cluster
+from pdorch.local_stack.router import RouterThread, router_config, wait_until
+from pdorch.local_stack.workers import start_cluster
 
 
 def test_workers_with_another_page_size_or_kv_dtype_are_refused_at_registration(tmp_path, tiny_model_dir,

@@ -19,8 +19,8 @@ import pytest
 from mooncake.store import MooncakeDistributedStore
 
 from engine.arch import ModelArch
-from local_stack.workers import start_cluster
-from local_stack.workers import worker_metric as metric
+from pdorch.local_stack.workers import start_cluster
+from pdorch.local_stack.workers import worker_metric as metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.page_hash import page_hashes, store_key

@@ -27,13 +27,13 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.processes import free_port, stop_process
-from local_stack.router import RouterThread, start_etcd
-from local_stack.workers import make_config
 from pdorch.child_process import Child, stop_children
 from pdorch.config import DiscoveryConfig
 from pdorch.config_loader import dump_config
 from pdorch.local_fleet import LocalFleet
+from pdorch.local_stack.processes import free_port, stop_process
+from pdorch.local_stack.router import RouterThread, start_etcd
+from pdorch.local_stack.workers import make_config
 from pdorch.ports import port_answers
 from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_argv
 from store_client.master import MasterProcess, find_mooncake_binary

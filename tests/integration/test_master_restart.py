@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from local_stack.processes import stop_process
-from local_stack.router import start_etcd
-from local_stack.workers import WorkerCluster, make_config, worker_metric
+from pdorch.local_stack.processes import stop_process
+from pdorch.local_stack.router import start_etcd
+from pdorch.local_stack.workers import WorkerCluster, make_config, worker_metric
 from store_client.master import MasterProcess
 from store_client.master_view import MasterView
 from tests.integration.test_store_ha import (

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine.tokenizer import Tokenizer
-from local_stack.hf_checkpoints import build_checkpoint
-from local_stack.router import RouterThread, router_config
-from local_stack.workers import start_cluster
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.workers import start_cluster
 
 PAGE_SIZE = {"llama3": 16, "qwen2": 64, "qwen3": 16}
 MAX_TOKENS = 12

@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
-from local_stack.router import cluster_router
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from store_client.master import MasterProcess
 
 MODEL = None  # the served model

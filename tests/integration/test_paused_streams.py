@@ -24,8 +24,8 @@ import threading
 import httpx
 import pytest
 
-from local_stack.router import cluster_router
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import start_cluster, worker_metric
 
 NUM_PAGES = 120  # 1920 tokens of KV on D
 HOG = [(i * 37) % 900 + 20 for i in range(40)]

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from local_stack.workers import start_cluster
-from local_stack.workers import worker_metric as metric
+from pdorch.local_stack.workers import start_cluster
+from pdorch.local_stack.workers import worker_metric as metric
 from pdorch.worker.prompt_pages import reusable_pages
 from tests.fixtures.threads import in_thread
 

@@ -21,8 +21,8 @@ from pydantic import TypeAdapter
 
 from engine.chat_prompts import ChatPrompts
 from engine.tokenizer import Tokenizer
-from local_stack.router import cluster_router
-from local_stack.workers import start_cluster
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import start_cluster
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 PAGE = 16

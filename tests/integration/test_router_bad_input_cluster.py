@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import RouterThread, router_config
-from local_stack.workers import start_cluster
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.workers import start_cluster
 
 VOCAB = 49152
 CONTEXT = 2048

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.processes import stop_process
-from local_stack.router import RouterThread, router_config
-from local_stack.workers import start_cluster
+from pdorch.local_stack.processes import stop_process
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.workers import start_cluster
 
 PAGE_SIZE = 16
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from local_stack.processes import free_port, stop_process, wait_for_port
-from local_stack.router import router_config
 from pdorch.config_loader import dump_config
+from pdorch.local_stack.processes import free_port, stop_process, wait_for_port
+from pdorch.local_stack.router import router_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import httpx
 
-from local_stack.router import router_config
 from pdorch.config import StoreConfig
+from pdorch.local_stack.router import router_config
 from store_client.master import MasterProcess
 
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.router import wait_until
+from pdorch.local_stack.router import wait_until
 from tests.integration.fault_helpers import iter_sse, kill_serving_decode
 from tests.integration.test_agent_api import client, cluster, router  # noqa: F401  (P, 2 D, store, offload)
 

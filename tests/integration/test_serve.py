@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_stack.processes import free_port, stop_process
 from pdorch.child_process import pid_alive, proc_stat
 from pdorch.launcher import port_in_use
+from pdorch.local_stack.processes import free_port, stop_process
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import subprocess
 import httpx
 import pytest
 
-from local_stack.processes import free_port, stop_process
-from local_stack.router import start_etcd
 from pdorch.child_process import pid_alive
+from pdorch.local_stack.processes import free_port, stop_process
+from pdorch.local_stack.router import start_etcd
 from pdorch.ports import free_port_run
 from tests.integration.test_serve import children_of, pdorch_command
 from tests.integration.test_serve_supervision import serve_env, serve_process, wait_for, wait_serve_ready

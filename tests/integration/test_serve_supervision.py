@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_stack.processes import free_port, stop_process
 from pdorch.child_process import pid_alive
+from pdorch.local_stack.processes import free_port, stop_process
 from pdorch.ports import free_port_run
 from tests.integration.test_serve import children_of, pdorch_command
 

@@ -13,8 +13,8 @@ import signal
 
 import httpx
 
-from local_stack.processes import free_port
 from pdorch.child_process import pid_alive
+from pdorch.local_stack.processes import free_port
 from pdorch.ports import free_port_run
 from tests.integration.test_serve import children_of, pdorch_command
 from tests.integration.test_serve_supervision import serve_env, serve_process, wait_for, wait_serve_ready

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from local_stack.workers import start_cluster
+from pdorch.local_stack.workers import start_cluster
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.integration.fault_helpers import prompt, router_workers, start_router
 

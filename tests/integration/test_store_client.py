@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from local_stack.store import page_pattern, store_config
+from pdorch.local_stack.store import page_pattern, store_config
 from store_client.io_thread import StoreIO
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics

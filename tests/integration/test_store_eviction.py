@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from local_stack.store import store_config
+from pdorch.local_stack.store import store_config
 from store_client.chain_index import ChainIndex
 from store_client.evictor import StoreEvictor, master_eviction_counters, master_fill
 from store_client.master import MasterProcess

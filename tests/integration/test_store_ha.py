@@ -19,9 +19,9 @@ import urllib.request
 import grpc
 import pytest
 
-from local_stack.processes import stop_process
-from local_stack.router import Etcd, start_etcd
-from local_stack.workers import WorkerCluster, make_config, worker_metric
+from pdorch.local_stack.processes import stop_process
+from pdorch.local_stack.router import Etcd, start_etcd
+from pdorch.local_stack.workers import WorkerCluster, make_config, worker_metric
 from pdorch.status import store_masters
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.evictor import parse_metrics

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from local_stack.router import restart_etcd, wait_until
+from pdorch.local_stack.router import restart_etcd, wait_until
 from pdorch.worker.registration import connect
 from store_client.config import StoreConfig
 from store_client.connector import StoreConnector

@@ -14,9 +14,9 @@ import time
 
 import httpx
 
-from local_stack.processes import free_port
 from pdorch.child_process import Child, stop_children
 from pdorch.config_loader import load_config
+from pdorch.local_stack.processes import free_port
 from pdorch.ports import port_answers
 from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_argv
 from store_client.master import MasterProcess, find_mooncake_binary

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from local_stack.store import model_page_objects, page_pattern, store_config
+from pdorch.local_stack.store import model_page_objects, page_pattern, store_config
 from store_client.master import MasterProcess
 from store_client.metrics import StoreMetrics
 from store_client.results import OK
@@ -116,7 +116,7 @@ def test_dram_only_loses_the_evicted_pages(offload_master, tmp_path):
 def test_workers_write_to_their_own_ssd_directories(tmp_path, tiny_model_dir):
     """P and D with store.ssd_path: each worker gets `<ssd_path>/<worker id>`, every page written
     lands there as a file, and the workers' /metrics say so."""
-    from local_stack.workers import start_cluster, worker_metric
+    from pdorch.local_stack.workers import start_cluster, worker_metric
 
     ssd = tmp_path / "ssd"
     cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, store={"ssd_path": str(ssd)})
@@ -150,7 +150,7 @@ def test_a_prefix_pushed_out_of_dram_comes_back_from_ssd_with_the_same_output(tm
     """Through the workers: a conversation's pages leave DRAM (a pure client's filler makes the master
     evict them), its next turn reads them from the workers' SSD files, the answer's cached tokens say
     `ssd`, and the output equals the first run's."""
-    from local_stack.workers import start_cluster
+    from pdorch.local_stack.workers import start_cluster
 
     cluster = start_cluster(tmp_path, tiny_model_dir, with_store=True, kv_lease_ttl_ms=200,
                             store={"ssd_path": str(tmp_path / "ssd"), "global_segment_size_mb": 16,

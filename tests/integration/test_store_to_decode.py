@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from tests.integration.test_disagg_smollm2 import chat, long_document, reference, tok  # noqa: F401 - fixtures
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from engine.tokenizer import Tokenizer
-from local_stack.hf_checkpoints import build_checkpoint
-from local_stack.router import RouterThread, router_config
-from local_stack.workers import start_cluster
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.workers import start_cluster
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 

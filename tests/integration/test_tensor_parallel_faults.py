@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.hf_checkpoints import build_checkpoint
-from local_stack.router import RouterThread, router_config
-from local_stack.workers import start_cluster
 from pdorch.child_process import pid_alive
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.workers import start_cluster
 from tests.fixtures.threads import in_thread
 from tests.integration.fault_helpers import iter_sse, prompt, router_workers, wait_running
 

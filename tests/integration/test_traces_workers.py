@@ -14,15 +14,15 @@ import concurrent.futures
 import httpx
 import pytest
 
-from local_stack.otlp import OtlpReceiver
-from local_stack.router import cluster_router
-from local_stack.workers import WorkerCluster, make_config
+from pdorch.local_stack.otlp import OtlpReceiver
+from pdorch.local_stack.router import cluster_router
+from pdorch.local_stack.workers import WorkerCluster, make_config
 from pdorch.tracing import names
 from store_client.master import MasterProcess
 from tests.fixtures.traced_stack import Stack, observability, trace_id_of
 from tests.integration.fault_helpers import iter_sse, kill_serving_decode
 
-PAGE_SIZE = 16  # local_stack/workers.py
+PAGE_SIZE = 16  # pdorch/local_stack/workers.py
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}
 STORE_PAGES = f"{names.PAGES}.store"
 DECODE_PAGES = 48

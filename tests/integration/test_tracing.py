@@ -1,6 +1,6 @@
 """Traces through the real stack (issue 54): router (in this process), one prefill and one decode worker
 process, mooncake_master, tiny model; every process exports over OTLP to a receiver this test serves
-(local_stack/otlp.py) and keeps its last traces for `pdorch trace` (tests/fixtures/traced_stack.py).
+(pdorch/local_stack/otlp.py) and keeps its last traces for `pdorch trace` (tests/fixtures/traced_stack.py).
 One stack for the module; store reads, a failover and a preemption in a trace:
 tests/integration/test_traces_workers.py.
 """
@@ -12,10 +12,10 @@ import json
 import httpx
 import pytest
 
-from local_stack.otlp import OtlpReceiver
-from local_stack.router import cluster_router, wait_until
-from local_stack.workers import start_cluster
 from pdorch.cli import main as pdorch_main
+from pdorch.local_stack.otlp import OtlpReceiver
+from pdorch.local_stack.router import cluster_router, wait_until
+from pdorch.local_stack.workers import start_cluster
 from tests.fixtures.traced_stack import Stack, observability, trace_id_of
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

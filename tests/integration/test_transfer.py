@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from local_stack.processes import free_port
-from local_stack.store import digest, page_pattern
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.store import digest, page_pattern
 from store_client.transfer import KVTransfer, TransferError, merge_runs
 
 PAGE = 64 * 1024

@@ -15,8 +15,8 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from local_stack.processes import free_port
 from pdorch.config import GrpcConfig
+from pdorch.local_stack.processes import free_port
 from pdorch.worker.main import make_server
 from pdorch.worker.rpc import add_port, aio_channel, bearer, client_channel
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from engine.tokenizer import Tokenizer
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from tests.fixtures.threads import in_thread

@@ -13,8 +13,8 @@ import pytest
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from local_stack.processes import stop_process
-from local_stack.workers import start_cluster
+from pdorch.local_stack.processes import stop_process
+from pdorch.local_stack.workers import start_cluster
 from pdorch.worker.registration import connect
 from proto.pdorch.v1 import worker_pb2 as pb
 

@@ -18,8 +18,8 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
-from local_stack.store import model_page_objects, store_config
-from local_stack.workers import start_cluster, worker_metric
+from pdorch.local_stack.store import model_page_objects, store_config
+from pdorch.local_stack.workers import start_cluster, worker_metric
 from pdorch.worker.prompt_pages import reusable_pages
 from proto.pdorch.v1 import worker_pb2 as pb
 from store_client.metrics import StoreMetrics

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from local_stack.processes import free_port
 from pdorch.cli import main
+from pdorch.local_stack.processes import free_port
 
 
 def test_config_prints_effective_values_with_secrets_redacted(capsys, monkeypatch):

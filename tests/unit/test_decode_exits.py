@@ -18,7 +18,7 @@ from decode_node import worker as decode_worker
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
-from local_stack.workers import make_config
+from pdorch.local_stack.workers import make_config
 from pdorch.ports import free_port
 from pdorch.worker.errors import Aborted, WorkerError
 from pdorch.worker.metrics import WorkerRecorder

@@ -13,7 +13,7 @@ from decode_node.stopping import check_stop
 from engine.llm import LLM
 from engine.model_runner import Chunk
 from engine.sampling_params import SamplingParams
-from local_stack.router import wait_until
+from pdorch.local_stack.router import wait_until
 from pdorch.worker.prompt_pages import compute_ranges, computed_full_pages, reusable_pages
 from store_client.page_hash import page_hashes, store_key
 from tests.unit.test_decode_scheduler import (

@@ -22,7 +22,7 @@ from decode_node.request import DecodeRequest, GenerateJob
 from decode_node.stopping import make_stopper
 from engine.page_allocator import pages_for
 from engine.sampling_params import SamplingParams
-from local_stack.router import wait_until
+from pdorch.local_stack.router import wait_until
 from pdorch.worker.prompt_pages import compute_ranges, computed_full_pages, reusable_pages
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes

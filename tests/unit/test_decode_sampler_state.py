@@ -10,7 +10,7 @@ import torch
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
-from local_stack.workers import make_config
+from pdorch.local_stack.workers import make_config
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.runtime import build_runtime

@@ -23,7 +23,7 @@ from engine.page_allocator import PageAllocator
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from local_stack.workers import make_config
+from pdorch.local_stack.workers import make_config
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.runtime import WorkerRuntime
 from store_client.io_thread import IOCompletion

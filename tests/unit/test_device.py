@@ -166,7 +166,7 @@ def test_a_decode_worker_on_cuda_1_runs_its_forwards_there(devices, tmp_path, ti
     from decode_node.worker import DecodeWorker
     from engine.model_runner import ModelRunner
     from engine.sampling_params import SamplingParams
-    from local_stack.workers import make_config
+    from pdorch.local_stack.workers import make_config
     from pdorch.worker.metrics import WorkerRecorder
     from pdorch.worker.prefill_rpc import PrefillResult
     from pdorch.worker.runtime import build_runtime

@@ -1,5 +1,5 @@
 """Each family of engine/families.py against transformers' own model class, on random checkpoints that
-transformers built and saved (local_stack/hf_checkpoints.py): the logits of a prefill and of 8 decode steps.
+transformers built and saved (pdorch/local_stack/hf_checkpoints.py): the logits of a prefill and of 8 decode steps.
 
 Tolerances:
 - float32: max |ours - transformers| < 1e-4 (measured ~1e-6: the same math, other op order).
@@ -20,7 +20,7 @@ import torch
 from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
-from local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
 # NOTE: past_key_values, not the newer `cache` keyword: transformers before 5.2x (the GPU image's) lack it.
 pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")

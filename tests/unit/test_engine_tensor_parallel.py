@@ -28,7 +28,7 @@ from engine.kv_pool import KVPool
 from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
 from engine.tensor_parallel import NO_TP, TPGroup, TPShard, init_tp_group
-from local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
 TIMEOUT_S = 60
 PAGE = 4

@@ -13,7 +13,7 @@ import pytest
 from engine.sampling_params import SamplingParams
 from engine.stop import StopChecker
 from engine.tokenizer import Tokenizer
-from local_stack.hf_checkpoints import build_checkpoint
+from pdorch.local_stack.hf_checkpoints import build_checkpoint
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is a KV cache?"}],

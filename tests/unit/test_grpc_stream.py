@@ -10,9 +10,9 @@ import time
 import grpc
 import pytest
 
-from local_stack.processes import free_port
-from local_stack.router import wait_until
-from local_stack.standin import StandinServer
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.router import wait_until
+from pdorch.local_stack.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.stream import Channel, RpcError

@@ -15,11 +15,11 @@ import sys
 import threading
 import time
 
-from local_stack.processes import free_port
 from pdorch.child_process import Child, pid_alive, stop_children
 from pdorch.config import Config
 from pdorch.launch_plan import ChildSpec, LaunchPlan
 from pdorch.launcher import LocalCluster, ServeOptions, curl_example, port_in_use
+from pdorch.local_stack.processes import free_port
 
 FAKE = r"""
 import http.server, os, signal, subprocess, sys, time

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import io
 
-from local_stack.processes import wait_for_port
 from pdorch.child_process import Child, stop_children
 from pdorch.config_loader import default_config_path, load_config
 from pdorch.launcher import LocalCluster, ServeOptions
 from pdorch.local_etcd import EtcdNeeds, LocalEtcd, etcd_needs
+from pdorch.local_stack.processes import wait_for_port
 from pdorch.worker.registration import connect
 
 

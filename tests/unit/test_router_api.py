@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from local_stack.router import wait_until
+from pdorch.local_stack.router import wait_until
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -9,9 +9,9 @@ import logging
 import httpx
 import pytest
 
-from local_stack.processes import free_port
-from local_stack.router import RouterThread, router_config
-from local_stack.standin import StandinServer
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.standin import StandinServer
 from router.http.app import _ROUTES
 
 API_KEY = "sk-client-7d1e0c5a93"

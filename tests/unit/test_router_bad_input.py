@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from local_stack.processes import free_port
-from local_stack.router import RouterThread, router_config
-from local_stack.standin import StandinServer
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.standin import StandinServer
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = "/v1/chat/completions"

@@ -14,11 +14,11 @@ import pytest
 
 from engine.chat_prompts import ChatPrompts
 from engine.tokenizer import Tokenizer
-from local_stack.processes import free_port
-from local_stack.router import router_config
 from pdorch.config import ModelConfig
 from pdorch.config_loader import ConfigError, load_config
 from pdorch.launcher import ServeError, chat_template_summary
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.router import router_config
 from pdorch.status import fetch_status, render_status
 from router.http.chat_prompt import chat_prompts
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from local_stack.processes import free_port, stop_process, wait_for_port
-from local_stack.router import wait_until
+from pdorch.local_stack.processes import free_port, stop_process, wait_for_port
+from pdorch.local_stack.router import wait_until
 
 
 def _gen(r, result: dict) -> None:
@@ -69,7 +69,7 @@ def test_a_hung_worker_does_not_hold_the_answer_past_the_deadline(standins, make
     # Probing which worker failed (Info, up to 1 s) must not delay the 504 past the deadline.
     p = standins("prefill")
     port = free_port()
-    d = subprocess.Popen([sys.executable, "-m", "local_stack.standin", "--role", "decode", "--port", str(port)],
+    d = subprocess.Popen([sys.executable, "-m", "pdorch.local_stack.standin", "--role", "decode", "--port", str(port)],
                          start_new_session=True, cwd=Path(__file__).resolve().parents[2])  # tests/ is not installed
     try:
         wait_for_port(port, 15, d)

@@ -9,7 +9,7 @@ import json
 import grpc
 import httpx
 
-from local_stack.router import wait_until
+from pdorch.local_stack.router import wait_until
 
 PROMPT = [1, 2, 3]
 

@@ -22,9 +22,9 @@ import pytest
 import typing_extensions
 from pydantic import BaseModel
 
-from local_stack.processes import free_port
-from local_stack.router import RouterThread, router_config
-from local_stack.standin import StandinServer
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.router import RouterThread, router_config
+from pdorch.local_stack.standin import StandinServer
 from router.http.bodies import ChatCompletionRequest, CompletionRequest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from local_stack.processes import free_port
-from local_stack.standin import StandinServer
+from pdorch.local_stack.processes import free_port
+from pdorch.local_stack.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2 as pb
 from router.dispatch.workers import WorkerPool
 from router.kv.index import KVIndex

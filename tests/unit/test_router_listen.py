@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from local_stack.processes import free_port
+from pdorch.local_stack.processes import free_port
 from router.http.listen import PortInUse, listen_sockets
 
 

@@ -14,7 +14,7 @@ from engine.chat_prompts import CHECKPOINT, ChatPrompts
 from engine.chat_template import ChatTemplate, ChatTemplateError
 from engine.tokenizer import Tokenizer
 from engine.tool_templates import BUILTINS, CALLS, RESULTS, TOOLS, builtin_for
-from local_stack.hf_checkpoints import _CHATML, _LLAMA3, build_checkpoint
+from pdorch.local_stack.hf_checkpoints import _CHATML, _LLAMA3, build_checkpoint
 from router.http.tool_parsers import parse
 
 QWEN25 = r"""{%- if tools %}

@@ -13,9 +13,9 @@ from decode_node import spans as decode_spans
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
 from engine.sampling_params import SamplingParams
-from local_stack.router import wait_until
-from local_stack.workers import make_config
 from pdorch.config import ObservabilityConfig
+from pdorch.local_stack.router import wait_until
+from pdorch.local_stack.workers import make_config
 from pdorch.tracing import context_of, set_process_tracing, setup_tracing, start_span
 from pdorch.tracing import names as n
 from pdorch.tracing.setup import NO_TRACING

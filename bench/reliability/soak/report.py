@@ -2,7 +2,7 @@
 and how the soak's RSS series is judged and drawn:
 
     pool_states / wait_idle   every worker's Stats over gRPC (free, total and active pages, queued and
-                              running requests, check_integrity()), the way local_stack/workers.py
+                              running requests, check_integrity()), the way pdorch/local_stack/workers.py
                               reads them; "leaked" = pages missing from the free count once idle
     start_cluster             `pdorch serve` (1 P + 1 D) on free ports with the benchmark's --set flags
     rss_drift                 per process: median RSS just after warm-up vs median RSS at the end of

@@ -21,9 +21,9 @@ from pathlib import Path
 import grpc
 
 from decode_node.__main__ import uses_store
-from local_stack.processes import free_port, stop_processes, wait_for_port
 from pdorch.config import Config
 from pdorch.config_loader import dump_config, load_config
+from pdorch.local_stack.processes import free_port, stop_processes, wait_for_port
 from proto.pdorch.v1 import worker_pb2 as pb
 from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 

@@ -87,7 +87,7 @@ def _attributes(kvs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m local_stack.otlp --port N`: a receiver in a process of its own (bench/router_overhead/
+    """`python -m pdorch.local_stack.otlp --port N`: a receiver in a process of its own (bench/router_overhead/
     tracing.py), counting what it receives, until SIGTERM."""
     import argparse
     import signal

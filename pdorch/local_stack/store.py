@@ -1,6 +1,6 @@
 """Store-tier fixtures: a real mooncake_master per test, peer processes, deterministic page bytes.
 
-Peers run this module as a program (`python -m local_stack.store ROLE JSON_ARGS`): they print one
+Peers run this module as a program (`python -m pdorch.local_stack.store ROLE JSON_ARGS`): they print one
 JSON line when ready, then obey one-line commands on stdin ("exit" stops them). No torch anywhere.
 """
 
@@ -58,7 +58,7 @@ class Peer:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.log_path = os.path.join(log_dir, f"peer_{role}_{os.getpid()}_{time.monotonic_ns()}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the peer, closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "local_stack.store", role, json.dumps(args)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "pdorch.local_stack.store", role, json.dumps(args)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, cwd=REPO_ROOT, env=env, start_new_session=True)
         self._lines: queue.Queue[str] = queue.Queue()

@@ -15,8 +15,8 @@ import time
 
 import uvicorn
 
-from local_stack.processes import free_port, stop_process, wait_for_port
 from pdorch.config import Config, DiscoveryConfig, ModelConfig, RouterConfig
+from pdorch.local_stack.processes import free_port, stop_process, wait_for_port
 
 
 def wait_until(cond, timeout_s: float, what: str) -> None:

@@ -5,7 +5,7 @@ streams `max_tokens` synthetic tokens (id 1000+i, text " w{i}") as fast as it ca
 knobs (`Behavior`) inject failures before the first token or mid-stream, delays, and record
 every call and every cancellation, so tests can assert routing, retries and disconnects.
 
-    python -m local_stack.standin --role decode --port 50171   # a separate process (benchmarks)
+    python -m pdorch.local_stack.standin --role decode --port 50171   # a separate process (benchmarks)
     StandinServer("decode", port).start() ... .stop()             # a thread in the test process
 """
 
@@ -228,7 +228,7 @@ class StandinServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m local_stack.standin", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pdorch.local_stack.standin", description=__doc__.splitlines()[0])
     ap.add_argument("--role", choices=["prefill", "decode"], required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--token-delay-s", type=float, default=0.0)
