@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from opentelemetry import context as otel_context
 from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from pdorch.tracing.log_filter import REQUEST_TRACE_ID
 from pdorch.tracing.setup import NO_TRACING, Tracing
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
@@ -131,8 +131,8 @@ class HotCycle:
             headers = Headers(raw=self.headers)
             self._trace = RequestTrace(self.routes.tracing, headers.get("traceparent"), headers.get("tracestate"),
                                        self.path, self.routes.model)
-            # the task's current span: every log line about the request names its trace (pdorch/tracing/log_filter.py)
-            token = otel_context.attach(self._trace.context)
+            # every log line about the request names its trace (pdorch/tracing/log_filter.py)
+            token = REQUEST_TRACE_ID.set(self._trace.trace_id)
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -149,7 +149,7 @@ class HotCycle:
         finally:
             if self._trace is not None:
                 self._end_trace()
-                otel_context.detach(token)
+                REQUEST_TRACE_ID.reset(token)
 
     async def _serve(self) -> None:
         limit = self.routes.max_body_bytes
