@@ -195,10 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     def added(variant: str, field: str) -> float:
         return round(statistics.median(r[variant][field] - r["off"][field] for r in runs), 4)
 
+    def spread(variant: str) -> list[float]:
+        """The quartiles of the repeats' TTFT p50 differences: how far one repeat's number is from noise."""
+        diffs = [r[variant]["ttft_p50_ms"] - r["off"]["ttft_p50_ms"] for r in runs]
+        return [round(q, 4) for q in statistics.quantiles(diffs, n=4)[::2]] if len(diffs) > 1 else []
+
     result = {"concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
               "repeats": args.repeats,
               "off_ttft_p50_ms": round(statistics.median(r["off"]["ttft_p50_ms"] for r in runs), 4),
               **{f"added_ttft_p50_ms_{v}": added(v, "ttft_p50_ms") for v in variants[1:]},
+              **{f"added_ttft_p50_ms_{v}_quartiles": spread(v) for v in variants[1:]},
               "off_cpu_ms_per_request": round(statistics.median(r["off"]["cpu_ms_per_request"] for r in runs), 4),
               **{f"added_cpu_ms_per_request_{v}": added(v, "cpu_ms_per_request") for v in variants[1:]},
               **{f"span_{part}_us_per_request_{v}": round(statistics.median(u[i] for u in us), 1)

@@ -128,9 +128,8 @@ class HotCycle:
         self._task = asyncio.current_task()
         token = None
         if self.routes.tracing.enabled:
-            headers = Headers(raw=self.headers)
-            self._trace = RequestTrace(self.routes.tracing, headers.get("traceparent"), headers.get("tracestate"),
-                                       self.path, self.routes.model)
+            traceparent, tracestate = _trace_headers(self.headers)
+            self._trace = RequestTrace(self.routes.tracing, traceparent, tracestate, self.path, self.routes.model)
             # every log line about the request names its trace (pdorch/tracing/log_filter.py)
             token = REQUEST_TRACE_ID.set(self._trace.trace_id)
         try:
@@ -239,3 +238,15 @@ class HotCycle:
 
 
 _SSE_HEADERS = (*SSE_HEADERS, (b"transfer-encoding", b"chunked"))
+
+
+def _trace_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """The client's `traceparent` and `tracestate` (names arrive lowercased from the parser); one pass
+    over the raw headers, no Headers object: this runs for every request while tracing is on."""
+    traceparent = tracestate = None
+    for name, value in raw:
+        if name == b"traceparent":
+            traceparent = value.decode("latin-1")
+        elif name == b"tracestate":
+            tracestate = value.decode("latin-1")
+    return traceparent, tracestate
