@@ -33,11 +33,14 @@ _rand = random.getrandbits  # ids need to be unique, not secret (the SDK's Rando
 
 def new_ids(tracing: Tracing, parent: SpanContext | None) -> tuple[int, int, bool]:
     """(trace id, span id, sampled) of a span under `parent` (None: a new trace)."""
-    span_id = _rand(64) or 1
     if parent is not None:
-        return parent.trace_id, span_id, parent.trace_flags.sampled
+        return parent.trace_id, new_span_id(), parent.trace_flags.sampled
     trace_id = _rand(128) or 1
-    return trace_id, span_id, (trace_id & _LOW_64) < tracing.sample_bound
+    return trace_id, new_span_id(), (trace_id & _LOW_64) < tracing.sample_bound
+
+
+def new_span_id() -> int:
+    return _rand(64) or 1  # 0 is W3C's invalid id
 
 
 class DeferredSpan:

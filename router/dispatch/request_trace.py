@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind
 
 from pdorch.tracing import names
-from pdorch.tracing.deferred import DeferredSpan, child_context, emit, new_ids
+from pdorch.tracing.deferred import DeferredSpan, child_context, emit, new_ids, new_span_id
 from pdorch.tracing.propagation import context_from_headers
 from pdorch.tracing.setup import Tracing
 from pdorch.worker.prefill_rpc import CACHE_TIERS
@@ -42,14 +42,15 @@ class RequestTrace:
         self.context: SpanContext | None = None  # built when first asked for (a child's parent)
         flags = "01" if self.sampled else "00"
         self._header = f"00-{self.trace_id:032x}-{self.span_id:016x}-{flags}"
-        self._metadata: tuple[tuple[str, str], ...] = _metadata(self._header, self._state)  # unsampled: D's as well
         self.span: DeferredSpan | None = None
         self._attempt: DeferredSpan | None = None
         self._attempts: list[tuple[DeferredSpan, list[tuple[str, int]]]] = []  # each with its policy's scores
         self.retries = self.failovers = 0
         if not self.sampled:
+            self._metadata = _metadata(self._header, self._state)  # every Generate call's: the request's ids
             self.attributes: dict = {}
             return
+        self._metadata = ()
         self.span = DeferredSpan("router.request", SpanKind.SERVER, self.span_id, parent, time.time_ns())
         self.attributes = self.span.attributes
         self.attributes["http.route"] = route
@@ -75,7 +76,7 @@ class RequestTrace:
         self.attributes.update(chosen)
         if self.context is None:
             self.context = child_context(self.trace_id, self.span_id, True, self._state)
-        span_id = new_ids(self.tracing, self.context)[1]
+        span_id = new_span_id()
         self._attempt = span = DeferredSpan("router.attempt", SpanKind.CLIENT, span_id, self.context, time.time_ns())
         # NOTE: the loads are the ones the policy weighed, taken now; their string is built in `end`
         self._attempts.append((span, [(w.address, w.load) for w in candidates]))

@@ -106,3 +106,19 @@ def test_the_ratio_samples_about_its_share_of_new_traces():
     tracing = _tracing(0.25)
     sampled = sum(RequestTrace(tracing, None, None, "/generate", "tiny").sampled for _ in range(4000))
     assert 800 < sampled < 1200  # 1000 expected; the bounds are > 6 standard deviations (27) away
+
+
+def test_the_routers_log_lines_name_the_request_trace_set_on_its_task():
+    import logging
+
+    from pdorch.tracing.log_filter import REQUEST_TRACE_ID, TraceIdFilter
+
+    record = logging.LogRecord("pdorch.router", logging.WARNING, __file__, 1, "about the request", (), None)
+    token = REQUEST_TRACE_ID.set(int(TRACE_ID, 16))  # as router/http/hot_path.py does for each traced request
+    try:
+        TraceIdFilter().filter(record)
+    finally:
+        REQUEST_TRACE_ID.reset(token)
+    assert record.trace == f" trace={TRACE_ID}"
+    TraceIdFilter().filter(record)
+    assert record.trace == ""  # outside any request
