@@ -18,7 +18,9 @@ over the repeats, and the same for the routers' CPU per request.
 The part that does not move with the machine: `spans`, in this process, one request's router spans
 (router/dispatch/request_trace.py: start, attempt, traceparent, outcome, end) `--span-requests` times
 per variant, the process's CPU per request, the exporter's thread and its gRPC to the receiver
-included (flushed before the clock stops).
+included (flushed before the clock stops; the export queue holds every span, so none is dropped
+uncounted), and of it what runs on the event loop: before the first token (start, attempt,
+traceparent) and after it (outcome, end: the spans handed to the ring and the export queue).
 
     python -m bench.router_overhead tracing [--repeats 5] [--json]
 """
@@ -105,16 +107,18 @@ async def round_robin(urls: dict[str, str], tokens: int, concurrency: int, warmu
     return {v: dict(summarize(samples[v], duration_s), completed=completed[v]) for v in urls}
 
 
-def span_cpu_us(variant: str, otlp_port: int, requests: int) -> float:
-    """CPU µs per request of the router's spans of one request, exported and kept as `variant` says."""
+def span_cpu_us(variant: str, otlp_port: int, requests: int) -> tuple[float, float, float]:
+    """CPU µs per request of the router's spans of one request, exported and kept as `variant` says:
+    (all of it, the exporter's thread included; on the loop before the first token; on the loop after)."""
     from pdorch.config import ObservabilityConfig
     from pdorch.tracing import setup_tracing
     from router.dispatch.request_trace import RequestTrace
     from router.http.formats import Progress
 
-    tracing = setup_tracing(ObservabilityConfig(**observability(variant, otlp_port)), "pdorch-router", "bench")
+    cfg = dict(observability(variant, otlp_port), export_queue_size=2 * requests + 64)
+    tracing = setup_tracing(ObservabilityConfig(**cfg), "pdorch-router", "bench")
     if not tracing.enabled:
-        return 0.0
+        return 0.0, 0.0, 0.0
 
     class Worker:  # what the trace reads of one
         def __init__(self, address: str):
@@ -123,21 +127,25 @@ def span_cpu_us(variant: str, otlp_port: int, requests: int) -> float:
     p, d = Worker("10.0.0.1:50161"), Worker("10.0.0.2:50171")
     progress = Progress("r", 64)
     progress.finish_reason = "length"
+    before = after = 0.0
     t0 = time.process_time()
     for i in range(requests):
+        t1 = time.thread_time()
         trace = RequestTrace(tracing, None, None, "/generate", "model")
         trace.request(f"r{i}", 64)
         trace.attempt(p, d, "cache_aware", "prefix_match", [p], False)
         trace.traceparent()
+        t2 = time.thread_time()
         trace.finished([progress])
         trace.end(200)
+        before, after = before + t2 - t1, after + time.thread_time() - t2
         if i % 64 == 0:
             time.sleep(0.001)  # let the exporter's thread run alongside, as between a router's requests
     if tracing.provider is not None:
         tracing.provider.force_flush(30_000)
     cpu = time.process_time() - t0
     tracing.shutdown()
-    return cpu / requests * 1e6
+    return cpu / requests * 1e6, before / requests * 1e6, after / requests * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     procs = Procs(tmp)
     delay_s = args.token_delay_ms / 1000
     runs: list[dict] = []
-    spans: dict[str, list[float]] = {v: [] for v in variants if not v.startswith("off")}
+    spans: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants if not v.startswith("off")}
     try:
         routers = start(procs, tmp, delay_s, model_dir, variants)
         otlp_port = routers.pop("otlp_port")
@@ -187,13 +195,20 @@ def main(argv: list[str] | None = None) -> int:
     def added(variant: str, field: str) -> float:
         return round(statistics.median(r[variant][field] - r["off"][field] for r in runs), 4)
 
+    def spread(variant: str) -> list[float]:
+        """The quartiles of the repeats' TTFT p50 differences: how far one repeat's number is from noise."""
+        diffs = [r[variant]["ttft_p50_ms"] - r["off"]["ttft_p50_ms"] for r in runs]
+        return [round(q, 4) for q in statistics.quantiles(diffs, n=4)[::2]] if len(diffs) > 1 else []
+
     result = {"concurrency": args.concurrency, "tokens": args.tokens, "token_delay_ms": args.token_delay_ms,
               "repeats": args.repeats,
               "off_ttft_p50_ms": round(statistics.median(r["off"]["ttft_p50_ms"] for r in runs), 4),
               **{f"added_ttft_p50_ms_{v}": added(v, "ttft_p50_ms") for v in variants[1:]},
+              **{f"added_ttft_p50_ms_{v}_quartiles": spread(v) for v in variants[1:]},
               "off_cpu_ms_per_request": round(statistics.median(r["off"]["cpu_ms_per_request"] for r in runs), 4),
               **{f"added_cpu_ms_per_request_{v}": added(v, "cpu_ms_per_request") for v in variants[1:]},
-              **{f"span_cpu_us_per_request_{v}": round(statistics.median(us), 1) for v, us in spans.items()}}
+              **{f"span_{part}_us_per_request_{v}": round(statistics.median(u[i] for u in us), 1)
+                 for v, us in spans.items() for i, part in enumerate(("cpu", "loop_before_first_token", "loop_after"))}}
     if not args.json and variants == VARIANTS:
         print(f"\nTTFT p50 added over tracing off (median over {args.repeats} repeats; off: "
               f"{result['off_ttft_p50_ms']} ms): noise (off again) {result['added_ttft_p50_ms_off_b']:+} ms, "
@@ -202,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
               f"router CPU per request (off: {result['off_cpu_ms_per_request']} ms): ratio 1.0 "
               f"{result['added_cpu_ms_per_request_ratio_1']:+} ms, ratio 0 {result['added_cpu_ms_per_request_ratio_0']:+} ms; "
               f"the spans' own CPU per request: ratio 1.0 {result['span_cpu_us_per_request_ratio_1']} µs, ratio 0 "
-              f"{result['span_cpu_us_per_request_ratio_0']} µs, ring only {result['span_cpu_us_per_request_ring']} µs")
+              f"{result['span_cpu_us_per_request_ratio_0']} µs, ring only {result['span_cpu_us_per_request_ring']} µs; "
+              f"on the loop at ratio 1.0: {result['span_loop_before_first_token_us_per_request_ratio_1']} µs before "
+              f"the first token, {result['span_loop_after_us_per_request_ratio_1']} µs after")
     print(json.dumps(result))
     return 0

@@ -7,6 +7,7 @@ One concept per file:
     records.py      spans as SpanRecord (proto; the Traces RPC) and as dicts (JSON)
     propagation.py  W3C traceparent/tracestate from HTTP headers and in/out of gRPC metadata
     spans.py        start_span / record_span with explicit parents and times (thread hand-offs)
+    deferred.py     spans as plain records until the request ends, then finished spans (the router's hot path)
     names.py        span and attribute names (pdorch.request_id, pdorch.pages.store, ...)
     process.py      the worker process's one Tracing (process_tracing())
     grpc_server.py  the workers' request RPCs as server spans (decode.generate, prefill.prefill)

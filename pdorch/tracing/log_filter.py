@@ -1,21 +1,29 @@
 """Every log line about a traced request names its trace: ` trace=<32 hex>` after the message.
 
-The current span is the request's wherever its code runs: the router attaches it to the request's task
-(router/http/hot_path.py), a worker's RPC interceptor to the handler thread (grpc_server.py). Installed
+The current span is the request's wherever its code runs: a worker's RPC interceptor attaches it to the
+handler thread (grpc_server.py). The router, whose request spans are plain records until the response
+is out (pdorch/tracing/deferred.py), sets `REQUEST_TRACE_ID` on the request's task instead (one
+contextvar set, no OpenTelemetry context; router/http/hot_path.py). Installed
 on the process's log handlers (`install_trace_ids`); lines outside any request get nothing added.
 """
 
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 
 from opentelemetry import trace
+
+REQUEST_TRACE_ID: ContextVar[int] = ContextVar("pdorch_request_trace_id", default=0)
 
 
 class TraceIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        sc = trace.get_current_span().get_span_context()
-        record.trace = f" trace={sc.trace_id:032x}" if sc.is_valid else ""
+        trace_id = REQUEST_TRACE_ID.get()
+        if not trace_id:
+            sc = trace.get_current_span().get_span_context()
+            trace_id = sc.trace_id if sc.is_valid else 0
+        record.trace = f" trace={trace_id:032x}" if trace_id else ""
         return True
 
 

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from pdorch.config import ObservabilityConfig
 from pdorch.tracing.records import span_record
@@ -38,6 +39,11 @@ class Tracing:
     ring: TraceRing | None = None
     provider: TracerProvider | None = None
     shutdown_timeout_s: float = 2.0
+    # what deferred spans (deferred.py) need of the provider: the sampler's bound, the processors, the resource
+    sample_bound: int = 0  # a new trace is sampled when its id's low 64 bits are under this
+    processors: tuple[SpanProcessor, ...] = ()
+    resource: Resource | None = None
+    scope: InstrumentationScope | None = None
     _closed: bool = field(default=False, repr=False)
 
     def records(self, trace_id: str = "", request_id: str = "") -> list[pb.SpanRecord]:
@@ -69,19 +75,24 @@ def setup_tracing(cfg: ObservabilityConfig, service_name: str, instance: str) ->
     if not cfg.otlp_endpoint and cfg.keep_traces == 0:
         return NO_TRACING
     resource = Resource.create({"service.name": service_name, "service.instance.id": instance})
-    provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(cfg.sample_ratio)))
+    ratio = TraceIdRatioBased(cfg.sample_ratio)
+    provider = TracerProvider(resource=resource, sampler=ParentBased(ratio))
+    processors: list[SpanProcessor] = []
     ring = None
     if cfg.keep_traces:
         ring = TraceRing(cfg.keep_traces, cfg.max_spans_per_trace)
-        provider.add_span_processor(ring)
+        processors.append(ring)
     if cfg.otlp_endpoint:
-        provider.add_span_processor(BatchSpanProcessor(
+        processors.append(BatchSpanProcessor(
             _exporter(cfg), max_queue_size=cfg.export_queue_size, schedule_delay_millis=cfg.export_delay_ms,
             max_export_batch_size=min(512, cfg.export_queue_size)))
+    for processor in processors:
+        provider.add_span_processor(processor)
         log.info("tracing: exporting spans of %s over OTLP/%s to %s (sample ratio %s)", service_name,
                  cfg.otlp_protocol, cfg.otlp_endpoint, cfg.sample_ratio)
     return Tracing(enabled=True, tracer=provider.get_tracer("pdorch"), service=service_name, ring=ring,
-                   provider=provider, shutdown_timeout_s=cfg.shutdown_timeout_s)
+                   provider=provider, shutdown_timeout_s=cfg.shutdown_timeout_s, sample_bound=ratio.bound,
+                   processors=tuple(processors), resource=resource, scope=InstrumentationScope("pdorch"))
 
 
 def _exporter(cfg: ObservabilityConfig):

@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from opentelemetry import context as otel_context
 from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from pdorch.tracing.log_filter import REQUEST_TRACE_ID
 from pdorch.tracing.setup import NO_TRACING, Tracing
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
@@ -128,11 +128,10 @@ class HotCycle:
         self._task = asyncio.current_task()
         token = None
         if self.routes.tracing.enabled:
-            headers = Headers(raw=self.headers)
-            self._trace = RequestTrace(self.routes.tracing, headers.get("traceparent"), headers.get("tracestate"),
-                                       self.path, self.routes.model)
-            # the task's current span: every log line about the request names its trace (pdorch/tracing/log_filter.py)
-            token = otel_context.attach(self._trace.context)
+            traceparent, tracestate = _trace_headers(self.headers)
+            self._trace = RequestTrace(self.routes.tracing, traceparent, tracestate, self.path, self.routes.model)
+            # every log line about the request names its trace (pdorch/tracing/log_filter.py)
+            token = REQUEST_TRACE_ID.set(self._trace.trace_id)
         try:
             await self._serve()
         except asyncio.CancelledError:
@@ -149,7 +148,7 @@ class HotCycle:
         finally:
             if self._trace is not None:
                 self._end_trace()
-                otel_context.detach(token)
+                REQUEST_TRACE_ID.reset(token)
 
     async def _serve(self) -> None:
         limit = self.routes.max_body_bytes
@@ -239,3 +238,15 @@ class HotCycle:
 
 
 _SSE_HEADERS = (*SSE_HEADERS, (b"transfer-encoding", b"chunked"))
+
+
+def _trace_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
+    """The client's `traceparent` and `tracestate` (names arrive lowercased from the parser); one pass
+    over the raw headers, no Headers object: this runs for every request while tracing is on."""
+    traceparent = tracestate = None
+    for name, value in raw:
+        if name == b"traceparent":
+            traceparent = value.decode("latin-1")
+        elif name == b"tracestate":
+            tracestate = value.decode("latin-1")
+    return traceparent, tracestate
