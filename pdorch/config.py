@@ -360,7 +360,7 @@ class ObservabilityConfig:
                             "0 = none", min=0, max=100_000)
     max_spans_per_trace: int = _key(256, "Spans kept of one trace in memory (a very long request's later spans "
                                     "are dropped from the ring; the export keeps them)", min=1, max=100_000)
-    export_queue_size: int = _key(4096, "Spans waiting for export; a full queue drops new spans (counted) "
+    export_queue_size: int = _key(4096, "Spans waiting for export; a full queue drops new spans (the SDK logs it) "
                                   "rather than slow a request", min=1, max=1_000_000)
     export_delay_ms: int = _key(500, "Longest a span waits before its batch is exported", min=1, max=60_000)
     shutdown_timeout_s: float = _key(2.0, "At shutdown, how long the last spans get to be exported", min=0.0,
