@@ -107,7 +107,7 @@ class RequestTrace:
         if self.span is None:
             return
         self.end_attempt(message)
-        self._fail(message, "stream_failed")
+        self._fail(self.span, message, "stream_failed")
 
     # ------------------------------------------------------------------ the end (router/dispatch/service.py, hot_path.py)
     def finished(self, choices) -> None:
@@ -134,17 +134,17 @@ class RequestTrace:
         attributes[names.HTTP_STATUS] = status
         attributes[names.RETRIES], attributes[names.FAILOVERS] = self.retries, self.failovers
         if status >= 400:
-            self._fail(message or f"HTTP {status}", error_code or str(status))
+            self._fail(span, message or f"HTTP {status}", error_code or str(status))
         span.end_ns = time.time_ns()
         self.span = None  # emitted once
         for attempt, scores in self._attempts:
             attempt.attributes[names.POLICY_SCORES] = ", ".join(f"{address} load={load}" for address, load in scores)
         emit(self.tracing, self.trace_id, (span, *(attempt for attempt, _ in self._attempts)), self._state)
 
-    def _fail(self, message: str, code: str) -> None:
+    def _fail(self, span: DeferredSpan, message: str, code: str) -> None:
         if names.ERROR_CODE in self.attributes:  # the first failure is the one the client saw
             return
-        self.span.error = message or code
+        span.error = message or code
         self.attributes[names.ERROR_CODE] = code
 
 
