@@ -2,17 +2,23 @@
 
 NOTE: each child leads a new session (so a terminal's Ctrl-C reaches only `pdorch serve`, which
 then stops the children in order) and asks the kernel for SIGTERM when its parent dies
-(PR_SET_PDEATHSIG), so even a SIGKILLed `pdorch serve` leaves no orphans behind.
+(PR_SET_PDEATHSIG), so even a SIGKILLed `pdorch serve` leaves no orphans behind. The death signal is
+set by util-linux's `setpriv --pdeathsig` in front of the command (it survives the exec), not by a
+Popen preexec_fn: a preexec_fn runs Python between fork and exec, which is unsafe once other threads
+run (`serve --autoscale`'s planner thread, a test's in-process router: a child aborted in
+threading's fork hooks). Where setpriv is missing, the preexec_fn is the fallback.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pdorch.launch_plan import redact_argv
@@ -27,6 +33,16 @@ except (OSError, AttributeError):  # not Linux: the signal handlers of `pdorch s
 def die_with_parent() -> None:  # runs in the child between fork and exec (a Popen preexec_fn)
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_SETPRIV = shutil.which("setpriv")
+
+
+def dying_with_parent(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """(argv, preexec_fn) for a Popen whose child gets SIGTERM when this thread's process dies."""
+    if _SETPRIV is not None:
+        return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv], None
+    return list(argv), die_with_parent
 
 
 class Child:
@@ -49,10 +65,12 @@ class Child:
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())  # NOTE: never a secret in a log
             log.flush()
-            # NOTE: preexec_fn is unsafe only with threads running; `pdorch serve` starts none.
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+            if shutil.which(self.argv[0]) is None:  # as Popen says it; setpriv's exec would fail inside the child
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.argv[0])
+            argv, preexec = dying_with_parent(self.argv)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
-                                         preexec_fn=die_with_parent)  # noqa: PLW1509
+                                         preexec_fn=preexec)  # noqa: PLW1509
         self.started_at = time.monotonic()
         self.starts += 1
 
