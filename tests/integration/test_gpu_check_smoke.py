@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_gpu_check_smoke_runs_end_to_end(tmp_path):
     out = tmp_path / "RESULT.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--json", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check" / "run.py"), "--smoke", "--json", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=480, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -48,7 +48,7 @@ def test_gpu_check_smoke_runs_end_to_end(tmp_path):
 def test_a_killed_run_keeps_the_parts_it_finished(tmp_path):
     """SIGKILL once the correctness part is written: the file holds it (whole JSON, not half written)."""
     out = tmp_path / "RESULT.json"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--smoke", "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gpu_check" / "run.py"), "--smoke", "--out", str(out)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
