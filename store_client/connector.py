@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
@@ -32,6 +33,11 @@ _JOIN_S = 15.0  # a probe op against a dead master can take ~5 s (Mooncake's RPC
 # for this long: the new leader serves one lease (5 s) after it wins, and Mooncake's client switches by
 # itself (its own etcd watch); reconnect_interval_s (5 s by default) would add up to its whole length.
 RECOVER_POLL_S = 0.05
+# The master answers before the client has re-mounted its segment (Mooncake's ping thread does that,
+# up to ~1.5 s after the switch): meanwhile every object in it reads absent. So "back" means the
+# client's own canary object (in its own segment) reads present, or the master answered "absent"
+# this long (it restarted empty, or the canary was removed).
+CANARY_GRACE_S = 3.0
 RECOVER_WINDOW_S = 30.0
 POLL_VIEW_S = 1.0  # the master view read this often while its etcd watch is down
 
@@ -112,6 +118,9 @@ class StoreConnector:
         # until it is done or AUDIT_DEADLINE_S passed (KVStore checks its recent writes).
         self.audit: Callable[[float], bool] | None = None
         self._audit_due: float | None = None
+        # A tiny hard-pinned object in this client's own segment, written on connect (None: not written)
+        self._canary: str | None = None
+        self._canary_absent_since: float | None = None  # monotonic: the master first said "absent"
         metrics.enabled.set(0)
 
     def client(self):
@@ -290,6 +299,7 @@ class StoreConnector:
             buffers = list(self._buffers)
         for ptr, nbytes in buffers:
             self._register(raw, ptr, nbytes)
+        self._put_canary(raw)
         with self._changed:
             self._raw = self._client = raw
             self._changed.notify_all()
@@ -299,23 +309,54 @@ class StoreConnector:
         return None
 
     def _try_recover(self) -> None:
-        """Lost -> connected once the client's own reconnect succeeded AND a real RPC answers.
+        """Lost -> connected once the client's own reconnect succeeded, a real RPC answers AND the master
+        knows this client's segment again (its canary reads present; see CANARY_GRACE_S).
 
         NOTE: the client re-mounts its segment into a restarted master shortly after (~1 s), so the
         first saves after a reconnect may fail with no_space (counted; write-back is best effort).
         """
         raw = self._raw
-        if raw.health_check() != 0:
-            return
-        codes = raw.batch_is_exist([PROBE_KEY])
+        codes = raw.batch_is_exist([self._canary or PROBE_KEY]) if raw.health_check() == 0 else [-1]
         if not codes or codes[0] < 0:
+            self._canary_absent_since = None
             return
+        if self._canary is not None and codes[0] == 0:
+            now = time.monotonic()
+            if self._canary_absent_since is None:
+                self._canary_absent_since = now
+            if now - self._canary_absent_since < CANARY_GRACE_S:
+                return
+            self._put_canary(raw)  # the master lost it (restarted empty): the next outage has one again
+        self._canary_absent_since = None
         with self._changed:
             self._client = raw
             self._changed.notify_all()
         self.metrics.enabled.set(1)
         self.metrics.reconnects.inc()
         log.warning("store master %s is back: store re-enabled", self.cfg.master_address)
+
+    def _put_canary(self, raw) -> None:
+        """Write this client's canary into its own segment, pinned (never evicted). Without a segment of
+        its own (or if the put fails) the recovery check falls back to an RPC on an absent key."""
+        from mooncake.store import ReplicateConfig  # deferred: loads the native library
+
+        self._canary = None
+        if self.cfg.global_segment_size_mb <= 0:
+            return
+        where = ReplicateConfig()
+        where.replica_num = 1
+        where.preferred_segment = raw.get_hostname()
+        where.with_hard_pin = True
+        key = f"pdorch-canary/{raw.get_hostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        try:
+            rc = raw.put(key, b"pdorch", where)
+        except Exception as e:  # noqa: BLE001
+            rc = -1
+            log.debug("canary put raised: %s", e)
+        if rc == 0:
+            self._canary = key
+        else:
+            log.info("store: no canary object (put returned %s); recovery checks an RPC only", rc)
 
     def _register(self, raw, ptr: int, nbytes: int) -> None:
         rc = raw.register_buffer(ptr, nbytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from pdorch.config import StoreConfig
-from store_client.connector import RECOVER_POLL_S, StoreConnector
+from store_client.connector import PROBE_KEY, RECOVER_POLL_S, StoreConnector
 from store_client.master_view import Leader
 from store_client.metrics import StoreMetrics
 
@@ -104,3 +104,69 @@ def test_without_a_switch_a_lost_store_retries_at_reconnect_interval_s():
     assert connector.client() is None and connector._recover_until == 0.0
     connector._watch._broken = False  # the watch runs: no view poll either
     assert connector._interval() == connector.cfg.reconnect_interval_s
+
+
+class FakeRaw:
+    """The Mooncake client as the recovery check sees it: health, and is_exist of one key."""
+
+    def __init__(self, health: int, exists: int):
+        self.health, self.exists, self.asked = health, exists, []
+
+    def health_check(self) -> int:
+        return self.health
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        self.asked += keys
+        return [self.exists]
+
+
+def lost_with(raw: FakeRaw, canary: str | None) -> tuple[StoreConnector, CollectorRegistry]:
+    connector, reg = watching()
+    connector._raw, connector._client, connector._canary = raw, None, canary
+    return connector, reg
+
+
+def test_the_store_is_back_only_when_the_master_knows_the_clients_own_segment_again(monkeypatch):
+    import store_client.connector as connector_module
+
+    now = [100.0]
+    monkeypatch.setattr(connector_module.time, "monotonic", lambda: now[0])
+    raw = FakeRaw(health=0, exists=0)  # the new leader answers, but our segment is not re-mounted yet
+    connector, reg = lost_with(raw, "pdorch-canary/h:1/7/ab")
+    connector._try_recover()
+    now[0] += connector_module.CANARY_GRACE_S / 2
+    connector._try_recover()
+    assert connector.client() is None and raw.asked == ["pdorch-canary/h:1/7/ab"] * 2
+    assert reg.get_sample_value("pdorch_store_enabled") == 0
+    raw.exists = 1  # re-mounted: the canary reads present
+    connector._try_recover()
+    assert connector.client() is raw and reg.get_sample_value("pdorch_store_enabled") == 1
+
+
+def test_a_master_that_answers_absent_for_the_grace_period_lost_everything_and_the_store_is_back(monkeypatch):
+    import store_client.connector as connector_module
+
+    now = [100.0]
+    monkeypatch.setattr(connector_module.time, "monotonic", lambda: now[0])
+    raw = FakeRaw(health=0, exists=0)  # a master restarted empty never knows the canary again
+    connector, _ = lost_with(raw, "pdorch-canary/h:1/7/ab")
+    put = []
+    monkeypatch.setattr(connector, "_put_canary", lambda r: put.append(r))
+    connector._try_recover()
+    raw.health = 2  # an unhealthy tick restarts the wait
+    now[0] += connector_module.CANARY_GRACE_S
+    connector._try_recover()
+    raw.health = 0
+    connector._try_recover()
+    assert connector.client() is None and put == []
+    now[0] += connector_module.CANARY_GRACE_S
+    connector._try_recover()
+    assert connector.client() is raw and put == [raw]  # back, with a canary written again
+
+
+def test_without_a_canary_an_answered_rpc_is_enough():
+    raw = FakeRaw(health=0, exists=0)
+    connector, _ = lost_with(raw, None)
+    connector._try_recover()
+    assert connector.client() is raw and raw.asked == [PROBE_KEY]
+
