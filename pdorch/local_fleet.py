@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 ROLES = ("prefill", "decode")
 KILL_MARGIN_S = 5.0  # past the drain budget: the drain hangs
+STACK_DUMP_S = 0.3  # a hung worker writes its stacks (faulthandler, from C) before its SIGKILL
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 QUICK_DEATH_S = 60.0  # a worker that died sooner counts as one more failure in a row
@@ -109,7 +110,10 @@ class LocalFleet:
         died = self._reap(now)
         for w in self.workers:
             if w.draining and now > w.kill_at and w.child.group_alive():
-                self.say(f"pdorch serve: {w.spec.name} still draining past its budget; SIGKILL")
+                self.say(f"pdorch serve: {w.spec.name} still draining past its budget; its threads' stacks go to "
+                         f"its log (SIGUSR2), then SIGKILL")
+                w.child.signal_group(signal.SIGUSR2)  # pdorch/worker/main.py: faulthandler writes every stack
+                time.sleep(STACK_DUMP_S)
                 w.child.signal_group(signal.SIGKILL)
                 w.kill_at = float("inf")  # once
         desired = self.desired()

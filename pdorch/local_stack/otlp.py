@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from pdorch.stop_signal import stop_on_signals, wait_for_stop
 
 
 @dataclass(frozen=True)
@@ -90,15 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m pdorch.local_stack.otlp --port N`: a receiver in a process of its own (bench/router_overhead/
     tracing.py), counting what it receives, until SIGTERM."""
     import argparse
-    import signal
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(argv)
     receiver = OtlpReceiver(f"127.0.0.1:{args.port}").start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
+    stop = stop_on_signals((signal.SIGTERM,))
+    wait_for_stop(stop)
     receiver.stop()
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 import threading
 
 from prometheus_client import CollectorRegistry
 
 from pdorch.planner.profile import ProfileError
+from pdorch.stop_signal import stop_on_signals, wait_for_stop
 
 
 def run_planner(cfg, once: bool = False) -> int:
@@ -36,12 +36,10 @@ def run_planner(cfg, once: bool = False) -> int:
         threading.Event().wait(p.interval_s)
         print(json.dumps({"desired": (d := runner.step()).desired, "reason": d.reason}))
         return 0
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     runner.start()
     print(f"pdorch planner: {p.mode}, actuator {p.actuator}, every {p.interval_s:g}s", file=sys.stderr)
-    stop.wait()
+    wait_for_stop(stop)
     return 0 if runner.stop(timeout_s=max(10.0, 2 * p.scrape_timeout_s)) else 1
 
 

@@ -20,13 +20,13 @@ import concurrent.futures
 import faulthandler
 import logging
 import signal
-import threading
 
 import grpc
 from prometheus_client import Counter
 
 from pdorch.config import GrpcConfig
 from pdorch.config_loader import ConfigError, add_config_args, config_from_args, exit_on_config_error
+from pdorch.stop_signal import stop_on_signals, wait_for_stop
 from pdorch.tracing import set_process_tracing, setup_tracing
 from pdorch.tracing.log_filter import install_trace_ids
 from pdorch.worker.drain import WorkerDrain
@@ -102,9 +102,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     tracing = setup_tracing(cfg.observability, f"pdorch-{role}", worker_id)
     set_process_tracing(tracing)
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop_on_signals()
     # SIGUSR2 writes every thread's stack to stderr, from C, without the GIL: the one way to see
     # where a worker hangs when a native call holds the GIL and SIGTERM's handler never runs.
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -125,7 +123,7 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     # traffic only once it is in discovery, so a new worker gets none before it is ready.
     registration = _register(cfg, role, worker, worker_id, advertised, section.metrics_port)
     log.info("%s worker %s serving on %s (metrics on %s)", role, worker_id, address, section.metrics_port or "off")
-    stop.wait()
+    wait_for_stop(stop)
     log.info("shutting down: leaving discovery, then draining")
     drain.begin()
     if registration is not None:

@@ -19,7 +19,8 @@ from pdorch.local_fleet import LocalFleet
 from pdorch.ports import port_answers
 
 STANDIN = r'''
-import os, signal, socket, sys, time
+import faulthandler, os, signal, socket, sys, time
+faulthandler.register(signal.SIGUSR2, all_threads=True)  # as a real worker does (pdorch/worker/main.py)
 sets = dict(a.split("=", 1) for a in sys.argv if "=" in a)
 role = sys.argv[sys.argv.index("-m") + 1].split("_")[0]
 if os.environ.get("STANDIN_DIE_AT_START") == role:
@@ -88,6 +89,7 @@ def test_a_drain_that_hangs_is_killed_past_its_budget(fleet, monkeypatch):
     assert 0.9 <= time.monotonic() - t0 < 5  # budget 0.5 s + margin 0.5 s, then SIGKILL
     assert decode.child.exit_code() == -signal.SIGKILL
     assert fleet.current() == {"prefill": 1, "decode": 0}
+    assert "most recent call first" in decode.child.log_tail(40)  # its stacks, written before the SIGKILL
 
 
 def test_a_worker_that_dies_unasked_is_replaced_with_backoff(fleet, monkeypatch):
