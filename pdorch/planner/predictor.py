@@ -1,10 +1,11 @@
 """Next interval's load from the last ones.
 
 `Predictor` is the seam: anything with `observe(load)` and `predict(ahead=1) -> Load | None` plugs into the runner
-(a seasonal model, a forecast service). The built-in one, `MovingAverageTrend`, fits a least-squares line to each
-quantity over the last `window` intervals and returns the line's value `ahead` intervals on: the moving average plus
-the trend (slope x the distance from the window's middle to that interval). With a window of 1 it is the last
-value. Rates and token counts are kept >= 0 and the uncached fraction within [0, 1]. An interval in which no
+(a seasonal model, a forecast service). The built-in one, `MovingAverageTrend`, fits a least-squares line to the
+request rate over the last `window` intervals and returns the line's value `ahead` intervals on: the moving average
+plus the trend (slope x the distance from the window's middle to that interval), kept >= 0. The requests' shape
+(mean prompt and output tokens, uncached fraction) is the moving average alone. With a window of 1 it is the last
+value. An interval in which no
 request ended says nothing about their shape (its means would be 0 tokens): it counts with a request rate of 0 and
 the shape of the interval before. The runner sizes the fleet for
 an upper bound of what a predictor says (upper_bound.py), not for the forecast itself.
@@ -61,7 +62,14 @@ class MovingAverageTrend:
         def line(values: list[float]) -> float:
             return linear_forecast(values, ahead)
 
+        def mean(values: list[float]) -> float:
+            return sum(values) / len(values)
+
+        # NOTE: the trend for the rate only. A request's shape is a mean over the few requests that ended in
+        # an interval (2-15 of them): a line through those follows their noise, and a mean output that the
+        # line carried from 600 down to 250 tokens put a steady load of long streams at a short context and
+        # scaled decode 1 -> 3 for nothing.
         return Load(request_rate=max(0.0, line([x.request_rate for x in h])),
-                    mean_prompt_tokens=max(0.0, line([x.mean_prompt_tokens for x in h])),
-                    uncached_fraction=min(1.0, max(0.0, line([x.uncached_fraction for x in h]))),
-                    mean_output_tokens=max(0.0, line([x.mean_output_tokens for x in h])))
+                    mean_prompt_tokens=mean([x.mean_prompt_tokens for x in h]),
+                    uncached_fraction=mean([x.uncached_fraction for x in h]),
+                    mean_output_tokens=mean([x.mean_output_tokens for x in h]))

@@ -25,10 +25,17 @@ def test_window_keeps_the_last_values_only():
     assert feed(1, [9, 4]).request_rate == 4
 
 
-def test_clamps_rates_and_fractions():
+def test_clamps_the_rate():
     assert feed(3, [3, 2, 1]).request_rate == 0.0  # the line says 0 ... and never below it
     assert feed(3, [3, 1.5, 0]).request_rate == 0.0
-    assert feed(3, [1, 1, 1], uncached=[0.8, 0.9, 1.0]).uncached_fraction == 1.0
+
+
+def test_the_requests_shape_is_the_moving_average_without_a_trend():
+    assert feed(3, [1, 1, 1], uncached=[0.8, 0.9, 1.0]).uncached_fraction == pytest.approx(0.9)
+    p = MovingAverageTrend(4)
+    for out in (600.0, 900.0, 500.0, 300.0):  # a few long streams ending per interval: a noisy mean
+        p.observe(Load(1.0, 8.0, 1.0, out))
+    assert p.predict().mean_output_tokens == pytest.approx(575.0)  # a line through them would say 250
     assert feed(2, [1, 1]).mean_prompt_tokens == pytest.approx(100.0)
 
 
