@@ -11,6 +11,8 @@ chunk carries whatever is left, so the stream's logprobs are the whole answer's.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from router.http import formats
 from router.http.json_calls import ToolStream, final_message
 from router.http.reasoning import ReasoningStream, start_of
@@ -18,6 +20,21 @@ from router.http.reasoning import split as split_reasoning
 from router.http.tool_parsers import AutoToolStream
 from router.http.tool_parsers import parse as parse_tool_calls
 from router.http.tools import ToolPlan, answer
+
+
+class OutputStream(Protocol):
+    """The content of a streamed chat, read as it grows: `TextStream` (plain text), `ToolStream`
+    (router/http/json_calls.py: bare-JSON forced calls) and `AutoToolStream` (router/http/tool_parsers.py:
+    calls in the family's format). Each takes the whole output so far (after the thinking) and gives
+    back only what is new."""
+
+    def delta(self, text: str) -> dict | None:
+        """The chunk's delta (`content`, `tool_calls`) of the output so far; None: nothing to send yet."""
+        ...
+
+    def finish(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The last delta (whatever was held back) and the finish reason ("tool_calls" when calls were made)."""
+        ...
 
 
 class ChatShape:
@@ -60,6 +77,7 @@ class ChatShape:
         """chunk(progress, oid, created, model, delta_text, first, include_usage, logprobs=None) -> bytes
         (b"": nothing to send yet) for a chat that is not plain; `index`: the choice it streams (n > 1);
         `logprobs`: the chat logprobs of the tokens this call adds (router/http/logprobs.py take_chat)."""
+        inner: OutputStream
         if self.json_forced:
             inner = ToolStream(self.plan)
         elif self.calls_parser:

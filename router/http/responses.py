@@ -82,11 +82,12 @@ class ResponsesHandlers:
         history = [m for turn in chain.turns for m in orjson.loads(turn)] if chain is not None else []
         try:
             chat = _chat_request(chat_body(req, conversation(req, history, new), req.prompt_cache_key or root))
-            _, plan, start, _, _, _, job = self.gen.openai_job(chat, True, request, arrived)
-            progress, first, run = await svc.start(job, ROUTE, t0)
+            prep = self.gen.openai_job(chat, True, request, arrived)
+            started = await svc.start(prep.job, ROUTE, t0)
         except APIError as e:
             raise responses_param(e) from None
-        shape = ChatShape(plan, svc.tool_parser, svc.reasoning_parser, start)
+        progress, first, run = started.progress, started.first, started.run
+        shape = ChatShape(prep.plan, svc.tool_parser, svc.reasoning_parser, prep.start)
         turn = _Turn(base(req, rid, int(time.time()), svc.model_name), key, req.previous_response_id, root, new,
                      shape, req.store)
         if not req.stream:
