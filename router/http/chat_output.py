@@ -63,7 +63,7 @@ class ChatShape:
         if self.plain:
             return None, None
         reasoning, content = split_reasoning(self.reasoning, text, self.start) if self.reasoning else (None, text)
-        if self.json_forced:
+        if self.json_forced and self.plan is not None:  # json_forced says there is a plan
             msg, finish = final_message(self.plan, content, finish_reason)
         elif self.calls_parser:
             msg, finish = auto_message(self.calls_parser, content, finish_reason, self.names, self.max_calls)
@@ -78,7 +78,7 @@ class ChatShape:
         (b"": nothing to send yet) for a chat that is not plain; `index`: the choice it streams (n > 1);
         `logprobs`: the chat logprobs of the tokens this call adds (router/http/logprobs.py take_chat)."""
         inner: OutputStream
-        if self.json_forced:
+        if self.json_forced and self.plan is not None:
             inner = ToolStream(self.plan)
         elif self.calls_parser:
             inner = AutoToolStream(self.calls_parser, self.names, self.max_calls)

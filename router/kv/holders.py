@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from router.kv.candidates import CandidateView
 
 
+# NOTE: `type(x) is str` rather than isinstance, as the index's walks test holders (per page); the type
+# checker narrows only its true branch, hence the ignores where the holder is a mask.
 class L1Holders:
     def __init__(self) -> None:
         self.by_hash: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots
@@ -50,7 +52,7 @@ class L1Holders:
                 slot = self.slot
                 holders[h] = (1 << slot[cur]) | (1 << slot[addr])
         else:
-            holders[h] = cur | (1 << self.slot[addr])
+            holders[h] = cur | (1 << self.slot[addr])  # type: ignore[operator]  # an int here (see the NOTE)
 
     def unhold(self, h: str, addr: str) -> None:
         holders = self.by_hash
@@ -61,7 +63,7 @@ class L1Holders:
             if cur == addr:
                 del holders[h]
             return
-        cur &= ~(1 << self.slot[addr])
+        cur &= ~(1 << self.slot[addr])  # type: ignore[operator]  # an int here (see the NOTE)
         if cur & (cur - 1):
             holders[h] = cur
         elif cur:  # one left: back to its address
@@ -72,7 +74,7 @@ class L1Holders:
     # ------------------------------------------------------------------ masks
     def bits(self, h_holders: str | int) -> int:
         """The mask of one page's holders (as `by_hash` keeps them)."""
-        return (1 << self.slot[h_holders]) if type(h_holders) is str else h_holders
+        return (1 << self.slot[h_holders]) if type(h_holders) is str else h_holders  # type: ignore[return-value]
 
     def addresses_of(self, mask: int) -> list[str]:
         out: list[str] = []
