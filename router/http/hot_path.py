@@ -33,7 +33,7 @@ from pdorch.tracing.setup import NO_TRACING, Tracing
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
 from router.http.formats import error_response
-from router.http.generation import SSE_HEADERS, SSEResponse
+from router.http.sse import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")

@@ -29,7 +29,7 @@ from router.errors import APIError, bad_request
 from router.http.bodies import ChatCompletionRequest, explain, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import dumps, json_response
-from router.http.generation import GenerationHandlers, LastEvent, drain
+from router.http.generation import GenerationHandlers, drain
 from router.http.responses_convert import (
     chat_body,
     check_served,
@@ -42,6 +42,7 @@ from router.http.responses_events import OutputItems, ResponseEvents, message_de
 from router.http.responses_object import base, finished, status_of, usage
 from router.http.responses_request import ResponsesRequest, input_item
 from router.http.responses_store import ResponseStore
+from router.http.sse import LastEvent
 
 ROUTE = "/v1/responses"
 
