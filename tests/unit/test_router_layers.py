@@ -154,3 +154,10 @@ def test_only_the_http_room_imports_the_http_frameworks():
     outside = {m: names for m, names in outside.items() if names}
     assert not outside, f"Starlette/FastAPI below router/http/: {outside}"
     assert any(n.split(".")[0] in HTTP_FRAMEWORKS for n in every["router.http.app"])  # the check sees them
+
+
+def test_no_router_file_over_400_lines():
+    """One concept per file: a router file past 400 lines is split by concept (as kv/holders.py left kv/index.py)."""
+    long = {str(p.relative_to(ROOT)): n for p in sorted(ROUTER.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"router files over 400 lines: {long}"
