@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # Only the tokenizer and config.json: the router never converts or loads weights.
     model_dir = prepare_tokenizer(cfg.model.source, cfg.model.cache_dir)
-    try:  # model.chat_template is read and tried here (router/dispatch/service.py chat_prompts)
+    try:  # model.chat_template is read and tried here (router/http/service.py chat_prompts)
         app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
     except ConfigError as e:
         exit_on_config_error(e, "router")

@@ -3,14 +3,11 @@
 Every client-visible failure is an `APIError` carrying the HTTP status and the OpenAI error
 fields (`message`, `type`, `param`, `code`). The app installs handlers that turn it (and
 FastAPI's own validation errors) into `{"error": {...}}`, so bad input never becomes a 500
-with a stack trace.
+with a stack trace. Transport-free: the HTTP response of an error is router/http/formats.py
+`error_response` (dispatch raises these too, below the HTTP room).
 """
 
 from __future__ import annotations
-
-import json
-
-from starlette.responses import Response
 
 
 class APIError(Exception):
@@ -30,10 +27,6 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
-
-    def response(self) -> Response:
-        return Response(json.dumps(self.body()), status_code=self.status, headers=self.headers,
-                        media_type="application/json")
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

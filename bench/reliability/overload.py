@@ -78,7 +78,7 @@ def classify(error: str | None) -> str:
 
 
 def gate(error: str) -> str:
-    """Which bound rejected it, from the message (router/dispatch/service.py vs router/dispatch/dispatch.py)."""
+    """Which bound rejected it, from the message (router/http/service.py vs router/dispatch/dispatch.py)."""
     return "router" if "in flight" in error else "workers" if "capacity" in error else "other"
 
 

@@ -26,7 +26,7 @@ from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import GENERATE_PATH
 from router.grpc.stream import Channel
 from router.http import formats
-from router.http.generation import SSE_HEADERS
+from router.http.sse import SSE_HEADERS
 
 # The router's stream head (router/http/hot_path.py writes the same headers), so both write the same bytes.
 HEAD = b"HTTP/1.1 200 OK\r\n" + b"".join(b"%s: %s\r\n" % kv for kv in (*SSE_HEADERS, (b"transfer-encoding", b"chunked")))

@@ -23,9 +23,9 @@ import uvloop
 from uvicorn.server import ServerState
 
 from router.http.app import RouterApp
-from router.http.generation import SSEResponse
 from router.http.hot_path import HotRoutes
 from router.http.http_protocol import RouterHttpProtocol
+from router.http.sse import SSEResponse
 from router.metrics import RouterMetrics
 
 EVENT = b'data: {"text":" w0","output_ids":[1000],"meta_info":{"id":"r","finish_reason":null}}\n\n'

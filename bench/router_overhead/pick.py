@@ -23,9 +23,9 @@ import random
 import time
 from types import SimpleNamespace
 
-from router.dispatch.circuit import CircuitBreaker
 from router.dispatch.policies import CacheAware, RouteContext
-from router.dispatch.workers import Worker, WorkerPool
+from router.fleet.circuit import CircuitBreaker
+from router.fleet.workers import Worker, WorkerPool
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
 

@@ -41,8 +41,8 @@ STEPS = ("conn", "head", "task", "call", "sent", "data", "resume", "write")
 HANDLER_STEPS = (
     ("router.http.hot_path", "HotRequest.__init__"), ("router.http.auth", "Auth.check_client"),
     ("router.http.generation", "parse"), ("router.http.generation", "sampling_from_sglang"),
-    ("router.dispatch.service", "RouterService.make_job"), ("router.dispatch.policies", "page_hashes"),
-    ("router.dispatch.service", "RouterService.admit"), ("router.dispatch.service", "Progress.__init__"),
+    ("router.http.service", "RouterService.make_job"), ("router.dispatch.policies", "page_hashes"),
+    ("router.http.service", "RouterService.admit"), ("router.http.service", "Progress.__init__"),
     ("router.dispatch.dispatch", "Dispatcher._pick"), ("router.dispatch.policies", "CacheAware.choose"),
     ("router.dispatch.policies", "CacheAware.choose_decode"), ("router.dispatch.policies", "CacheAware.on_routed"),
     ("router.dispatch.policies", "CacheAware.load_changed"), ("router.metrics", "RouterMetrics.routed_to"),

@@ -36,8 +36,8 @@ from proto.pdorch.v1 import worker_pb2
 from router.dispatch.failover import MAX_FAILOVERS, Resumption
 from router.dispatch.policies import Policy, RouteContext, SessionAffinity
 from router.dispatch.request_trace import RequestTrace
-from router.dispatch.workers import Worker, WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
+from router.fleet.workers import Worker, WorkerPool
 from router.grpc.stream import RpcError, StreamCall
 from router.metrics import RouterMetrics
 

@@ -32,7 +32,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from router.dispatch.workers import Worker
+from router.fleet.workers import Worker
 from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
 from router.kv.index import KVIndex
 from router.kv.loads import LoadBoard
@@ -184,7 +184,7 @@ class CacheAware(Policy):
 
     def _candidates(self, workers: list[Worker]) -> tuple[list[_Published], LoadBoard | None]:
         """The workers as the KV choice sees them, and a LoadBoard of their loads where one is kept.
-        NOTE: the pool's steady routable list (router/dispatch/workers.py RoutableList) is the same object
+        NOTE: the pool's steady routable list (router/fleet/workers.py RoutableList) is the same object
         until a worker joins, leaves or changes health: its wrappers and board are built once and the
         board follows each load change (`load_changed`), so a decision reads no worker it does not
         weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets

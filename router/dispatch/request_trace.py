@@ -109,7 +109,7 @@ class RequestTrace:
         self.end_attempt(message)
         self._fail(self.span, message, "stream_failed")
 
-    # ------------------------------------------------------------------ the end (router/dispatch/service.py, hot_path.py)
+    # ------------------------------------------------------------------ the end (router/http/service.py, hot_path.py)
     def finished(self, choices) -> None:
         """The request's outcome, from its Progress (one per sequence)."""
         if self.span is None:

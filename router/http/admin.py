@@ -14,12 +14,12 @@ from starlette.responses import Response
 
 from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
-from router.dispatch.service import RouterService
-from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, unavailable, upstream_error
+from router.fleet.workers import WorkerPool
 from router.http import formats
 from router.http.auth import Auth
 from router.http.formats import json_response
+from router.http.service import RouterService
 from router.metrics import RouterMetrics
 
 STORE_FLUSH_TIMEOUT_S = 60.0
@@ -59,7 +59,8 @@ def _add_health_routes(app: FastAPI, svc: RouterService, pool: WorkerPool, metri
         sampling = worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
         job = svc.make_job(ids, sampling, 1, 1, request)
         try:
-            progress, _, run = await svc.start(job, "/health_generate", t0)
+            started = await svc.start(job, "/health_generate", t0)
+            progress, run = started.progress, started.run
             try:
                 async for _ in run:
                     pass

@@ -21,8 +21,8 @@ from pdorch.config import ObservabilityConfig
 from pdorch.tracing.records import merge_records, record_dict
 from pdorch.tracing.setup import Tracing
 from proto.pdorch.v1 import worker_pb2
-from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request
+from router.fleet.workers import WorkerPool
 from router.http.auth import Auth
 from router.http.formats import json_response
 

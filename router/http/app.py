@@ -21,25 +21,25 @@ from starlette.responses import Response
 
 from pdorch.config import Config
 from pdorch.tracing import ROUTER_SERVICE, Tracing, setup_tracing
-from router.dispatch.discovery import make_discovery
 from router.dispatch.failover import failover_enabled
 from router.dispatch.policies import make_policy
-from router.dispatch.service import RouterService
-from router.dispatch.workers import WorkerPool
 from router.errors import APIError
+from router.fleet.discovery import make_discovery
+from router.fleet.layout import KVLayout
+from router.fleet.workers import WorkerPool
 from router.http import admin, admin_traces, tokenize
 from router.http.auth import Auth
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest
-from router.http.formats import json_response
+from router.http.formats import error_response, json_response
 from router.http.generation import GenerationHandlers
 from router.http.hot_path import HotRoutes
 from router.http.openapi import document_bodies
 from router.http.responses import ResponsesHandlers
 from router.http.responses_request import ResponsesRequest
 from router.http.responses_store import ResponseStore, StoreLimits
+from router.http.service import RouterService
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
-from router.kv.layout import KVLayout
 from router.kv.watch import KVWatcher, kv_index_metrics
 from router.metrics import RouterMetrics
 
@@ -80,8 +80,8 @@ class RouterApp(FastAPI):
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
             response = Response(self.state.metrics.render(), media_type=self.state.metrics.content_type)
         else:
-            response = APIError(404, f"the metrics port serves GET /metrics only, not {scope['method']} "
-                                f"{scope['path'][:100]}", "not_found_error").response()
+            response = error_response(APIError(404, f"the metrics port serves GET /metrics only, not {scope['method']} "
+                                               f"{scope['path'][:100]}", "not_found_error"))
         await response(scope, receive, send)
 
 
@@ -163,17 +163,17 @@ def _add_error_handlers(app: FastAPI) -> None:
     """Every error as OpenAI-style JSON, never a stack trace."""
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return exc.response()
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-        return APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind).response()
+        return error_response(APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}", kind))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error on %s", request.url.path)
-        return APIError(500, "internal error in the router (see its log)", "internal_error").response()
+        return error_response(APIError(500, "internal error in the router (see its log)", "internal_error"))
 
 
 def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, metrics: RouterMetrics,
@@ -204,7 +204,7 @@ def _add_generation_routes(app, cfg: Config, svc: RouterService, auth: Auth, met
                     raise hot.too_large()
                 return await handler(request, body)
             except APIError as e:
-                return e.response()
+                return error_response(e)
         return endpoint
 
     app.add_api_route("/v1/chat/completions", _route(gen.chat), methods=["POST"], name="chat_completions",

@@ -11,6 +11,8 @@ chunk carries whatever is left, so the stream's logprobs are the whole answer's.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from router.http import formats
 from router.http.json_calls import ToolStream, final_message
 from router.http.reasoning import ReasoningStream, start_of
@@ -18,6 +20,21 @@ from router.http.reasoning import split as split_reasoning
 from router.http.tool_parsers import AutoToolStream
 from router.http.tool_parsers import parse as parse_tool_calls
 from router.http.tools import ToolPlan, answer
+
+
+class OutputStream(Protocol):
+    """The content of a streamed chat, read as it grows: `TextStream` (plain text), `ToolStream`
+    (router/http/json_calls.py: bare-JSON forced calls) and `AutoToolStream` (router/http/tool_parsers.py:
+    calls in the family's format). Each takes the whole output so far (after the thinking) and gives
+    back only what is new."""
+
+    def delta(self, text: str) -> dict | None:
+        """The chunk's delta (`content`, `tool_calls`) of the output so far; None: nothing to send yet."""
+        ...
+
+    def finish(self, text: str, finish_reason: str) -> tuple[dict, str]:
+        """The last delta (whatever was held back) and the finish reason ("tool_calls" when calls were made)."""
+        ...
 
 
 class ChatShape:
@@ -46,7 +63,7 @@ class ChatShape:
         if self.plain:
             return None, None
         reasoning, content = split_reasoning(self.reasoning, text, self.start) if self.reasoning else (None, text)
-        if self.json_forced:
+        if self.json_forced and self.plan is not None:  # json_forced says there is a plan
             msg, finish = final_message(self.plan, content, finish_reason)
         elif self.calls_parser:
             msg, finish = auto_message(self.calls_parser, content, finish_reason, self.names, self.max_calls)
@@ -60,7 +77,8 @@ class ChatShape:
         """chunk(progress, oid, created, model, delta_text, first, include_usage, logprobs=None) -> bytes
         (b"": nothing to send yet) for a chat that is not plain; `index`: the choice it streams (n > 1);
         `logprobs`: the chat logprobs of the tokens this call adds (router/http/logprobs.py take_chat)."""
-        if self.json_forced:
+        inner: OutputStream
+        if self.json_forced and self.plan is not None:
             inner = ToolStream(self.plan)
         elif self.calls_parser:
             inner = AutoToolStream(self.calls_parser, self.names, self.max_calls)

@@ -2,7 +2,7 @@
 
 The decode worker streams every sequence on one Generate call, each chunk tagged with its `index`
 (decode_node/forks.py: one prefill, one KV push, the prompt's pages shared). The router folds the
-chunks into one Progress per sequence (router/dispatch/service.py `_Run.choices`); here they become
+chunks into one Progress per sequence (router/http/service.py `_Run.choices`); here they become
 `choices[i]` (non-streamed), chunks whose choice carries `index: i` (streamed, each choice with its
 own role delta, tool-call and reasoning parsers and logprobs) or, for /generate, a list of bodies
 (streamed: bodies with an `index`). Usage counts the prompt once and every choice's tokens.

@@ -7,8 +7,11 @@ and streams end with `data: [DONE]`.
 
 from __future__ import annotations
 
+import json
+
 from starlette.responses import Response
 
+from router.errors import APIError
 from router.metrics import CACHE_TIERS
 
 try:
@@ -27,6 +30,12 @@ DONE = b"data: [DONE]\n\n"
 
 def json_response(obj, status: int = 200) -> Response:
     return Response(dumps(obj), status_code=status, media_type="application/json")
+
+
+def error_response(error: APIError) -> Response:
+    """An APIError as the client gets it: its status, headers and OpenAI-shaped JSON body."""
+    return Response(json.dumps(error.body()), status_code=error.status, headers=error.headers,
+                    media_type="application/json")
 
 
 def sse(obj) -> bytes:

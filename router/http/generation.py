@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
 from proto.pdorch.v1 import worker_pb2
-from router.dispatch.dispatch import StreamFailed
-from router.dispatch.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
+from router.dispatch.dispatch import Job, StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.http import formats
 from router.http.auth import Auth
@@ -32,80 +32,13 @@ from router.http.body_sampling import (
 from router.http.chat_output import ChatShape
 from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
-from router.http.keepalive import KeepAlive
 from router.http.logprobs import Logprobs, check_top, openai_logprobs, with_prompt_logprobs
 from router.http.reasoning import NO_THINKING, start_of
+from router.http.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
+from router.http.sse import SSEResponse
 from router.http.structured import grammar_of
 from router.http.tool_grammar import after_thinking, answer_or_calls
-from router.http.tools import tool_plan
-
-SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-               (b"x-accel-buffering", b"no")]
-
-
-class LastEvent(bytes):
-    """The chunk that ends a stream which has no `data: [DONE]` (the Responses API's, router/http/responses.py):
-    written as the body's last, as a chunk ending with [DONE] is."""
-
-
-class SSEResponse(Response):
-    """A lean server-sent-events response: the events, and `finalize`, run however the stream ends.
-
-    The router's HTTP protocol writes it itself (router/http/hot_path.py: head with the first event,
-    client disconnect cancels the task, which lands in the events as CancelledError), with comment
-    keep-alives after `keepalive_s` of silence and at once when `run` (the request's _Run,
-    router/dispatch/service.py) pauses (router/http/keepalive.py). Served by another ASGI server,
-    `__call__` sends it: start, one body message per event, end (no keep-alives).
-    """
-
-    def __init__(self, events, finalize, keepalive_s: float = 0.0, run=None):
-        # NOTE: none of Response's own state: the protocol writes it
-        self.events = events
-        self.finalize = finalize
-        self.keepalive_s = keepalive_s
-        self.run = run
-        self.status_code = 200
-        self.background = None  # FastAPI returns a Response subclass as it is
-
-    async def pump(self, write, start=None, send_now=None) -> bool:
-        """The one SSE writer of both serving paths: `start()`, then `write(event, last)` for each
-        event up to the one ending with `data: [DONE]` or a `LastEvent` (True) or the events' end (False); the
-        events closed and `finalize` run however it ends. `send_now(bytes)`: writes without an await,
-        for keep-alives (none without it). NOTE: the last event is the final body write (one write
-        less per request: it matters at hundreds of requests/s)."""
-        alive: KeepAlive | None = None
-        try:
-            if start is not None:
-                await start()
-            async for chunk in self.events:
-                if alive is not None:
-                    alive.waiting = False
-                last = chunk.endswith(formats.DONE) or chunk.__class__ is LastEvent
-                await write(chunk, last)
-                if last:
-                    return True
-                if alive is None and send_now is not None and self.keepalive_s > 0:
-                    alive = KeepAlive(self.keepalive_s, send_now)  # after the first event: the head is out
-                    if self.run is not None:
-                        self.run.on_pause = alive.now
-                if alive is not None:
-                    alive.idle()
-            return False
-        finally:
-            if alive is not None:
-                alive.stop()
-            await self.events.aclose()
-            await self.finalize()
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def start():
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-
-        async def write(chunk: bytes, last: bool):
-            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-
-        if not await self.pump(write, start):
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+from router.http.tools import ToolPlan, tool_plan
 
 
 async def _sse_events(run, progress, first: str, chunk, tail):
@@ -131,6 +64,19 @@ async def _sse_events(run, progress, first: str, chunk, tail):
     yield tail()
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedOpenAI:
+    """An OpenAI body (chat or completions) made ready to run (`GenerationHandlers.openai_job`)."""
+
+    sampling: worker_pb2.SamplingParams  # the job's own (the handler reads n, and the job carries it)
+    plan: ToolPlan | None  # the chat's tools (None: completions, or a chat without tools)
+    start: str  # where a reasoning model's output starts (router/http/reasoning.py start_of)
+    top: int | None  # top logprobs asked (None: none)
+    echo: bool  # completions' echo: the prompt leads the text
+    ids: list[int]  # the prompt's token ids
+    job: Job  # the dispatch job
+
+
 class GenerationHandlers:
     def __init__(self, cfg: Config, svc: RouterService, auth: Auth):
         self.cfg = cfg
@@ -138,7 +84,7 @@ class GenerationHandlers:
         self.auth = auth
 
     def sse(self, events, run) -> SSEResponse:
-        """The stream of a request's `run` (router/dispatch/service.py), closed with it, kept alive."""
+        """The stream of a request's `run` (router/http/service.py), closed with it, kept alive."""
         return SSEResponse(events, run.aclose, self.cfg.router.keepalive_s, run)
 
     async def chat(self, request: Request, body: bytes):
@@ -153,12 +99,14 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
-        sampling, plan, start, top, echo, ids, job = self.openai_job(req, chat, request, arrived)
+        prep = self.openai_job(req, chat, request, arrived)
+        sampling, plan, start, top, echo, ids = prep.sampling, prep.plan, prep.start, prep.top, prep.echo, prep.ids
         route = "/v1/chat/completions" if chat else "/v1/completions"
-        oid = ("chatcmpl-" if chat else "cmpl-") + job.request_id
+        oid = ("chatcmpl-" if chat else "cmpl-") + prep.job.request_id
         created = int(time.time())
         model = self.cfg.model.served_name
-        progress, first, run = await svc.start(job, route, t0)
+        started = await svc.start(prep.job, route, t0)
+        progress, first, run = started.progress, started.first, started.run
         lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
 
         def logprobs_of(p):  # one choice's
@@ -214,9 +162,8 @@ class GenerationHandlers:
 
         return self.sse(_sse_events(run, progress, first, one, tail), run)
 
-    def openai_job(self, req, chat: bool, request: Request, arrived: float):
-        """(sampling, tool plan, where a reasoning model's output starts, top logprobs, echo, prompt ids,
-        the dispatch job) of an OpenAI body."""
+    def openai_job(self, req, chat: bool, request: Request, arrived: float) -> PreparedOpenAI:
+        """An OpenAI body (chat or completions) checked and made into its dispatch job."""
         svc = self.svc
         sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
         check_n(sampling.n, self.cfg.router.max_n)
@@ -242,7 +189,7 @@ class GenerationHandlers:
         job = svc.make_job(ids, sampling, max_tokens, None, request, check_request_id(req.request_id),
                            max_tokens_param=param, arrived=arrived, grammar_param=grammar[1] if grammar else "",
                            session=req.prompt_cache_key or req.session_id)
-        return sampling, plan, start, top, echo, ids, job
+        return PreparedOpenAI(sampling, plan, start, top, echo, ids, job)
 
     async def generate(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
@@ -250,7 +197,8 @@ class GenerationHandlers:
         self.auth.check_client(request.headers.get("authorization"))
         req = parse(GenerateRequest, body)
         sampling, start, prompt, job = self._generate_job(req, request, arrived)
-        progress, _, run = await svc.start(job, "/generate", t0)
+        started = await svc.start(job, "/generate", t0)
+        progress, run = started.progress, started.run
         if sampling.n > 1:  # router/http/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
             many = GenerateChoices(run, lambda p, i: formats.generate_body(

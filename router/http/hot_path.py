@@ -32,7 +32,8 @@ from pdorch.tracing.log_filter import REQUEST_TRACE_ID
 from pdorch.tracing.setup import NO_TRACING, Tracing
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
-from router.http.generation import SSE_HEADERS, SSEResponse
+from router.http.formats import error_response
+from router.http.sse import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")
@@ -144,7 +145,8 @@ class HotCycle:
             if self.response_started:
                 self.transport.close()
             else:
-                self._respond(APIError(500, "internal error in the router (see its log)", "internal_error").response())
+                self._respond(error_response(APIError(500, "internal error in the router (see its log)",
+                                                             "internal_error")))
         finally:
             if self._trace is not None:
                 self._end_trace()
@@ -157,12 +159,12 @@ class HotCycle:
         while self.more_body and self.declared_length <= limit and len(self.body) <= limit:
             await self._more_body()
         if self.declared_length > limit or len(self.body) > limit:
-            return self._respond(self.routes.too_large().response())
+            return self._respond(error_response(self.routes.too_large()))
         try:
             response = await self.handler(HotRequest(self.path, self.headers, self._trace), bytes(self.body))
         except APIError as e:
             self._error = e
-            response = e.response()
+            response = error_response(e)
         if isinstance(response, SSEResponse):
             await self._stream(response)
         else:

@@ -29,7 +29,7 @@ from router.errors import APIError, bad_request
 from router.http.bodies import ChatCompletionRequest, explain, parse
 from router.http.chat_output import ChatShape
 from router.http.formats import dumps, json_response
-from router.http.generation import GenerationHandlers, LastEvent, drain
+from router.http.generation import GenerationHandlers, drain
 from router.http.responses_convert import (
     chat_body,
     check_served,
@@ -42,6 +42,7 @@ from router.http.responses_events import OutputItems, ResponseEvents, message_de
 from router.http.responses_object import base, finished, status_of, usage
 from router.http.responses_request import ResponsesRequest, input_item
 from router.http.responses_store import ResponseStore
+from router.http.sse import LastEvent
 
 ROUTE = "/v1/responses"
 
@@ -82,11 +83,12 @@ class ResponsesHandlers:
         history = [m for turn in chain.turns for m in orjson.loads(turn)] if chain is not None else []
         try:
             chat = _chat_request(chat_body(req, conversation(req, history, new), req.prompt_cache_key or root))
-            _, plan, start, _, _, _, job = self.gen.openai_job(chat, True, request, arrived)
-            progress, first, run = await svc.start(job, ROUTE, t0)
+            prep = self.gen.openai_job(chat, True, request, arrived)
+            started = await svc.start(prep.job, ROUTE, t0)
         except APIError as e:
             raise responses_param(e) from None
-        shape = ChatShape(plan, svc.tool_parser, svc.reasoning_parser, start)
+        progress, first, run = started.progress, started.first, started.run
+        shape = ChatShape(prep.plan, svc.tool_parser, svc.reasoning_parser, prep.start)
         turn = _Turn(base(req, rid, int(time.time()), svc.model_name), key, req.previous_response_id, root, new,
                      shape, req.store)
         if not req.stream:

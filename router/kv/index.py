@@ -28,9 +28,7 @@ the pages; l1_stored confirms them, `inflight_released` ends the rest (its reque
 The store: the workers' claims (router/kv/store_claims.py): a page is held while some worker claims
 it, and any worker's store_removed removes it for all.
 
-The L1 holders of a page are one address (most pages: no extra object) or, when several workers
-hold it, a bitmask over per-index worker slots (a Python int): the walk's intersections are then a
-few machine words each, whatever the fleet size (a set intersection of 1,000 holders took ~15 µs).
+The L1 holders of a page are one address or a bitmask over worker slots (router/kv/holders.py).
 
 Pure logic: no grpc, no asyncio; not thread-safe (the router's event loop owns it).
 """
@@ -41,6 +39,7 @@ import time
 from collections import deque
 
 from router.kv.candidates import CandidateView
+from router.kv.holders import L1Holders
 from router.kv.index_stats import index_stats
 from router.kv.store_claims import StoreClaims
 from router.kv.worker_kv import Guess, WorkerKV
@@ -55,10 +54,11 @@ class KVIndex:
         self.ttl = speculative_ttl_s
         self.clock = clock
         self._workers: dict[str, WorkerKV] = {}
-        self._slot: dict[str, int] = {}  # address -> bit in the L1 holder masks
-        self._addr_at: list[str | None] = []  # slot -> address
-        self._free_slots: list[int] = []
-        self._l1: dict[str, str | int] = {}  # hash -> holder address, or mask of holder slots (speculative included)
+        self.holders = L1Holders()  # speculative entries included
+        # NOTE: the holders' maps and operations, bound once: the walks below use them per page
+        self._l1, self._slot, self._addr_at = self.holders.by_hash, self.holders.slot, self.holders.addr_at
+        self._hold, self._unhold, self._bits = self.holders.hold, self.holders.unhold, self.holders.bits
+        self._mask, self.addresses_of = self.holders.mask, self.holders.addresses_of
         self._store = StoreClaims()
         self._spec_q: deque[Guess] = deque()  # in expiry order
         self._claim_q: deque[Guess] = deque()  # the workers' claims, in expiry order (another TTL)
@@ -68,47 +68,7 @@ class KVIndex:
         self.spec_expired = 0
         self.outcomes = dict.fromkeys(self.OUTCOMES, 0)
 
-    # ------------------------------------------------------------------ L1 holders
-    def _hold(self, h: str, addr: str) -> None:
-        holders = self._l1
-        cur = holders.get(h)
-        if cur is None:
-            holders[h] = addr
-        elif type(cur) is str:
-            if cur != addr:
-                slot = self._slot
-                holders[h] = (1 << slot[cur]) | (1 << slot[addr])
-        else:
-            holders[h] = cur | (1 << self._slot[addr])
-
-    def _unhold(self, h: str, addr: str) -> None:
-        holders = self._l1
-        cur = holders.get(h)
-        if cur is None:
-            return
-        if type(cur) is str:
-            if cur == addr:
-                del holders[h]
-            return
-        cur &= ~(1 << self._slot[addr])
-        if cur & (cur - 1):
-            holders[h] = cur
-        elif cur:  # one left: back to its address
-            holders[h] = self._addr_at[cur.bit_length() - 1]
-        else:
-            del holders[h]
-
-    def _bits(self, h_holders) -> int:
-        return (1 << self._slot[h_holders]) if type(h_holders) is str else h_holders
-
-    def addresses_of(self, mask: int) -> list[str]:
-        out, at = [], self._addr_at
-        while mask:
-            low = mask & -mask
-            out.append(at[low.bit_length() - 1])
-            mask ^= low
-        return out
-
+    # ------------------------------------------------------------------ candidate views
     def view(self, candidates: list) -> CandidateView:
         """The candidates' view, cached: the router passes the same workers call after call, and
         comparing two lists of the same objects is a C loop of identity checks."""
@@ -119,28 +79,12 @@ class KVIndex:
         self._views = [v, *self._views[:15]]  # prefill and decode lists, some without a failed worker
         return v
 
-    def _mask(self, addresses) -> int:
-        if isinstance(addresses, CandidateView):
-            return addresses.mask
-        m, slot = 0, self._slot
-        for a in addresses:
-            i = slot.get(a)
-            if i is not None:
-                m |= 1 << i
-        return m
-
     # ------------------------------------------------------------------ events
     def _state(self, address: str) -> WorkerKV:
         w = self._workers.get(address)
         if w is None:
             w = self._workers[address] = WorkerKV()
-            if self._free_slots:
-                i = self._free_slots.pop()
-                self._addr_at[i] = address
-            else:
-                i = len(self._addr_at)
-                self._addr_at.append(address)
-            self._slot[address] = i
+            self.holders.add_worker(address)
             self._views = []
         return w
 
@@ -251,9 +195,7 @@ class KVIndex:
         for h in w.spec:
             self._unhold(h, address)
         self._store.clear(address)
-        i = self._slot.pop(address)
-        self._addr_at[i] = None
-        self._free_slots.append(i)  # no mask has its bit any more
+        self.holders.drop_worker(address)
         self._views = []
         # its guesses in _spec_q find no worker (or a new one, whose spec holds other guesses): skipped
 

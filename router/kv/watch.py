@@ -32,7 +32,7 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from proto.pdorch.v1 import worker_pb2
-from router.dispatch.workers import Worker, WorkerPool
+from router.fleet.workers import Worker, WorkerPool
 from router.kv.index import KVIndex
 from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 

@@ -1,6 +1,6 @@
 """Decode workers with pools of different sizes behind one router: the "never fits" 400 is decided
 by the LARGEST pool, and a request only the larger pool holds is served by the worker that has it
-(router/dispatch/workers.py decode_fits), never sent to the smaller one to be refused there.
+(router/fleet/workers.py decode_fits), never sent to the smaller one to be refused there.
 
 Cluster: one prefill and two decode worker processes (tiny random-weights model, no store), pools of
 SMALL and LARGE pages of 16 tokens; the router in the test process.

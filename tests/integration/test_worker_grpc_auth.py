@@ -21,7 +21,7 @@ from pdorch.worker.main import make_server
 from pdorch.worker.rpc import add_port, aio_channel, bearer, client_channel
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
 from router.dispatch.dispatch import GENERATE_PATH
-from router.dispatch.workers import WorkerPool
+from router.fleet.workers import WorkerPool
 from router.grpc.stream import Channel, RpcError
 
 TOKEN = "s3cret-worker-token"

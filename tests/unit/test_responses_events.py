@@ -198,7 +198,7 @@ def test_the_last_event_ends_the_body_in_its_own_write_before_the_runs_cleanup()
     as the body's last (the chunked terminator in the same write) before `finalize` runs."""
     import asyncio
 
-    from router.http.generation import LastEvent, SSEResponse
+    from router.http.sse import LastEvent, SSEResponse
 
     log = []
 

@@ -7,9 +7,9 @@ import hashlib
 import random
 from types import SimpleNamespace
 
-from router.dispatch.circuit import CircuitBreaker
 from router.dispatch.policies import RouteContext, make_policy
-from router.dispatch.workers import RoutableList, Worker
+from router.fleet.circuit import CircuitBreaker
+from router.fleet.workers import RoutableList, Worker
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
 

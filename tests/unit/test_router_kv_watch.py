@@ -9,7 +9,7 @@ import asyncio
 from pdorch.local_stack.processes import free_port
 from pdorch.local_stack.standin import StandinServer
 from proto.pdorch.v1 import worker_pb2 as pb
-from router.dispatch.workers import WorkerPool
+from router.fleet.workers import WorkerPool
 from router.kv.index import KVIndex
 from router.kv.watch import KVWatcher
 

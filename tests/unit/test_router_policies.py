@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.dispatch.circuit import CircuitBreaker
 from router.dispatch.policies import CacheAware, LRUSet, RouteContext, SessionAffinity, make_policy
-from router.dispatch.workers import Worker
 from router.errors import APIError
+from router.fleet.circuit import CircuitBreaker
+from router.fleet.workers import Worker
 from router.http.auth import Auth
 
 
@@ -159,7 +159,7 @@ def test_make_policy_store_index_only_for_cache_aware():
 
 
 def test_the_pool_answers_one_cached_list_until_a_worker_changes():
-    from router.dispatch.workers import WorkerPool
+    from router.fleet.workers import WorkerPool
 
     pool = WorkerPool(failure_threshold=1, cooldown_s=0.0, health_interval_s=1.0)
     ws = [Worker("prefill", f"p{i}:1", f"p{i}", CircuitBreaker(1, 0.0), healthy=True) for i in range(3)]
@@ -185,7 +185,7 @@ def test_the_pool_keeps_the_smallest_context_until_a_worker_or_its_info_changes(
     import asyncio
 
     from proto.pdorch.v1 import worker_pb2
-    from router.dispatch.workers import WorkerPool
+    from router.fleet.workers import WorkerPool
 
     class Stub:  # answers Info with whatever context the test sets
         def __init__(self, tokens: int):

@@ -297,9 +297,9 @@ def test_plan_for_required_with_a_tool_without_parameters_takes_an_empty_object(
 
 
 def test_the_models_generation_config_fills_what_a_request_leaves_unset(tmp_path):
-    from router.dispatch.service import sampling_defaults
     from router.http.bodies import SGLangSampling
     from router.http.body_sampling import sampling_from_openai, sampling_from_sglang, with_defaults
+    from router.http.service import sampling_defaults
 
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05, "do_sample": True,

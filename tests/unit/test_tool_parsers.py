@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.dispatch.service import parser_of
+from router.http.service import parser_of
 from router.http.tool_parsers import FAMILY_PARSER, AutoToolStream, parse
 
 NAMES = ("get_weather", "get_time")

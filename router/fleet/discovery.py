@@ -20,7 +20,7 @@ from typing import Any
 import store_client.etcd_compat  # noqa: F401  (mends etcd3's watch thread)
 from pdorch.config import DiscoveryConfig
 from pdorch.worker.registration import connect, workers_prefix
-from router.dispatch.workers import WorkerPool
+from router.fleet.workers import WorkerPool
 
 log = logging.getLogger("pdorch.router")
 

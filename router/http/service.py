@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.requests import Request
@@ -20,8 +21,8 @@ from pdorch.config import ModelConfig, RouterConfig
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import Dispatcher, Job
 from router.dispatch.policies import Policy
-from router.dispatch.workers import WorkerPool
 from router.errors import APIError, bad_request, overloaded, unavailable
+from router.fleet.workers import WorkerPool
 from router.http.body_sampling import DEFAULTABLE
 from router.http.chat_prompt import chat_prompts, chat_status
 from router.http.formats import Progress
@@ -235,12 +236,8 @@ class RouterService:
         self.in_flight -= 1
 
     # ------------------------------------------------------------------ running
-    async def start(self, job: Job, route: str, t0: float):
-        """Admit, run until the first token; returns (Progress, first text delta, run).
-
-        `run` is an async iterator of the remaining text deltas, one per batch of D's chunks (the
-        Progress updates as it goes), and must be closed with `run.aclose()` (idempotent); it
-        releases the admission.
+    async def start(self, job: Job, route: str, t0: float) -> Started:
+        """Admit, run until the first token (see `Started`).
         Cancelling the caller (client disconnect) cancels the worker call.
         """
         self.admit()
@@ -250,7 +247,20 @@ class RouterService:
         except BaseException:
             await run.aclose()
             raise
-        return run.progress, first, run
+        return Started(run.progress, first, run)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A request admitted and run to its first token (`RouterService.start`).
+
+    `run` is an async iterator of the remaining text deltas, one per batch of D's chunks (`progress`,
+    the first sequence's Progress, updates as it goes), and must be closed with `run.aclose()`
+    (idempotent); it releases the admission. `first`: the first batch's text delta."""
+
+    progress: Progress
+    first: str
+    run: _Run
 
 
 def _paused_only(batch: list) -> bool:

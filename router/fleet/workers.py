@@ -22,9 +22,9 @@ import grpc
 from pdorch.config import GrpcConfig
 from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
-from router.dispatch.circuit import CircuitBreaker
+from router.fleet.circuit import CircuitBreaker
+from router.fleet.layout import KVLayout
 from router.grpc.stream import Channel
-from router.kv.layout import KVLayout
 
 log = logging.getLogger("pdorch.router")
 
