@@ -35,7 +35,7 @@ from opentelemetry.context import Context
 from decode_node import spans
 from decode_node.drain_writeback import pages_pending, submit_write_back
 from decode_node.fence import PageFence
-from decode_node.forks import Fork, fork_sequences, shared_pages
+from decode_node.forks import fork_sequences, shared_pages
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.prefill_client import PrefillClient
 from decode_node.prompt_kv import PromptKV
@@ -180,11 +180,10 @@ class DecodeWorker:
             first_pages = pages_for(n + 1, page_size)
             growth = growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size)
             # n > 1: one spare page per further sequence, its copy of the last page (decode_node/forks.py)
-            pages, req.l1_pages, req.inflight_pages = self.scheduler.admit_prompt(
-                req.request_id, first_pages + sequences - 1, req.deadline, cancelled,
+            _, req.l1_pages, req.inflight_pages = self.scheduler.admit_request(
+                req, first_pages, sequences - 1, cancelled,
                 lookup=() if req.job.params.prompt_logprobs is not None else
                 tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
-            req.page_ids, req.spare_pages = pages[:first_pages], pages[first_pages:]
         except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
@@ -214,8 +213,7 @@ class DecodeWorker:
             # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
             self._settle_read(req, plan, cancelled)
-            pages, req.page_ids, req.spare_pages = req.page_ids + req.spare_pages, [], []
-            self.scheduler.release(pages, req.request_id)
+            self.scheduler.give_back(req)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
@@ -228,8 +226,7 @@ class DecodeWorker:
         open_ = {s.index for s in req.sequences}  # sequences still to end (forks ended at once are not)
         if first is not None:
             if first.final:
-                self.scheduler.release(req.page_ids, req.request_id)
-                req.page_ids = []
+                self.scheduler.give_back(req)
                 self.recorder.request_finished()
                 req.done = True
                 open_.discard(0)
@@ -267,11 +264,10 @@ class DecodeWorker:
             if event.final:
                 fork.done = True
                 self.recorder.request_finished()
-                self.scheduler.release([req.spare_pages.pop()])
+                self.scheduler.fork_ended(req)
                 continue
-            fork.spare_pages = [req.spare_pages.pop()]
             req.forks.append(fork)
-            self.scheduler.fork(Fork(fork, shared, tail))
+            self.scheduler.fork(req, fork, shared, tail)
         return forks
 
     def _await_offload(self, req: DecodeRequest) -> None:
@@ -317,11 +313,13 @@ class DecodeWorker:
         return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
 
     def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None, cancelled=lambda: False) -> None:
-        """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left
-        req.page_ids, the scheduler frees them once Mooncake stops writing into them; at once for a
-        request `cancelled()`)."""
+        """Before req.page_ids go back: D's own store read is over, or abandoned (at once for a request
+        `cancelled()`): its pages then leave req.page_ids, the scheduler frees them once Mooncake stops
+        writing into them."""
         if plan is not None and plan.read is not None:
             plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
+            if plan.read.abandoned:
+                self.scheduler.drop_abandoned(req, plan.read)
 
     def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
@@ -344,8 +342,7 @@ class DecodeWorker:
         except BaseException as e:
             self._settle_read(req, plan, cancelled)  # NOTE: before the fence: no freed page may still be written
             if not getattr(e, "writes_over", False):
-                pages, req.page_ids = req.page_ids, []
-                self.fence.hold(req.job.prefill_address, req.request_id, pages)
+                self.fence.hold(req.job.prefill_address, req.request_id, self.scheduler.take_pages(req))
             raise
 
     def _first_token(self, req: DecodeRequest, res) -> DecodeEvent:
