@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 
@@ -20,6 +21,9 @@ from engine.sampler import TokenCounts
 from engine.sampling_params import SamplingParams
 from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens
+
+if TYPE_CHECKING:  # NOTE: only its type: engine.grammar is imported by whoever compiles a grammar
+    from engine.grammar import OutputGrammar
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,7 @@ class DecodeRequest:
     page_hashes: list[str] = field(default_factory=list)  # full pages, prompt first, then decoded ones
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: object = None
-    grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
+    grammar: OutputGrammar | None = None  # advanced by every token (P's first one too)
     token_counts: TokenCounts = field(default_factory=TokenCounts)  # what the penalties read (engine/sampler.py)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
