@@ -15,8 +15,9 @@ Why gaps don't end the match: a page's key is the chained hash of ALL token ids 
 so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
 Only full pages are cached, never the page holding the last prompt token (pdorch/worker/prompt_pages.py).
 
-Owns `task.prefix` (PrefixState, prefill_node/task.py). Functions run on the scheduler thread
-only (they touch the allocator).
+Owns `task.prefix` (PrefixState, prefill_node/task.py), and with the scheduler's release is the only
+writer of `task.page_ids` (allocated here; a given-up load's pages swapped here for prefetch.py).
+Functions run on the scheduler thread only (they touch the allocator).
 """
 
 from __future__ import annotations
@@ -118,6 +119,16 @@ def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bo
     if state.loads_left <= 0:
         state.loading, state.reading = [], []
         _plan_compute(task, sorted(state.missed))
+
+
+def swap_loading(task: PrefillTask, fresh: list[int]) -> list[tuple[int, int]]:
+    """The task gives up on its store load (prefill_node/prefetch.py): the pages being loaded are
+    swapped for `fresh` ones (computed instead); the old (page index, page id) pairs, returned, stay
+    with the load until it completes."""
+    late = [(i, task.page_ids[i]) for i in task.prefix.loading]
+    for i, page in zip(task.prefix.loading, fresh):
+        task.page_ids[i] = page
+    return late
 
 
 def _plan_compute(task: PrefillTask, holes: list[int]) -> None:
