@@ -61,7 +61,7 @@ class LocalCompute:
     """The KV this worker computes itself before a request decodes: a work list set by a plan and
     worked off by the batch. Planned only while the batch does not run the request: by the prompt
     plan before it joins (PromptPlan.apply, decode_node/prompt_plan.py) or by a resume
-    (decode_node/preemption.py); worked off only by the decode step (decode_node/scheduler.py)."""
+    (decode_node/preemption.py); worked off only by the decode step (decode_node/step.py)."""
 
     todo: list[list[int]] = field(default_factory=list)  # token ranges [start, end) still to compute, in order
     pages: list[int] = field(default_factory=list)  # the full pages among them: to the store once computed
