@@ -25,20 +25,18 @@ NOTE: only this thread touches the allocator; other threads talk to it through t
 from __future__ import annotations
 
 import collections
-import logging
 import time
 
 from prometheus_client import Counter
 
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
-from pdorch.tracing import worker_spans as ws
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix, spans
 from prefill_node.inflight import InFlight, InFlightMetrics
-from prefill_node.leases import DECODE_READ, STORE_LOAD, STORE_SAVE
+from prefill_node.leases import DECODE_READ
 from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.prefetch import Prefetch, PrefetchMetrics
@@ -46,8 +44,6 @@ from prefill_node.push_phase import PushPhase
 from prefill_node.step import PrefillStep
 from prefill_node.task import Phase, PrefillTask
 from store_client.config import StoreConfig
-
-log = logging.getLogger(__name__)
 
 
 class PrefillScheduler:
@@ -188,29 +184,16 @@ class PrefillScheduler:
             if tag.task.load.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
                 self._prefetch.settle_late(tag.task, done.page_ok)
                 return
-            tag.task.io.give_back(STORE_LOAD)
-            spans.store_read(tag.task, done, self._rt.pool.page_nbytes)
             self._prefetch.completed(tag.task)
-            self._on_loaded(tag.task, done)
-        else:
+            if prefix.store_loaded(tag.task, self._rt, done, self._prefix_cache):  # its lease back (prefix.py)
+                self._rec.count_store_loaded(done.pages_ok)
+        else:  # a store write of L1 pages: its lease or its retained pages go back there (persistence.py)
             self._rec.count_written_by_reason(self._persist.on_saved(done))
             self._rec.count_store_written(done.pages_ok, kind="writeback")
-            if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
-                self._rt.allocator.release(tag.pages)
+            if isinstance(tag, EvictSaved):
                 return
-            tag.task.io.give_back(STORE_SAVE)
             spans.written(tag.task, done, self._rt.pool.page_nbytes)
         self._maybe_release(tag.task)
-
-    def _on_loaded(self, task: PrefillTask, done) -> None:
-        if task.finished_phase:
-            return
-        self._rec.count_store_loaded(done.pages_ok)
-        if done.reason != "ok":
-            log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
-                      done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, task.prefix.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd,
-                         miss_reasons=ws.page_misses(done, len(task.prefix.loading)))
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -350,8 +333,7 @@ class PrefillScheduler:
         self._rec.prompt_tokens(computed=task.computed_tokens(page_size), cached=task.cached(page_size))
         given_up = task.load.given_up_pages  # pages of a store load given up on: computed, not holes
         self._persist.metrics.holes.inc(len(task.prefix.holes) - given_up)
-        if self._persist.save_task_pages(task):
-            task.io.take(STORE_SAVE)
+        self._persist.save_task_pages(task)  # holds the task's pages until the store has them
         self._inflight.release(task)  # its pages are in L1 now: the claim ends
         spans.computed(task, page_size)
         self._push.start(task)
