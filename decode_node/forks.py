@@ -25,11 +25,13 @@ from decode_node.stopping import check_stop, make_stopper
 
 @dataclass(frozen=True)
 class Fork:
-    """Place a fork (scheduler thread): retain `shared`, copy page `tail` into the fork's spare page."""
+    """Place a fork (scheduler thread): retain `shared`, copy page `tail` into `spare` (one of
+    sequence 0's spare pages, handed over with the message)."""
 
     req: DecodeRequest
     shared: tuple[int, ...]
     tail: int
+    spare: int
 
 
 def shared_pages(prompt_len: int, page_size: int) -> int:
@@ -58,11 +60,9 @@ def fork_sequences(req: DecodeRequest, more_first, tokenizer, max_context: int, 
     return out
 
 
-def place(fork: Fork, allocator, runner) -> None:
+def place(fork: Fork, allocator, runner) -> list[int]:
     """Scheduler thread: the fork's pages (shared ones retained, its spare filled from the tail, on
-    every TP rank)."""
-    req = fork.req
+    every TP rank); the scheduler gives them to the fork."""
     allocator.retain(fork.shared)
-    spare = req.spare_pages.pop()
-    runner.copy_page(fork.tail, spare)
-    req.page_ids = [*fork.shared, spare]
+    runner.copy_page(fork.tail, fork.spare)
+    return [*fork.shared, fork.spare]

@@ -58,7 +58,7 @@ class PageWrite:
 
 @dataclass(frozen=True, eq=False)
 class StepSaved:
-    """One step's store write of every page that filled in it (decode_node/scheduler.py)."""
+    """One step's store write of every page that filled in it (decode_node/step.py)."""
 
     owners: tuple[DecodeRequest, ...]  # the distinct requests, each holding the lease `lease` for it
     writes: tuple[PageWrite, ...]

@@ -88,9 +88,9 @@ class Preemption:
         full, partial = kv_layout(len(req.token_ids), self._page_size)
         # NOTE: pages past the KV (the spare page admission gives a prompt that fills its last page)
         # hold nothing: they go back with the full ones
-        req.preempt.kept_pages = req.page_ids[full:full + 1] if partial else []
-        give = req.page_ids[:full] + req.page_ids[full + len(req.preempt.kept_pages):]
-        req.page_ids = []
+        held = req.pages.take()
+        req.preempt.kept_pages = held[full:full + 1] if partial else []
+        give = held[:full] + held[full + len(req.preempt.kept_pages):]
         if len(req.io) > 0:  # an offload write still reads some of them: back once it completed
             req.preempt.parked_pages = give
         else:
@@ -125,7 +125,7 @@ class Preemption:
         """`req` ends while preempted: what it still holds goes back to req.page_ids (freed with it)."""
         if req in self.waiting:
             self.waiting.remove(req)
-        req.page_ids = req.preempt.parked_pages + req.preempt.kept_pages + req.page_ids
+        req.pages.reset(req.preempt.parked_pages + req.preempt.kept_pages + req.pages.take())
         req.preempt.parked_pages, req.preempt.kept_pages = [], []
 
     # ------------------------------------------------------------------------------- resume
@@ -150,8 +150,8 @@ class Preemption:
         # page `full`: the kept partial page, else a new one (the lost tail is computed into it, or,
         # with no partial page, the next position goes there)
         fresh = iter(self._alloc.allocate(len(missing) + (0 if req.preempt.kept_pages else 1)))
-        req.page_ids = [page if page is not None else next(fresh) for page in found]
-        req.page_ids += req.preempt.kept_pages or [next(fresh)]
+        pages = [page if page is not None else next(fresh) for page in found]
+        req.pages.reset(pages + (req.preempt.kept_pages or [next(fresh)]))
         req.preempt.kept_pages = []
         req.preempt.resuming = True
         self._resumed.labels("cache").inc((full - len(missing)) * self._page_size + (0 if tail_lost else partial))
@@ -172,8 +172,7 @@ class Preemption:
         req = read.req
         self.reading.remove(req)
         if req.done:
-            self._alloc.release(req.page_ids)
-            req.page_ids = []
+            self._alloc.release(req.pages.take())
             return None
         ok = tuple(done.page_ok) + (False,) * (len(read.pages) - len(done.page_ok))
         loaded = [k for k, good in zip(read.pages, ok) if good]

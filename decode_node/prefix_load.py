@@ -40,9 +40,9 @@ class PrefixLoad:
                cancelled: Callable[[], bool] = lambda: False) -> tuple[bool, ...] | None:
         """The read's page_ok, or None when it was abandoned (past the deadline or store.op_timeout_s,
         whichever comes first, plus a grace; at once when the request is `cancelled()` or its deadline
-        passes while it waits): its pages then leave
-        req.page_ids and the scheduler frees them once Mooncake has stopped writing into them."""
-        if self.future.cancelled():  # abandoned before (its pages already left req.page_ids)
+        passes while it waits): its pages then leave the request (DecodeScheduler.drop_abandoned, before
+        any of its pages go back) and the scheduler frees them once Mooncake has stopped writing into them."""
+        if self.future.cancelled():  # abandoned before
             return None
         # NOTE: StoreIO completes a load queued past store.op_timeout_s without running it; a running
         # one ends when Mooncake answers, which a stalled store may never do.
@@ -56,9 +56,12 @@ class PrefixLoad:
                     break
         if not self.future.cancel():  # being answered right now
             return self.page_ok(self.future.result(timeout=LOAD_GRACE_S))
-        gone = set(self.page_ids)
-        req.page_ids = [p for p in req.page_ids if p not in gone]
         return None
+
+    @property
+    def abandoned(self) -> bool:
+        """The handler gave up on the read: its pages are the scheduler's to free when it completes."""
+        return self.future.cancelled()
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,7 +1,8 @@
 """DecodeRequest: the decode worker's request object and the events it streams.
 
-It owns the token ids (prompt + generated), its pages, the hash chain of its full pages, what is
-left of its KV to compute here (`req.compute`, LocalCompute: prompt pages, or pages a resume could
+It owns the token ids (prompt + generated), its pages (`req.pages`, RequestPages: written by the
+scheduler and preemption only, read by everyone as `req.page_ids`), the hash chain of its full pages,
+what is left of its KV to compute here (`req.compute`, LocalCompute: prompt pages, or pages a resume could
 not read back) and the per-request stop checker. Handler threads create it and read `events`; after the prefill it
 belongs to the scheduler thread until it finishes. What preemption keeps on it is one record,
 `req.preempt` (PreemptState), changed by decode_node/preemption.py only.
@@ -10,7 +11,9 @@ belongs to the scheduler thread until it finishes. What preemption keeps on it i
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 
@@ -18,6 +21,9 @@ from engine.sampler import TokenCounts
 from engine.sampling_params import SamplingParams
 from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens
+
+if TYPE_CHECKING:  # NOTE: only its type: engine.grammar is imported by whoever compiles a grammar
+    from engine.grammar import OutputGrammar
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class LocalCompute:
     """The KV this worker computes itself before a request decodes: a work list set by a plan and
     worked off by the batch. Planned only while the batch does not run the request: by the prompt
     plan before it joins (PromptPlan.apply, decode_node/prompt_plan.py) or by a resume
-    (decode_node/preemption.py); worked off only by the decode step (decode_node/scheduler.py)."""
+    (decode_node/preemption.py); worked off only by the decode step (decode_node/step.py)."""
 
     todo: list[list[int]] = field(default_factory=list)  # token ranges [start, end) still to compute, in order
     pages: list[int] = field(default_factory=list)  # the full pages among them: to the store once computed
@@ -96,6 +102,57 @@ class PreemptState:
         return unreported
 
 
+@dataclass
+class RequestPages:
+    """The pool pages a request holds: `ids`, its KV's pages by position (page k holds positions
+    k*S .. k*S+S-1; the list grows in place by a page as decoding needs one), and `spare`, the pages
+    admitted for its forks' copies of the last page (n > 1, decode_node/forks.py).
+
+    One owner: only the scheduler (decode_node/scheduler.py: admission's grant, the handler's give
+    back before the request joins, the page for the next position, the give back once it ended)
+    and preemption (decode_node/preemption.py: preempt, resume) call these methods; every other
+    module reads `req.page_ids`."""
+
+    _ids: list[int] = field(default_factory=list)
+    _spare: list[int] = field(default_factory=list)
+
+    @property
+    def ids(self) -> Sequence[int]:
+        return self._ids
+
+    def grant(self, ids: Iterable[int], spare: Iterable[int]) -> None:
+        """Admission's answer: the prompt's pages (and the forks' spare ones)."""
+        self._ids, self._spare = list(ids), list(spare)
+
+    def reset(self, ids: Iterable[int]) -> None:
+        """Its KV's pages are `ids` now (a fork placed, a resume, a preempted request ending); what it
+        held before was given back or is among them."""
+        self._ids = list(ids)
+
+    def extend(self, ids: Iterable[int]) -> None:
+        """Pages for the positions after its last page (in place: a step's page tables keep the list)."""
+        self._ids.extend(ids)
+
+    def take(self) -> list[int]:
+        """Every page of its KV, leaving it none (they go back to the pool or to the fence)."""
+        ids, self._ids = self._ids, []
+        return ids
+
+    def take_all(self) -> list[int]:
+        """Its KV's pages and its spare ones, leaving it none."""
+        ids, self._ids, self._spare = self._ids + self._spare, [], []
+        return ids
+
+    def take_spare(self) -> int:
+        """One spare page (a fork's copy of the last page)."""
+        return self._spare.pop()
+
+    def drop(self, gone: Iterable[int]) -> None:
+        """`gone` are not its any more (an abandoned store read's: the scheduler frees them)."""
+        out = set(gone)
+        self._ids = [p for p in self._ids if p not in out]
+
+
 @dataclass(eq=False)
 class DecodeRequest:
     job: GenerateJob
@@ -103,11 +160,11 @@ class DecodeRequest:
     own_deadline: bool  # the caller gave timeout_s (else decode.request_timeout_s made `deadline`)
     stopper: object  # engine stop checker (see decode_node/stopping.py)
     token_ids: list[int] = field(default_factory=list)
-    page_ids: list[int] = field(default_factory=list)
+    pages: RequestPages = field(default_factory=RequestPages)  # its pool pages: see RequestPages for who writes
     page_hashes: list[str] = field(default_factory=list)  # full pages, prompt first, then decoded ones
     cached: CachedTokens = field(default_factory=CachedTokens)
     generator: object = None
-    grammar: object = None  # engine.grammar.OutputGrammar, advanced by every token (P's first one too)
+    grammar: OutputGrammar | None = None  # advanced by every token (P's first one too)
     token_counts: TokenCounts = field(default_factory=TokenCounts)  # what the penalties read (engine/sampler.py)
     cancelled: bool = False
     handoff: bool = False  # draining: end the stream UNAVAILABLE so the router resumes it elsewhere
@@ -124,7 +181,6 @@ class DecodeRequest:
     # forks; they share its events queue, the prompt's full pages and its deadline.
     index: int = 0
     forks: list[DecodeRequest] = field(default_factory=list)
-    spare_pages: list[int] = field(default_factory=list)  # admitted for the forks' copies of the last page
     # The decode.generate RPC's span (pdorch/tracing/grpc_server.py): every span of the request is its
     # child (decode_node/spans.py); None when not traced. Forks (n > 1) carry none.
     trace_ctx: Context | None = None
@@ -133,6 +189,11 @@ class DecodeRequest:
     @property
     def request_id(self) -> str:
         return self.job.request_id
+
+    @property
+    def page_ids(self) -> Sequence[int]:
+        """Its KV's pool pages by position (read only: `pages` changes them)."""
+        return self.pages.ids
 
     @property
     def prompt_len(self) -> int:

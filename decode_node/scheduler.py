@@ -12,8 +12,12 @@ pool is dry: preempt the latest arrival, decode_node/preemption.py, or with deco
 fail the request), run ONE forward of 1-token chunks, sample, run the stop checks,
 stream the new tokens, offload the pages that just filled (ALL of this step's pages in ONE store
 write, each page owned by its request so an abort takes only its own pages out:
-decode_node/step_writes.py), and free finished requests' pages once no offload still reads them.
-Requests join and leave at every step.
+decode_node/step_writes.py; the step itself: decode_node/step.py), and free finished requests'
+pages once no offload still reads them. Requests join and leave at every step.
+
+A request's pages (`req.pages`, RequestPages in decode_node/request.py) change only here and in
+decode_node/preemption.py: granted by admission (admit_request), taken back by the handler's
+methods below while it has not joined, grown a page at a time and given back once it ended.
 """
 
 from __future__ import annotations
@@ -25,27 +29,21 @@ import itertools
 import logging
 import time
 
-import torch
-from prometheus_client import Counter
-
 from decode_node import spans
 from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
 from decode_node.drain_writeback import DrainSaved, write_back_saved
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.messages import Admit, Join, Release, ResumeRead
-from decode_node.offload import extend_hash_chain, filled_page
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
-from decode_node.prefix_load import PrefixRead
+from decode_node.prefix_load import PrefixLoad, PrefixRead
 from decode_node.request import DecodeEvent, DecodeRequest
-from decode_node.step_batch import draw_tokens, step_chunks
+from decode_node.step import DecodeStep
 from decode_node.step_writes import StepWrites
-from decode_node.stopping import check_stop
 from engine.page_allocator import OutOfPages
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
-from pdorch.worker.prompt_pages import consume
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +58,7 @@ class DecodeScheduler:
         `reserve`: the growth admission keeps pages back for (None: none); `share_inflight`: a request
         waits for the prompt pages another one is filling (decode_node/admission.py)."""
         self._rt = rt
-        # prompt tokens computed here per step (local prefill, pages D could not read); at least a page
-        self._local_budget = max(local_prefill_tokens, rt.page_size)
         self._max_running = max_running
-        self._offload = offload and rt.store_io is not None
         self._rec = recorder
         self._page_size = rt.page_size
         self._max_context = rt.max_context
@@ -79,9 +74,8 @@ class DecodeScheduler:
         self._draining: list[DecodeRequest] = []  # answered, pages still read by offload saves
         # This step's store writes: generated pages and the prompt pages this worker computed itself.
         self._writes = StepWrites(rt, self.cache, recorder)
-        self._local_tokens = Counter("pdorch_decode_local_prefill_tokens", "Prompt tokens this decode worker "
-                                     "computed itself (conditional disaggregation, pages it could not read)",
-                                     registry=recorder.registry)
+        self._step = DecodeStep(rt, recorder, self._writes, self.cache, self.admission, self.preemption, reserve,
+                                offload and rt.store_io is not None, local_prefill_tokens, self._finish)
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
                                    self._on_completion, rt.thread_init)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
@@ -121,6 +115,31 @@ class DecodeScheduler:
         self.cache.hits.inc(len(ticket.hits))
         return Admitted(pages, ticket.hits, ticket.shared)
 
+    # A request's pages while its handler thread holds it (before it joins the batch, or when it ends
+    # at its first token): granted at admission, taken back by the methods after it.
+    def admit_request(self, req: DecodeRequest, num_pages: int, spare: int, is_cancelled, lookup: tuple[str, ...] = (),
+                      growth: int = 0) -> Admitted:
+        """admit_prompt() for `req`, its pages granted to it: `num_pages` for its prompt and `spare`
+        more (n > 1: its forks' copies of the last page, decode_node/forks.py)."""
+        admitted = self.admit_prompt(req.request_id, num_pages + spare, req.deadline, is_cancelled, lookup, growth)
+        req.pages.grant(admitted.pages[:num_pages], admitted.pages[num_pages:])
+        return admitted
+
+    def give_back(self, req: DecodeRequest) -> None:
+        """`req` ended before joining the batch (or at its first token): every page it holds, spare
+        ones too, goes back and its admission is settled."""
+        self.release(req.pages.take_all(), req.request_id)
+
+    def take_pages(self, req: DecodeRequest) -> list[int]:
+        """`req`'s prompt pages leave it before it joined (P may still write into them: the fence,
+        decode_node/fence.py, gives them back once P says it stopped)."""
+        return req.pages.take()
+
+    def drop_abandoned(self, req: DecodeRequest, load: PrefixLoad) -> None:
+        """D's own store read of `req`'s pages was abandoned (decode_node/prefix_load.py): its pages
+        leave `req`; this thread frees them once the read completes (_on_completion)."""
+        req.pages.drop(load.page_ids)
+
     def store_evicted(self, keys) -> None:
         """Called by the store evictor's thread: these keys left the store."""
         self._loop.post(Evicted(tuple(keys)))
@@ -133,10 +152,15 @@ class DecodeScheduler:
         """Hand a prefilled request to the batch (from a handler thread)."""
         self._loop.post(Join(req))
 
-    def fork(self, fork: Fork) -> None:
-        """Hand a fork of a prefilled request (n > 1, decode_node/forks.py) to the batch; posted
-        before the request itself joins, so its copy of the prompt's last page is taken unwritten."""
-        self._loop.post(fork)
+    def fork(self, parent: DecodeRequest, fork: DecodeRequest, shared: tuple[int, ...], tail: int) -> None:
+        """Hand `fork`, a sequence of prefilled `parent` (n > 1, decode_node/forks.py), to the batch
+        with one of the parent's spare pages; posted before the parent joins, so its copy of the
+        prompt's last page is taken unwritten."""
+        self._loop.post(Fork(fork, shared, tail, parent.pages.take_spare()))
+
+    def fork_ended(self, parent: DecodeRequest) -> None:
+        """A fork of `parent` ended at its first token: the spare page admitted for it goes back."""
+        self.release([parent.pages.take_spare()])
 
     def release(self, page_ids, request_id: str = "") -> None:
         """Give pages back (any thread): a request that failed before joining (`request_id`: its
@@ -165,7 +189,7 @@ class DecodeScheduler:
         self.admission.admit_ready(now, self._loop.wake_at, growth, hold=bool(self.preemption.waiting))
         while self._waiting and len(self._running) < self._max_running:
             self._running.append(self._waiting.popleft())
-        worked = self._step() if self._running else False
+        worked = self._step.run(self._running, self._grow()) if self._running else False
         self._publish()
         return worked
 
@@ -192,7 +216,7 @@ class DecodeScheduler:
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Fork):
-            place(msg, self._rt.allocator, self._rt.runner)
+            msg.req.pages.reset(place(msg, self._rt.allocator, self._rt.runner))
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):
@@ -274,8 +298,7 @@ class DecodeScheduler:
 
     def _release(self, req: DecodeRequest) -> None:
         if req.page_ids:
-            self._rt.allocator.release(req.page_ids)
-            req.page_ids = []
+            self._rt.allocator.release(req.pages.take())
 
     # ------------------------------------------------------------------ growth and preemption
     def _growth(self) -> int:
@@ -325,7 +348,7 @@ class DecodeScheduler:
                 continue
             while req in self._running:
                 try:
-                    req.page_ids.extend(self._rt.allocator.allocate(1))
+                    req.pages.extend(self._rt.allocator.allocate(1))
                     break
                 except OutOfPages:
                     pass
@@ -349,70 +372,3 @@ class DecodeScheduler:
             self._reserve.preempted()
         log.info("preempted %s after %d generated tokens (%d preempted now)", victim.request_id,
                  victim.num_generated, len(self.preemption.waiting))
-
-    # ------------------------------------------------------------------------------- one step
-    def _step(self) -> bool:
-        rows, chunks = step_chunks(self._running, self._grow(), self._page_size, self._local_budget)
-        if not chunks:
-            return False
-        with torch.inference_mode():
-            logits = self._rt.runner.forward(chunks)
-        sample = []  # rows whose next token is drawn now: decode steps and finished local prefills
-        for row, (req, end) in enumerate(rows):
-            if end < 0:
-                sample.append(row)
-                continue
-            consume(req.compute.todo, end)
-            if not req.preempt.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
-                self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
-            if not req.compute.todo:
-                self._prompt_computed(req)
-                if req.compute.first_pending:
-                    sample.append(row)
-        if self._reserve is not None and len(sample) > 0:
-            self._reserve.stepped()
-        if sample:
-            batch = [rows[row][0] for row in sample]
-            tokens, logprobs = draw_tokens(self._rt, batch, logits[sample])
-            self._rec.generated(len(batch))
-            for req, token, lp in zip(batch, tokens, logprobs):
-                if req.compute.first_pending:
-                    req.compute.first_pending = False  # the prompt's last position was fed, not a new token
-                else:
-                    self._after_feed(req, len(req.token_ids) - 1)
-                req.token_ids.append(int(token))
-                event = check_stop(req, int(token), self._max_context, lp)
-                if event.final:
-                    self._finish(req, event)
-                elif event.token_ids or event.text:
-                    req.emit(event)
-        self._writes.submit()
-        return True
-
-    def _prompt_computed(self, req: DecodeRequest) -> None:
-        """Every prompt page is in place: the full pages computed here go to the store (the next turn,
-        or another worker, reads them), like a prefill worker's write-back, with or without
-        decode.offload_generated_kv (they count as writeback writes, as P's do)."""
-        if req.compute.first_pending:
-            self._rec.prompt_tokens(computed=req.prompt_len - req.cached.total, cached=req.cached)
-        if req.preempt.resuming:  # a preempted request's pages no tier held, recomputed: its KV is whole again
-            for k in req.compute.pages:
-                self.cache.page_filled(req, k)
-            self.preemption.resumed(req, time.monotonic())
-        else:
-            self.cache.prompt_in_place(req)
-        self.admission.filled(req.request_id)
-        for k in req.compute.take_pages():
-            self._writes.queue(req, k, kind="writeback")
-
-    def _after_feed(self, req: DecodeRequest, pos: int) -> None:
-        """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
-        k = filled_page(pos, self._page_size)
-        if k is None:
-            return
-        extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
-        self.cache.page_filled(req, k)
-        if self._offload:
-            self._writes.queue(req, k, kind="offload")
-        else:
-            self.cache.not_written([req.page_ids[k]], "offload_off")

@@ -23,26 +23,26 @@ the prefill call too; decode.prefill_timeout_s only caps it when the request bro
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import time
-from dataclasses import replace
 
-import torch
 from opentelemetry.context import Context
 
 from decode_node import spans
 from decode_node.drain_writeback import pages_pending, submit_write_back
 from decode_node.fence import PageFence
-from decode_node.forks import Fork, fork_sequences, shared_pages
+from decode_node.first_token import continue_generator, take_first_token
+from decode_node.forks import fork_sequences, shared_pages
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.prefill_client import PrefillClient
 from decode_node.prompt_kv import PromptKV
 from decode_node.prompt_plan import PromptPlan
-from decode_node.request import DecodeEvent, DecodeRequest, GenerateJob
+from decode_node.request import DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
-from decode_node.stopping import check_stop, make_stopper
+from decode_node.stopping import make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 ROLE = "decode"
 EVENT_WAIT_S = 0.1
 DRAIN_POLL_S = 0.05
-GENERATOR_STATE_BYTES = {5056: "CPU (mt19937)", 16: "CUDA (Philox seed + offset)"}
 
 
 class DecodeWorker:
@@ -180,11 +179,10 @@ class DecodeWorker:
             first_pages = pages_for(n + 1, page_size)
             growth = growth_pages(n, req.job.params.max_tokens, self.max_context, first_pages, page_size)
             # n > 1: one spare page per further sequence, its copy of the last page (decode_node/forks.py)
-            pages, req.l1_pages, req.inflight_pages = self.scheduler.admit_prompt(
-                req.request_id, first_pages + sequences - 1, req.deadline, cancelled,
+            _, req.l1_pages, req.inflight_pages = self.scheduler.admit_request(
+                req, first_pages, sequences - 1, cancelled,
                 lookup=() if req.job.params.prompt_logprobs is not None else
                 tuple(req.page_hashes[:reusable_pages(n, page_size)]), growth=growth * sequences)
-            req.page_ids, req.spare_pages = pages[:first_pages], pages[first_pages:]
         except BaseException:  # too large, aborted, expired or overloaded while waiting for pages
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
@@ -205,7 +203,7 @@ class DecodeWorker:
             res = None if plan.local else self._prefill(req, cancelled, plan)
             self.prompt_kv.finish(req, plan, cancelled)  # D's own read landed: what D still computes is in req
             forks = self._fork(req, res) if sequences > 1 and res is not None else []
-            first = None if res is None else self._first_token(req, res)
+            first = None if res is None else take_first_token(self.rt, self.recorder, req, res)
             if first is None or not first.final:
                 # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
                 # the scheduler already owns the request and reaps it (cancelled) with its pages.
@@ -214,8 +212,7 @@ class DecodeWorker:
             # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
             self._settle_read(req, plan, cancelled)
-            pages, req.page_ids, req.spare_pages = req.page_ids + req.spare_pages, [], []
-            self.scheduler.release(pages, req.request_id)
+            self.scheduler.give_back(req)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
@@ -228,8 +225,7 @@ class DecodeWorker:
         open_ = {s.index for s in req.sequences}  # sequences still to end (forks ended at once are not)
         if first is not None:
             if first.final:
-                self.scheduler.release(req.page_ids, req.request_id)
-                req.page_ids = []
+                self.scheduler.give_back(req)
                 self.recorder.request_finished()
                 req.done = True
                 open_.discard(0)
@@ -259,7 +255,8 @@ class DecodeWorker:
         if len(res.more_first) != req.job.params.n - 1:
             raise PeerFailed(f"request {req.request_id}: prefill answered {len(res.more_first) + 1} first "
                              f"tokens for n={req.job.params.n}")
-        forks = fork_sequences(req, res.more_first, self.tokenizer, self.max_context, self._generator)
+        forks = fork_sequences(req, res.more_first, self.tokenizer, self.max_context,
+                               functools.partial(continue_generator, self.rt.sampler))
         shared = tuple(req.page_ids[:shared_pages(req.prompt_len, self.rt.page_size)])
         tail = req.page_ids[len(shared)]
         for fork, event in forks:
@@ -267,11 +264,10 @@ class DecodeWorker:
             if event.final:
                 fork.done = True
                 self.recorder.request_finished()
-                self.scheduler.release([req.spare_pages.pop()])
+                self.scheduler.fork_ended(req)
                 continue
-            fork.spare_pages = [req.spare_pages.pop()]
             req.forks.append(fork)
-            self.scheduler.fork(Fork(fork, shared, tail))
+            self.scheduler.fork(req, fork, shared, tail)
         return forks
 
     def _await_offload(self, req: DecodeRequest) -> None:
@@ -317,11 +313,13 @@ class DecodeWorker:
         return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
 
     def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None, cancelled=lambda: False) -> None:
-        """Before req.page_ids go back: D's own store read is over, or abandoned (its pages then left
-        req.page_ids, the scheduler frees them once Mooncake stops writing into them; at once for a
-        request `cancelled()`)."""
+        """Before req.page_ids go back: D's own store read is over, or abandoned (at once for a request
+        `cancelled()`): its pages then leave req.page_ids, the scheduler frees them once Mooncake stops
+        writing into them."""
         if plan is not None and plan.read is not None:
             plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
+            if plan.read.abandoned:
+                self.scheduler.drop_abandoned(req, plan.read)
 
     def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
         """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
@@ -344,42 +342,8 @@ class DecodeWorker:
         except BaseException as e:
             self._settle_read(req, plan, cancelled)  # NOTE: before the fence: no freed page may still be written
             if not getattr(e, "writes_over", False):
-                pages, req.page_ids = req.page_ids, []
-                self.fence.hold(req.job.prefill_address, req.request_id, pages)
+                self.fence.hold(req.job.prefill_address, req.request_id, self.scheduler.take_pages(req))
             raise
-
-    def _first_token(self, req: DecodeRequest, res) -> DecodeEvent:
-        """Take P's answer (KV in our pages, first token) and account the first token."""
-        n = req.prompt_len
-        req.cached = res.cached
-        if req.inflight_pages:  # D's own pages it waited for (decode_node/admission.py): P counts them as device
-            moved = min(req.inflight_pages * self.rt.page_size, res.cached.device)
-            req.cached = replace(res.cached, device=res.cached.device - moved, inflight=res.cached.inflight + moved)
-        req.unstored_pages = res.unstored_pages
-        if res.sampler_state and req.generator is not None:
-            req.generator = self._generator(req.job.params, res.sampler_state)
-        self.recorder.prompt_tokens(computed=n - res.cached.total, cached=res.cached)
-        if req.grammar is not None:  # P sampled it under the same grammar
-            req.grammar.accept(res.first_token_id)
-        req.token_ids.append(res.first_token_id)
-        self.recorder.generated(1)
-        event = check_stop(req, res.first_token_id, self.max_context, res.first_logprob)
-        return replace(event, prompt_logprobs=res.prompt_logprobs) if res.prompt_logprobs else event
-
-    def _generator(self, params, sampler_state: bytes):
-        """A generator for `params` that continues P's random stream (seeded output equals the
-        single-process engine's); None without a seed."""
-        gen = self.rt.sampler.make_generator(params)
-        if gen is None or not sampler_state:
-            return gen
-        state = torch.frombuffer(bytearray(sampler_state), dtype=torch.uint8)
-        if state.numel() != gen.get_state().numel() and state.numel() in GENERATOR_STATE_BYTES:
-            # P samples on another kind of device (a CPU prefill worker, a GPU decode worker)
-            log.warning("prefill's sampler state is a %s generator's; this worker's is on %s: continuing "
-                        "from the seed", GENERATOR_STATE_BYTES[state.numel()], gen.device)
-        else:
-            gen.set_state(state)
-        return gen
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

@@ -15,8 +15,9 @@ The allocator hands out persisted pages before unpersisted ones, so an unpersist
 dropped when nothing else is left: then its reason ("cancelled", "dropped", "timeout", "no_space",
 "store_disabled", ...) is counted in `pdorch_prefill_l1_dropped_unpersisted_pages_total`.
 
-Owns `task.persist` (PersistState, prefill_node/task.py). Runs on the scheduler thread only (it
-touches the allocator).
+Owns `task.persist` (PersistState, prefill_node/task.py) and a task's STORE_SAVE lease (taken when
+its write-back is queued, given back by its completion, `on_saved`, which also releases the pages a
+write-before-evict retained). Runs on the scheduler thread only (it touches the allocator).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropp
 from engine.page_allocator import UNWRITTEN
 from pdorch.config import PrefillConfig
 from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
+from prefill_node.leases import STORE_SAVE
 from prefill_node.messages import EvictSaved, TaskSaved
 from prefill_node.write_policy import DEFERRED, WritePolicy
 from store_client.config import StoreConfig
@@ -118,7 +120,13 @@ class Persister:
     def save_task_pages(self, task) -> bool:
         """Cache the task's computed full pages in L1 and write them (plus its backfill, and the L1
         hits now used often enough) to the store in one save, as far as the write policy wants them
-        now. True if a save was queued (the task keeps its pages until it completes)."""
+        now. True if a save was queued: the task holds its STORE_SAVE lease (its pages) until it completes."""
+        queued = self._save_task_pages(task)
+        if queued:
+            task.io.take(STORE_SAVE)
+        return queued
+
+    def _save_task_pages(self, task) -> bool:
         alloc, hashes = self._rt.allocator, task.prefix.hashes
         computed = task.computed_full_pages(self._rt.page_size)
         pages = [task.page_ids[i] for i in computed]
@@ -226,8 +234,18 @@ class Persister:
         return pages
 
     def on_saved(self, done) -> collections.Counter:
-        """Apply a save completion: which pages the store now holds, and why the others are not.
+        """Apply a save completion: which pages the store now holds, and why the others are not; a
+        task's write-back gives its lease back, a write-before-evict its retained pages.
         Returns the pages the store took, by why they were written (TaskSaved.why)."""
+        alloc, tag = self._rt.allocator, done.tag
+        taken = self._settle(done)
+        if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
+            alloc.release(tag.pages)
+        else:
+            tag.task.io.give_back(STORE_SAVE)
+        return taken
+
+    def _settle(self, done) -> collections.Counter:
         alloc, tag = self._rt.allocator, done.tag
         pages, keys, depths = tag.pages, tag.keys, tag.depths
         if isinstance(tag, EvictSaved) and tag.why[:1] == ["restore"]:  # the next chunk of the rewrite

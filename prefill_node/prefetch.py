@@ -119,10 +119,7 @@ class Prefetch:
         alloc, loading = self._rt.allocator, task.prefix.loading
         if alloc.num_available_without_loss() < len(loading):
             return False
-        fresh = alloc.allocate(len(loading))
-        task.load.late = [(i, task.page_ids[i]) for i in loading]
-        for i, page in zip(loading, fresh):
-            task.page_ids[i] = page
+        task.load.late = prefix.swap_loading(task, alloc.allocate(len(loading)))
         task.load.open = False
         task.io.give_back(STORE_LOAD)  # the load touches only task.load.late now
         task.load.given_up_pages = len(loading)

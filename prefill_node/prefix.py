@@ -15,16 +15,20 @@ Why gaps don't end the match: a page's key is the chained hash of ALL token ids 
 so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
 Only full pages are cached, never the page holding the last prompt token (pdorch/worker/prompt_pages.py).
 
-Owns `task.prefix` (PrefixState, prefill_node/task.py). Functions run on the scheduler thread
-only (they touch the allocator).
+Owns `task.prefix` (PrefixState, prefill_node/task.py) and the STORE_LOAD lease (taken by admit, given
+back by store_loaded, or by prefetch.py when it gives up on the load), and with the scheduler's release is the only
+writer of `task.page_ids` (allocated here; a given-up load's pages swapped here for prefetch.py).
+Functions run on the scheduler thread only (they touch the allocator).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from engine.page_allocator import pages_for
 from pdorch.tracing import names
+from pdorch.tracing import worker_spans as ws
 from pdorch.worker.prompt_pages import reusable_pages
 from prefill_node import spans
 from prefill_node.leases import STORE_LOAD
@@ -32,6 +36,8 @@ from prefill_node.messages import PrefixLoaded
 from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask
 from store_client.page_hash import page_hashes, store_key
+
+log = logging.getLogger(__name__)
 
 
 def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
@@ -86,6 +92,21 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     return True
 
 
+def store_loaded(task: PrefillTask, rt, done, prefix_cache: bool) -> bool:
+    """The task's store load (submitted by admit) completed while it still waited for it: its
+    STORE_LOAD lease goes back and, unless the task ended meanwhile, the pages that arrived join L1
+    (on_loaded); True then."""
+    task.io.give_back(STORE_LOAD)
+    spans.store_read(task, done, rt.pool.page_nbytes)
+    if task.finished_phase:
+        return False
+    if done.reason != "ok":
+        log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok, done.num_pages, done.reason)
+    on_loaded(task, rt, task.prefix.loading, done.page_ok, prefix_cache, page_ssd=done.page_ssd,
+              miss_reasons=ws.page_misses(done, len(task.prefix.loading)))
+    return True
+
+
 def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False,
               page_ssd=(), miss_reasons: Sequence[str] = ()) -> None:
     """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
@@ -118,6 +139,16 @@ def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bo
     if state.loads_left <= 0:
         state.loading, state.reading = [], []
         _plan_compute(task, sorted(state.missed))
+
+
+def swap_loading(task: PrefillTask, fresh: list[int]) -> list[tuple[int, int]]:
+    """The task gives up on its store load (prefill_node/prefetch.py): the pages being loaded are
+    swapped for `fresh` ones (computed instead); the old (page index, page id) pairs, returned, stay
+    with the load until it completes."""
+    late = [(i, task.page_ids[i]) for i in task.prefix.loading]
+    for i, page in zip(task.prefix.loading, fresh):
+        task.page_ids[i] = page
+    return late
 
 
 def _plan_compute(task: PrefillTask, holes: list[int]) -> None:

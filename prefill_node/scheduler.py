@@ -13,7 +13,8 @@ woken by new messages and by store I/O completions):
   5. run ONE forward over up to `chunk_tokens` prompt tokens taken FIFO across computing tasks
      (step.py: chunked prefill batched across requests; a task's holes and tail are separate
      chunks of the same forward), sample first tokens of tasks that completed, queue their
-     write-back and hand them to the pusher (transfer runs on the pusher's threads, not here).
+     write-back and start their push phase (push_phase.py: the transfer runs on the pusher's
+     threads, not here; its completion goes back to push_phase.py, which owns PUSHING and DONE).
 
 A task's pages go back once it is answered and holds no I/O lease (leases.py): each store load,
 store save, read from D and push takes one when submitted and gives it back when it completes.
@@ -24,29 +25,25 @@ NOTE: only this thread touches the allocator; other threads talk to it through t
 from __future__ import annotations
 
 import collections
-import logging
 import time
 
 from prometheus_client import Counter
 
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
-from pdorch.tracing import worker_spans as ws
-from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, PeerFailed, WorkerError
+from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
-from pdorch.worker.prefill_rpc import PrefillResult
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix, spans
 from prefill_node.inflight import InFlight, InFlightMetrics
-from prefill_node.leases import DECODE_READ, PUSH, STORE_LOAD, STORE_SAVE
+from prefill_node.leases import DECODE_READ
 from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.prefetch import Prefetch, PrefetchMetrics
+from prefill_node.push_phase import PushPhase
 from prefill_node.step import PrefillStep
 from prefill_node.task import Phase, PrefillTask
 from store_client.config import StoreConfig
-
-log = logging.getLogger(__name__)
 
 
 class PrefillScheduler:
@@ -63,8 +60,6 @@ class PrefillScheduler:
         self._paced: tuple[PrefillTask, float] | None = None
         self._last_cancel = float("-inf")  # when queued writes were last cancelled under pressure
         self._pusher = pusher
-        # what the KV push's span names as its transport (the transfer engine's protocol)
-        self._transport = getattr(getattr(rt.peer_transfer, "transfer", None), "protocol", "") or "unknown"
         self._rec = recorder
         self._waiting: collections.deque[PrefillTask] = collections.deque()
         # Every task still holding state, in arrival order (an ordered set: tasks hash by identity).
@@ -73,15 +68,13 @@ class PrefillScheduler:
         self._tasks: dict[PrefillTask, None] = {}
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
                                    rt.store_io, self._on_completion, rt.thread_init)
+        self._push = PushPhase(rt, pusher, recorder, self._loop.post)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
         self._decode_pool_pages = Counter("pdorch_prefill_decode_pool_pages", "Prefix pages read from the decode "
                                           "worker's pool (its prefix cache held them; this L1 did not), by outcome "
                                           "(failed: computed here instead)", ["outcome"], registry=recorder.registry)
         for outcome in ("read", "failed"):
             self._decode_pool_pages.labels(outcome)
-        self._push_pages = Counter("pdorch_prefill_push_pages", "Prompt pages of finished prefills: pushed to D, "
-                                   "or decode_loaded (D read them from the store itself)", ["kind"],
-                                   registry=recorder.registry)
 
     # ---------------------------------------------------------------- called from other threads
     def start(self) -> None:
@@ -120,10 +113,6 @@ class PrefillScheduler:
     def publish_claims(self, claimed, released) -> None:
         """Before start(): where claims of pages in flight go (the worker's KV event journal)."""
         self._inflight.publish = (claimed, released)
-
-    def push_done(self, task: PrefillTask, err: Exception | None) -> None:
-        """Called by the pusher thread when the transfer of `task` finished (or failed)."""
-        self._loop.post(Pushed(task, err))
 
     # ------------------------------------------------------------------------- scheduler thread
     def tasks_with_id(self, request_id: str) -> list[PrefillTask]:
@@ -183,17 +172,9 @@ class PrefillScheduler:
                 prefix.on_loaded(task, self._rt, task.prefix.reading, [msg.error is None] * n, self._prefix_cache,
                                  from_decode=True)
             self._maybe_release(task)
-        elif isinstance(msg, Pushed):
-            task = msg.task
-            task.io.give_back(PUSH)
-            if msg.error is not None:
-                if not task.finished_phase:
-                    task.fail(PeerFailed(f"KV transfer to decode worker failed: {msg.error}"))
-                    self._rec.request_failed(aborted=False)
-            elif task.phase is Phase.PUSHING:
-                task.phase = Phase.DONE
-                self._rec.request_finished()
-            self._maybe_release(task)
+        elif isinstance(msg, Pushed):  # the push phase's completion (prefill_node/push_phase.py)
+            self._push.pushed(msg)
+            self._maybe_release(msg.task)
         else:
             raise TypeError(f"prefill scheduler: unknown message {msg!r}")
 
@@ -203,29 +184,16 @@ class PrefillScheduler:
             if tag.task.load.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
                 self._prefetch.settle_late(tag.task, done.page_ok)
                 return
-            tag.task.io.give_back(STORE_LOAD)
-            spans.store_read(tag.task, done, self._rt.pool.page_nbytes)
             self._prefetch.completed(tag.task)
-            self._on_loaded(tag.task, done)
-        else:
+            if prefix.store_loaded(tag.task, self._rt, done, self._prefix_cache):  # its lease back (prefix.py)
+                self._rec.count_store_loaded(done.pages_ok)
+        else:  # a store write of L1 pages: its lease or its retained pages go back there (persistence.py)
             self._rec.count_written_by_reason(self._persist.on_saved(done))
             self._rec.count_store_written(done.pages_ok, kind="writeback")
-            if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
-                self._rt.allocator.release(tag.pages)
+            if isinstance(tag, EvictSaved):
                 return
-            tag.task.io.give_back(STORE_SAVE)
             spans.written(tag.task, done, self._rt.pool.page_nbytes)
         self._maybe_release(tag.task)
-
-    def _on_loaded(self, task: PrefillTask, done) -> None:
-        if task.finished_phase:
-            return
-        self._rec.count_store_loaded(done.pages_ok)
-        if done.reason != "ok":
-            log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok,
-                      done.num_pages, done.reason)
-        prefix.on_loaded(task, self._rt, task.prefix.loading, done.page_ok, self._prefix_cache, page_ssd=done.page_ssd,
-                         miss_reasons=ws.page_misses(done, len(task.prefix.loading)))
 
     def _reap(self, now: float) -> None:
         for task in list(self._tasks):
@@ -365,42 +333,10 @@ class PrefillScheduler:
         self._rec.prompt_tokens(computed=task.computed_tokens(page_size), cached=task.cached(page_size))
         given_up = task.load.given_up_pages  # pages of a store load given up on: computed, not holes
         self._persist.metrics.holes.inc(len(task.prefix.holes) - given_up)
-        if self._persist.save_task_pages(task):
-            task.io.take(STORE_SAVE)
+        self._persist.save_task_pages(task)  # holds the task's pages until the store has them
         self._inflight.release(task)  # its pages are in L1 now: the claim ends
         spans.computed(task, page_size)
-        task.phase = Phase.PUSHING
-        task.io.take(PUSH)
-        # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).
-        held = set(task.job.decode_loaded_pages)
-        send = [i for i in range(len(task.page_ids)) if i not in held]
-        self._push_pages.labels("pushed").inc(len(send))
-        self._push_pages.labels("decode_loaded").inc(len(held))
-        try:
-            self._pusher.push(task, self._rt.pool.page_addrs([task.page_ids[i] for i in send]),
-                              [task.job.dest_page_addrs[i] for i in send], self._on_pushed)
-        except BaseException:  # never started (pusher closed): no completion will give the pages back
-            task.io.give_back(PUSH)
-            raise
-
-    def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:
-        """Pusher thread: answer the caller right away, then let the scheduler release the pages."""
-        try:
-            spans.pushed(task, err, nbytes, seconds, self._transport)
-            if err is None:
-                self._rec.transfer(nbytes, seconds)
-                task.succeed(self._result(task, nbytes, seconds))
-        finally:  # whatever failed above, the scheduler must still hear of it or the pages leak
-            self.push_done(task, err)
-
-    def _result(self, task: PrefillTask, nbytes: int, seconds: float) -> PrefillResult:
-        compute, first = task.compute, task.compute.first
-        return PrefillResult(
-            request_id=task.request_id, first_token_id=first.token_id, prompt_tokens=task.prompt_len,
-            cached=task.cached(self._rt.page_size), transfer_bytes=nbytes, transfer_s=seconds,
-            compute_s=compute.seconds, sampler_state=first.sampler_state,
-            unstored_pages=tuple(task.persist.unstored), first_logprob=first.logprob, more_first=compute.more_first,
-            prompt_logprobs=tuple(compute.prompt_logprobs[p] for p in sorted(compute.prompt_logprobs)))
+        self._push.start(task)
 
     def _publish_load(self) -> None:
         alloc = self._rt.allocator

@@ -7,9 +7,10 @@ Lifecycle on the scheduler thread:
             --> COMPUTING (uncached tail, in chunks) --> PUSHING (transfer to D, off-thread)
             --> DONE (answered; pages may still be held by a store write-back)
 
-The core is the lifecycle the scheduler drives on its thread: `phase` (prefix.py: LOADING and
-COMPUTING, scheduler.py: PUSHING and DONE, `fail`: FAILED), `page_ids` (allocated by prefix.py,
-the given-up load's pages swapped for fresh ones by prefetch.py, released by scheduler.py), `io`
+The core is the lifecycle the scheduler drives on its thread: `phase` (each phase set by the module
+that owns it: prefix.py LOADING and COMPUTING, push_phase.py PUSHING and DONE, `fail` FAILED),
+`page_ids` (allocated by prefix.py, which also swaps a given-up load's pages for fresh ones when
+prefetch.py gives up, released by scheduler.py), `io`
 (leases taken and given back where I/O is submitted and completed), `future` (answered once by
 `fail` / `succeed`). Every other field sits in the record of the one module that changes it
 (a record's fields are assigned only there; others only read them):

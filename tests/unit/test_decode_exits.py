@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from decode_node import first_token
 from decode_node import worker as decode_worker
 from decode_node.request import GenerateJob
 from decode_node.worker import DecodeWorker
@@ -50,7 +51,7 @@ STAGES = {
     "sampler_state": (lambda w: w.prefill_client, "prefill",
                       lambda a, j, t, c: PrefillResult(j.request_id, 42, len(j.token_ids), sampler_state=b"bad")),
     "page_hashes": (lambda w: decode_worker, "page_hashes", boom),
-    "first_token": (lambda w: decode_worker, "check_stop", boom),
+    "first_token": (lambda w: first_token, "check_stop", boom),
     "join": (lambda w: w.scheduler, "join", boom),
 }
 

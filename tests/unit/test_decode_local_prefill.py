@@ -96,7 +96,7 @@ def test_a_page_d_could_not_read_is_computed_before_decoding(model, reference):
         # what P and D's own read left: every page in place but page 1 (its read failed)
         want = prompt_kv_reference(sched, rt, prompt_pages)
         sched.call(lambda: rt.pool.tensor[prompt_pages[1]].zero_())
-        req.token_ids.append(reference[0])  # P's first token, accounted as D does (_first_token)
+        req.token_ids.append(reference[0])  # P's first token, accounted as D does (take_first_token)
         assert not check_stop(req, reference[0], 10_000).final
         req.compute.plan([[PAGE_SIZE, 2 * PAGE_SIZE]], [1])
         sched.join(req)

@@ -107,7 +107,7 @@ def joined(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int, sampl
                         generator=sched._rt.sampler.make_generator(params))
     n = len(prompt)
     req.page_hashes = page_hashes(prompt, PAGE_SIZE)
-    req.page_ids = sched.admit(rid, pages_for(n + 1, PAGE_SIZE), req.deadline, lambda: False)
+    sched.admit_request(req, pages_for(n + 1, PAGE_SIZE), 0, lambda: False)
     holes = list(range(reusable_pages(n, PAGE_SIZE)))
     req.compute.plan(compute_ranges(holes, n, PAGE_SIZE), computed_full_pages(holes, n, PAGE_SIZE),
                      sample_first=True)

@@ -107,7 +107,7 @@ def admitted(sched, tokenizer, rid: str, prompt: list[int], max_tokens: int) -> 
     job = GenerateJob(request_id=rid, token_ids=tuple(prompt), params=params, prefill_address="-", timeout_s=30)
     req = DecodeRequest(job=job, deadline=time.monotonic() + 30, own_deadline=True,
                         stopper=make_stopper(tokenizer, params, prompt), token_ids=list(prompt))
-    req.page_ids = sched.admit(rid, (len(prompt) + PAGE_SIZE) // PAGE_SIZE, req.deadline, lambda: False)
+    sched.admit_request(req, (len(prompt) + PAGE_SIZE) // PAGE_SIZE, 0, lambda: False)
     req.page_hashes = page_hashes(prompt, PAGE_SIZE)
     return req
 

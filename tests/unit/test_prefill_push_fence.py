@@ -128,7 +128,7 @@ class BrokenPusher:
 
 def test_a_push_that_cannot_start_does_not_leak_the_pages():
     sched, rt, _ = make(num_pages=8, start=False)
-    sched._pusher = BrokenPusher()
+    sched._push._pusher = BrokenPusher()  # the push phase's pusher (prefill_node/push_phase.py)
     sched.start()
     try:
         task = submit(sched, [i % 7 + 1 for i in range(9)], rid="broken")
