@@ -264,7 +264,13 @@ class WorkerPool:
             self._set_healthy(w, False)
             w.last_error = f"health check: {e.code().name}: {e.details()}"
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled (the pool closes)
+            # NOTE: the call was cancelled under it: the worker left and `remove` closed its channel.
+            # Raised on, it ended the whole health loop (gather) and no worker was checked again.
+            self._set_healthy(w, False)
+            w.last_error = "health check: the worker's channel closed (it left)"
         except Exception as e:  # noqa: BLE001 - a broken channel must not kill the health loop
             self._set_healthy(w, False)
             w.last_error = f"health check: {e!r}"
