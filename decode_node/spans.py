@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from decode_node.messages import PageWrite
 from decode_node.prefix_load import PrefixLoad
@@ -31,7 +32,9 @@ from pdorch.tracing import names
 from pdorch.tracing import worker_spans as ws
 from pdorch.tracing.spans import AttributeValue
 from pdorch.worker.prompt_pages import reusable_pages
-from store_client.results import LoadResult, SaveResult
+
+if TYPE_CHECKING:
+    from store_client.io_thread import IOCompletion
 
 PAGES = names.PAGES
 
@@ -72,7 +75,7 @@ def planned(req: DecodeRequest, plan: PromptPlan, start_ns: int, page_size: int,
     ws.record(names.DECODE_PREFIX, req.trace_ctx, start_ns, attrs)
 
 
-def store_read(load: PrefixLoad, done: LoadResult, page_nbytes: int) -> None:
+def store_read(load: PrefixLoad, done: IOCompletion, page_nbytes: int) -> None:
     """D's own store read completed (scheduler thread). Its pages were present at the existence check a
     moment before, so a page absent now was evicted meanwhile."""
     if not ws.traced(load.trace_ctx):
@@ -124,7 +127,7 @@ def resumed(req: DecodeRequest, paused_since: float) -> None:
               {names.REQUEST_ID: req.request_id, names.PREEMPTIONS: req.preempt.count})
 
 
-def step_written(owners: Sequence[DecodeRequest], writes: Sequence[PageWrite], done: SaveResult,
+def step_written(owners: Sequence[DecodeRequest], writes: Sequence[PageWrite], done: IOCompletion,
                  page_nbytes: int) -> None:
     """A step's store write completed: one span linked to each traced request among its owners."""
     traced = [r for r in owners if ws.traced(r.trace_ctx)]
