@@ -309,6 +309,7 @@ class StoreIO:
         result = None
         if not job.aborted:
             result = self.store.save(job.keys[lo:hi], job.addrs[lo:hi])
+        dropped = False
         with self._cv:
             self._pending_save_pages -= hi - lo
             job.running -= 1
@@ -320,8 +321,8 @@ class StoreIO:
                 if result.reason in (DISABLED, RPC_FAILED) and job in self._saves:
                     # The store is gone: the rest of this save cannot succeed; free its pages now.
                     self._drop_rest(job, result.reason)
-                    job = None  # completed (or will be by its last running chunk)
-            finished = job is not None and job.running == 0 and job.cursor >= len(job.keys)
+                    dropped = True  # completed (or will be by its last running chunk)
+            finished = not dropped and job.running == 0 and job.cursor >= len(job.keys)
             if finished:
                 self._open[SAVE] -= 1
         if finished:
