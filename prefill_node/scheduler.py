@@ -121,7 +121,7 @@ class PrefillScheduler:
         """Called by the store connector's thread: a master leader switch lost these keys."""
         self._loop.post(Evicted(tuple(keys), lost=True))
 
-    def publish_claims(self, claimed, released) -> None:
+    def publish_claims(self, claimed: Callable[[list[str]], None], released: Callable[[list[str]], None]) -> None:
         """Before start(): where claims of pages in flight go (the worker's KV event journal)."""
         self._inflight.publish = (claimed, released)
 
@@ -320,7 +320,8 @@ class PrefillScheduler:
             self._persist.metrics.pressure_waits.inc()
         if patient:
             self._persist.write_before_evict(task.prefix.pages_short)
-        elif self._persist.usable and self._rt.store_io is not None and now - self._last_cancel >= self._persist_wait_s:
+        elif (self._persist.usable and self._rt.store_io is not None
+              and now - self._last_cancel >= self._persist_wait_s):
             # NOTE: admission now allows loss until it succeeds. Only saves queued longer than the
             # bound are cancelled: a pool full of running requests is no reason to drop writes that
             # move (they finish in milliseconds), only a stalled store is.

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
@@ -46,7 +46,7 @@ RECOVER_WINDOW_S = 30.0
 POLL_VIEW_S = 1.0  # the master view read this often while its etcd watch is down
 
 
-def reachable(endpoints, timeout_s: float) -> str | None:
+def reachable(endpoints: Iterable[tuple[str, int]], timeout_s: float) -> str | None:
     """None when one of the (host, port) endpoints accepts a TCP connection, else the last error."""
     err = "no endpoint"
     for host, port in endpoints:

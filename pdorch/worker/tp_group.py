@@ -35,6 +35,7 @@ from pdorch.worker.tp_transfer import PoolRank
 
 if TYPE_CHECKING:  # tp_io and tp_steps load when a group connects (they import grpc and the engine runner)
     from engine.kv_pool import KVPool
+    from engine.model import DecoderModel
     from pdorch.worker.tp_io import Followers
     from pdorch.worker.tp_steps import GroupRunner
 
@@ -153,7 +154,8 @@ class TPState:
                                    thread_init=thread_init)
         self.followers: Followers | None = None  # set by connect()
 
-    def connect(self, mine: PoolRank, model, pool: KVPool, attention: str) -> tuple[list[PoolRank], GroupRunner]:
+    def connect(self, mine: PoolRank, model: DecoderModel, pool: KVPool, attention: str
+                ) -> tuple[list[PoolRank], GroupRunner]:
         """(every rank's PoolRank, rank 0's GroupRunner), once this rank's pool and transfer are up."""
         from pdorch.worker.tp_io import Followers
         from pdorch.worker.tp_steps import GroupRunner
