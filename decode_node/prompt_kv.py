@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from decode_node.prefix_load import start_load
 from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
@@ -28,6 +29,10 @@ from pdorch.worker.errors import Aborted, DeadlineExceeded, PeerFailed
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import store_key
 
+if TYPE_CHECKING:  # the runtime module loads torch; this one is imported by light tests too
+    from pdorch.worker.runtime import WorkerRuntime
+    from store_client.store import KVStore
+
 PROBE_TIMEOUT_S = 0.25  # a batch_is_exist takes ~1 ms; past this the store is stalled: go without it
 PROBE_THREADS = 4
 PROBE_MAX_OUTSTANDING = 64  # more checks than this unanswered: the store is stalled, do not queue more
@@ -36,7 +41,8 @@ PROBE_MAX_OUTSTANDING = 64  # more checks than this unanswered: the store is sta
 class PromptKV:
     """Runs on handler threads; the allocator stays the scheduler's."""
 
-    def __init__(self, rt, decode: DecodeConfig, store: StoreConfig, reg, count_loaded=lambda n: None):
+    def __init__(self, rt: WorkerRuntime, decode: DecodeConfig, store: StoreConfig, reg: CollectorRegistry,
+                 count_loaded: Callable[[int], None] = lambda n: None):
         """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded)."""
         self.rt, self.cfg, self.store_cfg = rt, decode, store
         self._count_loaded = count_loaded
@@ -95,8 +101,8 @@ class PromptKV:
         held = set(req.l1_pages)
         ask = [i for i in range(n_reuse) if i not in held]
         if store is not None and store.enabled and (dc.load_prefix_from_store or dc.max_local_prefill_tokens > 0):
-            found = self._present([keys[i] for i in ask]) if ask else ()
-            if found is False:
+            found = self._present(store, [keys[i] for i in ask]) if ask else ()
+            if found is None:
                 why = "store_slow"
             else:
                 present = [False] * n_reuse
@@ -109,16 +115,16 @@ class PromptKV:
         self._plans.labels(plan.where, plan.reason).inc()
         return plan
 
-    def _present(self, keys: list[str]) -> tuple[bool, ...] | bool:
-        """store.present(keys) within PROBE_TIMEOUT_S; False when the store did not answer in time."""
+    def _present(self, store: KVStore, keys: list[str]) -> tuple[bool, ...] | None:
+        """store.present(keys) within PROBE_TIMEOUT_S; None when the store did not answer in time."""
         with self._lock:
             if self._probing >= PROBE_MAX_OUTSTANDING:
-                return False
+                return None
             self._probing += 1
 
-        def probe():
+        def probe() -> tuple[bool, ...]:
             try:
-                return self.rt.store.present(keys)
+                return store.present(keys)
             finally:
                 with self._lock:
                     self._probing -= 1
@@ -126,7 +132,7 @@ class PromptKV:
         try:
             return self._probes.submit(probe).result(timeout=PROBE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
-            return False
+            return None
 
     def close(self) -> None:
         self._probes.shutdown(wait=False, cancel_futures=True)

@@ -21,19 +21,26 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
+from decode_node.messages import PageWrite
+from decode_node.prefix_load import PrefixLoad
 from decode_node.prompt_plan import PromptPlan, Source
 from decode_node.request import DecodeEvent, DecodeRequest
 from pdorch.tracing import names
 from pdorch.tracing import worker_spans as ws
+from pdorch.tracing.spans import AttributeValue
 from pdorch.worker.prompt_pages import reusable_pages
+
+if TYPE_CHECKING:
+    from store_client.io_thread import IOCompletion
 
 PAGES = names.PAGES
 
 
 @contextlib.contextmanager
-def admission(req: DecodeRequest):
+def admission(req: DecodeRequest) -> Iterator[None]:
     """Around the request's admission (decode.admission; ERROR when it failed)."""
     if not ws.traced(req.trace_ctx):
         yield
@@ -58,16 +65,17 @@ def planned(req: DecodeRequest, plan: PromptPlan, start_ns: int, page_size: int,
     if not ws.traced(req.trace_ctx):
         return
     sources = plan.sources(reusable_pages(req.prompt_len, page_size))
-    attrs = {names.PLAN: f"{plan.where}:{plan.reason}", f"{PAGES}.device": len(plan.held) - req.inflight_pages,
-             f"{PAGES}.inflight": req.inflight_pages, f"{PAGES}.store": len(plan.load),
-             f"{PAGES}.prefill": sources.count(Source.PREFILL)}
+    attrs: dict[str, AttributeValue] = {
+        names.PLAN: f"{plan.where}:{plan.reason}", f"{PAGES}.device": len(plan.held) - req.inflight_pages,
+        f"{PAGES}.inflight": req.inflight_pages, f"{PAGES}.store": len(plan.load),
+        f"{PAGES}.prefill": sources.count(Source.PREFILL)}
     here = sources.count(Source.HERE)
     if here:
         attrs[f"{PAGES}.{store_reason}"] = here
     ws.record(names.DECODE_PREFIX, req.trace_ctx, start_ns, attrs)
 
 
-def store_read(load, done, page_nbytes: int) -> None:
+def store_read(load: PrefixLoad, done: IOCompletion, page_nbytes: int) -> None:
     """D's own store read completed (scheduler thread). Its pages were present at the existence check a
     moment before, so a page absent now was evicted meanwhile."""
     if not ws.traced(load.trace_ctx):
@@ -119,7 +127,8 @@ def resumed(req: DecodeRequest, paused_since: float) -> None:
               {names.REQUEST_ID: req.request_id, names.PREEMPTIONS: req.preempt.count})
 
 
-def step_written(owners, writes, done, page_nbytes: int) -> None:
+def step_written(owners: Sequence[DecodeRequest], writes: Sequence[PageWrite], done: IOCompletion,
+                 page_nbytes: int) -> None:
     """A step's store write completed: one span linked to each traced request among its owners."""
     traced = [r for r in owners if ws.traced(r.trace_ctx)]
     if traced:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.page_allocator import pages_for
 from pdorch.tracing import names
@@ -37,10 +38,14 @@ from prefill_node.persistence import needs_write
 from prefill_node.task import Phase, PrefillTask
 from store_client.page_hash import page_hashes, store_key
 
+if TYPE_CHECKING:
+    from pdorch.worker.runtime import WorkerRuntime
+    from store_client.io_thread import IOCompletion
+
 log = logging.getLogger(__name__)
 
 
-def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
+def admit(task: PrefillTask, rt: WorkerRuntime, prefix_cache: bool, allow_loss: bool) -> bool:
     """Give the task its pages (L1 hits first) and start its store load. False when the pool cannot
     give the pages right now (nothing is held then; `task.prefix.pages_short` says how many are missing).
 
@@ -66,7 +71,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     hits = [i for i in range(n_reuse) if found[i] is not None]
     state.inflight_pages = sum(1 for i in hits if state.hashes[i] in task.inflight.waited_for)  # computed while it waited
     state.device_pages = len(hits) - state.inflight_pages
-    state.backfill = [i for i in range(n_reuse) if found[i] is not None and needs_write(alloc, found[i])]
+    state.backfill = [i for i, page in enumerate(found[:n_reuse]) if page is not None and needs_write(alloc, page)]
     missing = [i for i in range(n_reuse) if found[i] is None]
     on_decode = set() if fresh else set(task.job.decode_cached_pages)  # D's pool holds them: read from there
     state.reading = [i for i in missing if i in on_decode]
@@ -75,7 +80,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
         # NOTE: reusable pages only: the others are not in the store yet (touched once written).
         rt.chain_index.touch([store_key(rt.fingerprint, h) for h in state.hashes[:n_reuse]], lookup=True)
     state.loads_left = int(bool(state.reading))
-    if missing and rt.store_io is not None and rt.store.enabled and not fresh:
+    if missing and rt.store_io is not None and rt.store is not None and rt.store.enabled and not fresh:
         keys = [store_key(rt.fingerprint, state.hashes[i]) for i in missing]
         rt.store_io.submit_load(PrefixLoaded(task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
         task.io.take(STORE_LOAD)
@@ -92,7 +97,7 @@ def admit(task: PrefillTask, rt, prefix_cache: bool, allow_loss: bool) -> bool:
     return True
 
 
-def store_loaded(task: PrefillTask, rt, done, prefix_cache: bool) -> bool:
+def store_loaded(task: PrefillTask, rt: WorkerRuntime, done: IOCompletion, prefix_cache: bool) -> bool:
     """The task's store load (submitted by admit) completed while it still waited for it: its
     STORE_LOAD lease goes back and, unless the task ended meanwhile, the pages that arrived join L1
     (on_loaded); True then."""
@@ -107,8 +112,8 @@ def store_loaded(task: PrefillTask, rt, done, prefix_cache: bool) -> bool:
     return True
 
 
-def on_loaded(task: PrefillTask, rt, pages: list[int], page_ok, prefix_cache: bool, from_decode: bool = False,
-              page_ssd=(), miss_reasons: Sequence[str] = ()) -> None:
+def on_loaded(task: PrefillTask, rt: WorkerRuntime, pages: list[int], page_ok: Sequence[bool], prefix_cache: bool,
+              from_decode: bool = False, page_ssd: Sequence[bool] = (), miss_reasons: Sequence[str] = ()) -> None:
     """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
     persisted when read from the store; read from D they are backfilled: the store may lack them),
     the others become holes once both have finished. `page_ssd`: per page, read from the store's

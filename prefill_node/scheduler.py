@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import Counter
 
@@ -33,21 +35,30 @@ from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
+from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.status import WorkerLoad
 from prefill_node import prefix, spans
 from prefill_node.inflight import InFlight, InFlightMetrics
 from prefill_node.leases import DECODE_READ
-from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit
+from prefill_node.messages import Abort, Cancel, EvictSaved, PrefixLoaded, Pushed, Read, Submit, TaskSaved
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.prefetch import Prefetch, PrefetchMetrics
 from prefill_node.push_phase import PushPhase
+from prefill_node.pusher import KVPusher
 from prefill_node.step import PrefillStep
 from prefill_node.task import Phase, PrefillTask
 from store_client.config import StoreConfig
 
+if TYPE_CHECKING:
+    from pdorch.worker.runtime import WorkerRuntime
+    from store_client.io_thread import IOCompletion
+
+T = TypeVar("T")
+
 
 class PrefillScheduler:
-    def __init__(self, rt, cfg: PrefillConfig, store: StoreConfig, pusher, recorder):
+    def __init__(self, rt: WorkerRuntime, cfg: PrefillConfig, store: StoreConfig, pusher: KVPusher,
+                 recorder: WorkerRecorder):
         self._rt = rt
         self._step = PrefillStep(rt, cfg.chunk_tokens)
         self._prefix_cache = cfg.prefix_cache
@@ -93,7 +104,7 @@ class PrefillScheduler:
         """Abort this very task (its RPC ended), whatever other task shares its request id."""
         self._loop.post(Cancel(task))
 
-    def call(self, fn, timeout_s: float = 30.0):
+    def call(self, fn: Callable[[], T], timeout_s: float = 30.0) -> T:
         """Run fn() on the scheduler thread (between forwards) and return its result."""
         return self._loop.call(fn, timeout_s)
 
@@ -102,15 +113,15 @@ class PrefillScheduler:
         """Its store writes of L1 pages; scheduler thread only (through call())."""
         return self._persist
 
-    def store_evicted(self, keys) -> None:
+    def store_evicted(self, keys: Iterable[str]) -> None:
         """Called by the store evictor's thread: these keys left the store (see Persister.left_store)."""
         self._loop.post(Evicted(tuple(keys)))
 
-    def store_lost(self, keys) -> None:
+    def store_lost(self, keys: Iterable[str]) -> None:
         """Called by the store connector's thread: a master leader switch lost these keys."""
         self._loop.post(Evicted(tuple(keys), lost=True))
 
-    def publish_claims(self, claimed, released) -> None:
+    def publish_claims(self, claimed: Callable[[list[str]], None], released: Callable[[list[str]], None]) -> None:
         """Before start(): where claims of pages in flight go (the worker's KV event journal)."""
         self._inflight.publish = (claimed, released)
 
@@ -143,7 +154,7 @@ class PrefillScheduler:
             self._maybe_release(task)
         self._publish_load()
 
-    def _on_message(self, msg) -> None:
+    def _on_message(self, msg: object) -> None:
         if isinstance(msg, Submit):
             task = msg.task
             if self.live_task(task.request_id) is not None:
@@ -152,13 +163,13 @@ class PrefillScheduler:
             self._tasks[task] = None
             self._waiting.append(task)
         elif isinstance(msg, (Abort, Cancel)):
-            task = self.live_task(msg.request_id) if isinstance(msg, Abort) else msg.task
+            target = self.live_task(msg.request_id) if isinstance(msg, Abort) else msg.task
             # NOTE: the future may already hold the answer while the phase still says PUSHING
             # (the pusher answers first); an abort then is a no-op, like for unknown ids.
-            if task is not None and not task.finished_phase and not task.future.done():
-                task.fail(Aborted(f"request {task.request_id} aborted"))
+            if target is not None and not target.finished_phase and not target.future.done():
+                target.fail(Aborted(f"request {target.request_id} aborted"))
                 self._rec.request_failed(aborted=True)
-                self._maybe_release(task)
+                self._maybe_release(target)
         elif isinstance(msg, Evicted) and msg.lost:
             self._persist.rewrite_lost(list(msg.keys))
         elif isinstance(msg, Evicted):
@@ -178,7 +189,7 @@ class PrefillScheduler:
         else:
             raise TypeError(f"prefill scheduler: unknown message {msg!r}")
 
-    def _on_completion(self, done) -> None:
+    def _on_completion(self, done: IOCompletion) -> None:
         tag = done.tag
         if isinstance(tag, PrefixLoaded):
             if tag.task.load.late:  # the task gave up on this load (prefetch.py): only its old pages wait for it
@@ -192,6 +203,8 @@ class PrefillScheduler:
             self._rec.count_store_written(done.pages_ok, kind="writeback")
             if isinstance(tag, EvictSaved):
                 return
+            if not isinstance(tag, TaskSaved):
+                raise TypeError(f"prefill scheduler: unknown store write tag {tag!r}")
             spans.written(tag.task, done, self._rt.pool.page_nbytes)
         self._maybe_release(tag.task)
 
@@ -307,7 +320,8 @@ class PrefillScheduler:
             self._persist.metrics.pressure_waits.inc()
         if patient:
             self._persist.write_before_evict(task.prefix.pages_short)
-        elif self._persist.usable and now - self._last_cancel >= self._persist_wait_s:
+        elif (self._persist.usable and self._rt.store_io is not None
+              and now - self._last_cancel >= self._persist_wait_s):
             # NOTE: admission now allows loss until it succeeds. Only saves queued longer than the
             # bound are cancelled: a pool full of running requests is no reason to drop writes that
             # move (they finish in milliseconds), only a stalled store is.

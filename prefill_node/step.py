@@ -13,7 +13,9 @@ Owns `task.compute` (ComputeState, prefill_node/task.py). Runs on the scheduler 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,14 +27,17 @@ from pdorch.worker.prefill_rpc import FirstToken
 from pdorch.worker.prompt_pages import compute_ranges, consume, take_ranges
 from prefill_node.task import Phase, PrefillTask
 
+if TYPE_CHECKING:
+    from pdorch.worker.runtime import WorkerRuntime
+
 
 class PrefillStep:
-    def __init__(self, rt, chunk_tokens: int):
+    def __init__(self, rt: WorkerRuntime, chunk_tokens: int):
         self._rt = rt
         self._chunk_tokens = chunk_tokens
         self.last: tuple[list[PrefillTask], int, float] = ([], 0, 0.0)  # the last forward's tasks, tokens, seconds
 
-    def run(self, tasks) -> list[PrefillTask] | None:
+    def run(self, tasks: Iterable[PrefillTask]) -> list[PrefillTask] | None:
         """One forward over the computing tasks among `tasks`; the tasks it finished (their first
         tokens sampled), or None when none was computing."""
         batch = self._take_chunks([t for t in tasks if t.phase is Phase.COMPUTING])
@@ -47,7 +52,8 @@ class PrefillStep:
             if any(every):
                 logits, rows = self._rt.runner.forward_every_row(chunks, every)
                 for i, x in rows.items():
-                    record_prompt_logprobs(*batch[i], x)
+                    task, start, end = batch[i]
+                    record_prompt_logprobs(task, start, end, x)
             else:
                 logits = self._rt.runner.forward(chunks)
         elapsed = time.perf_counter() - t0
@@ -59,7 +65,7 @@ class PrefillStep:
                 task.compute.started = t0_mono
             task.compute.chunks += 1
         for row, (task, start, end) in enumerate(batch):
-            consume(task.compute.todo, end)
+            consume(self._todo(task), end)
             task.compute.seconds += elapsed * (end - start) / total
             if not task.compute.todo:
                 finished.append((row, task))
@@ -73,14 +79,19 @@ class PrefillStep:
         budget = self._chunk_tokens
         batch = []
         for task in computing:
-            if task.compute.todo is None:  # the prefix lookup settled its holes: plan them, then the tail
-                task.compute.todo = compute_ranges(task.prefix.holes, task.prompt_len, self._rt.page_size)
             # NOTE: several ranges of one task may share a forward: the runner writes every chunk's
             # K/V of a layer before any chunk attends, so a later range sees an earlier one.
-            for start, end in take_ranges(task.compute.todo, budget):
+            for start, end in take_ranges(self._todo(task), budget):
                 batch.append((task, start, end))
                 budget -= end - start
         return batch
+
+    def _todo(self, task: PrefillTask) -> list[list[int]]:
+        """The task's ranges still to compute, planned at its first step (the prefix lookup has settled
+        its holes by then): the holes, then the tail."""
+        if task.compute.todo is None:
+            task.compute.todo = compute_ranges(task.prefix.holes, task.prompt_len, self._rt.page_size)
+        return task.compute.todo
 
     def _sample_first(self, logits: torch.Tensor, finished: list[tuple[int, PrefillTask]]) -> None:
         """The first token of each finished task, batched; a task with params.n > 1 gets n rows of

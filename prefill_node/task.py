@@ -33,6 +33,7 @@ import concurrent.futures
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 
@@ -40,6 +41,9 @@ from pdorch.worker.leases import IOLeases
 from pdorch.worker.prefill_rpc import CachedTokens, FirstToken, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import computed_full_pages
 from prefill_node.push_gate import PushGate
+
+if TYPE_CHECKING:  # engine.grammar loads xgrammar; tasks are made by light tests too
+    from engine.grammar import OutputGrammar
 
 
 class Phase(enum.Enum):
@@ -124,7 +128,7 @@ class ComputeState:
 class PrefillTask:
     job: PrefillJob
     deadline: float  # time.monotonic() value
-    grammar: object = None  # engine.grammar.OutputGrammar: the first token is sampled under it
+    grammar: OutputGrammar | None = None  # the first token is sampled under it
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     phase: Phase = Phase.WAITING
     page_ids: list[int] = field(default_factory=list)

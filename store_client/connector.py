@@ -15,14 +15,18 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from store_client.addresses import ETCD, etcd_endpoints, metadata_for_mooncake, parse_master_address
 from store_client.config import StoreConfig
 from store_client.deferred_close import close_client
 from store_client.leader_watch import LeaderWatch
-from store_client.master_view import Leader, master_view
+from store_client.master_view import Leader, MasterView, master_view
 from store_client.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # loaded at setup only (the native library); untyped, so read as Any
+    from mooncake.store import MooncakeDistributedStore
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ RECOVER_WINDOW_S = 30.0
 POLL_VIEW_S = 1.0  # the master view read this often while its etcd watch is down
 
 
-def reachable(endpoints, timeout_s: float) -> str | None:
+def reachable(endpoints: Iterable[tuple[str, int]], timeout_s: float) -> str | None:
     """None when one of the (host, port) endpoints accepts a TCP connection, else the last error."""
     err = "no endpoint"
     for host, port in endpoints:
@@ -96,8 +100,8 @@ class StoreConnector:
         # The SSD tier's directory of this worker (cfg.ssd_dir); the pid when no name is given.
         self.ssd_dir = cfg.ssd_dir(component or f"{cfg.local_hostname}_{os.getpid()}") if cfg.ssd_enabled else ""
         self.metrics = metrics
-        self._raw = None  # the MooncakeDistributedStore once setup succeeded (kept while lost)
-        self._client = None  # == _raw while healthy, else None; read without the lock (atomic)
+        self._raw: MooncakeDistributedStore | None = None  # once setup succeeded (kept while lost)
+        self._client: MooncakeDistributedStore | None = None  # == _raw while healthy; read without the lock (atomic)
         self._buffers: list[tuple[int, int]] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -105,11 +109,13 @@ class StoreConnector:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         master = parse_master_address(cfg.master_address)
-        self._view = master_view(master.etcd_endpoints, cfg.master_cluster_id) if master.ha else None
         # HA masters: the etcd watch on the view wakes this thread on any change (set from etcd3's thread)
         self._view_changed = threading.Event()
-        self._watch = (LeaderWatch(master.etcd_endpoints, self._view.key, self._on_view_change)
-                       if master.ha else None)
+        self._view: MasterView | None = None
+        self._watch: LeaderWatch | None = None
+        if master.ha:
+            self._view = view = master_view(master.etcd_endpoints, cfg.master_cluster_id)
+            self._watch = LeaderWatch(master.etcd_endpoints, view.key, self._on_view_change)
         self._view_read_at = 0.0
         self._view_empty = False  # the last read of the view found no term
         self._leader: Leader | None = None  # the last leader's term seen (HA masters)
@@ -123,7 +129,8 @@ class StoreConnector:
         self._canary_absent_since: float | None = None  # monotonic: the master first said "absent"
         metrics.enabled.set(0)
 
-    def client(self):
+    def client(self) -> MooncakeDistributedStore | None:
+        """The store client while the store is healthy, else None."""
         return self._client
 
     def start(self) -> None:
@@ -234,18 +241,19 @@ class StoreConnector:
         audited like after any switch (master_view.Leader). The view changing at all (the leader's
         lease gone, a new term) disables the store at once: requests miss instead of waiting on a
         master that is gone, and the connector looks for the store back every RECOVER_POLL_S."""
-        if self._view is None:
+        view, watch = self._view, self._watch
+        if view is None or watch is None:  # a single master (both are made for HA masters only)
             return
-        restarted = self._watch.ensure()
+        restarted = watch.ensure()
         now = time.monotonic()
         # Polled too while the watch is down, and while the last read found no term (none leads, or etcd
         # did not answer: the change the watch reported must not be lost to one failed read).
-        polled = (not self._watch.active or self._view_empty) and now - self._view_read_at >= POLL_VIEW_S
+        polled = (not watch.active or self._view_empty) and now - self._view_read_at >= POLL_VIEW_S
         if not (restarted or self._view_changed.is_set() or polled):
             return
         self._view_changed.clear()
         self._view_read_at = now
-        leader = self._view.term()
+        leader = view.term()
         self._view_empty = leader is None
         self._on_term(leader)
 
@@ -269,12 +277,13 @@ class StoreConnector:
         self._leader = leader
 
     def _audit_after_switch(self) -> None:
-        if self._audit_due is None:
+        audit, due = self.audit, self._audit_due
+        if due is None:
             return
-        ready = self.audit is not None and self._client is not None
-        if ready and self.audit(self._audit_due):
+        ready = audit is not None and self._client is not None
+        if audit is not None and ready and audit(due):
             self._audit_due = None
-        elif time.monotonic() - self._audit_due > AUDIT_DEADLINE_S:  # given up on, once
+        elif time.monotonic() - due > AUDIT_DEADLINE_S:  # given up on, once
             if not ready:
                 log.warning("store: recent writes not audited after the leader switch (store not back in %.0fs)",
                             AUDIT_DEADLINE_S)
@@ -316,6 +325,8 @@ class StoreConnector:
         first saves after a reconnect may fail with no_space (counted; write-back is best effort).
         """
         raw = self._raw
+        if raw is None:  # stop() took it meanwhile
+            return
         codes = raw.batch_is_exist([self._canary or PROBE_KEY]) if raw.health_check() == 0 else [-1]
         if not codes or codes[0] < 0:
             self._canary_absent_since = None
@@ -335,7 +346,7 @@ class StoreConnector:
         self.metrics.reconnects.inc()
         log.warning("store master %s is back: store re-enabled", self.cfg.master_address)
 
-    def _put_canary(self, raw) -> None:
+    def _put_canary(self, raw: MooncakeDistributedStore) -> None:
         """Write this client's canary into its own segment, pinned (never evicted). Without a segment of
         its own (or if the put fails) the recovery check falls back to an RPC on an absent key."""
         from mooncake.store import ReplicateConfig  # deferred: loads the native library
@@ -358,7 +369,7 @@ class StoreConnector:
         else:
             log.info("store: no canary object (put returned %s); recovery checks an RPC only", rc)
 
-    def _register(self, raw, ptr: int, nbytes: int) -> None:
+    def _register(self, raw: MooncakeDistributedStore, ptr: int, nbytes: int) -> None:
         rc = raw.register_buffer(ptr, nbytes)
         if rc != 0:  # TCP works unregistered (with a copy); RDMA would fail every op
             log.error("store register_buffer(%#x, %d) failed (%d): zero-copy disabled for it", ptr, nbytes, rc)

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from store_client.results import DISABLED, OK, RPC_FAILED, TIMEOUT, check_pairs
@@ -120,7 +120,8 @@ class StoreIO:
             t.start()
 
     # ------------------------------------------------------------------ scheduler side
-    def submit_load(self, tag, keys: Sequence[str], addrs: Sequence[int], deadline_s: float | None = None) -> None:
+    def submit_load(self, tag: object, keys: Sequence[str], addrs: Sequence[int],
+                    deadline_s: float | None = None) -> None:
         """Queue a load of pages into pool addresses (the caller retains them until the completion)."""
         check_pairs(keys, addrs)
         now = time.monotonic()
@@ -136,7 +137,8 @@ class StoreIO:
             self._cv.notify()
         self._publish_depth()
 
-    def submit_save(self, tag, keys: Sequence[str], addrs: Sequence[int], owners: Sequence | None = None) -> bool:
+    def submit_save(self, tag: object, keys: Sequence[str], addrs: Sequence[int],
+                    owners: Sequence[object] | None = None) -> bool:
         """Queue a write-back; False when it was dropped (its completion still arrives via poll).
 
         `owners` (one per page) lets cancel_owner() take one owner's pages out of a shared save.
@@ -164,7 +166,7 @@ class StoreIO:
         self._publish_depth()
         return True
 
-    def cancel_saves(self, tags=None, min_age_s: float = 0.0) -> int:
+    def cancel_saves(self, tags: Collection[object] | None = None, min_age_s: float = 0.0) -> int:
         """Drop queued (not yet running) save chunks, of all saves or those whose tag is in `tags`,
         submitted at least `min_age_s` ago (a save that old is stalled, not just queued).
 
@@ -179,7 +181,7 @@ class StoreIO:
         self._publish_depth()
         return cancelled
 
-    def cancel_owner(self, owner) -> int:
+    def cancel_owner(self, owner: object) -> int:
         """Take `owner`'s queued (not yet running) pages out of every save; returns the pages dropped.
 
         The saves themselves go on for their other owners; their completions arrive as usual.
@@ -309,6 +311,7 @@ class StoreIO:
         result = None
         if not job.aborted:
             result = self.store.save(job.keys[lo:hi], job.addrs[lo:hi])
+        dropped = False
         with self._cv:
             self._pending_save_pages -= hi - lo
             job.running -= 1
@@ -320,8 +323,8 @@ class StoreIO:
                 if result.reason in (DISABLED, RPC_FAILED) and job in self._saves:
                     # The store is gone: the rest of this save cannot succeed; free its pages now.
                     self._drop_rest(job, result.reason)
-                    job = None  # completed (or will be by its last running chunk)
-            finished = job is not None and job.running == 0 and job.cursor >= len(job.keys)
+                    dropped = True  # completed (or will be by its last running chunk)
+            finished = not dropped and job.running == 0 and job.cursor >= len(job.keys)
             if finished:
                 self._open[SAVE] -= 1
         if finished:
@@ -329,7 +332,8 @@ class StoreIO:
         self._publish_depth()
 
     # ------------------------------------------------------------------ helpers
-    def _complete(self, job: _Job, reason: str, page_ok=None, page_ssd=(), miss_reasons=()) -> None:
+    def _complete(self, job: _Job, reason: str, page_ok: Sequence[bool] | None = None, page_ssd: Sequence[bool] = (),
+                  miss_reasons: Sequence[str] = ()) -> None:
         """Deliver the job's completion; `page_ok` defaults to the job's own (a save's chunks so far)."""
         page_ok = tuple(job.page_ok if page_ok is None else page_ok) or (False,) * len(job.keys)
         done = IOCompletion(job.tag, job.op, sum(page_ok), reason, len(job.keys), job.skipped,

@@ -173,7 +173,7 @@ class MasterProcess:
             f"--enable_offload={str(self.enable_offload).lower()}",
         ] + (["--offload_on_evict=true"] if self.offload_on_evict else []) + list(self.extra_args)
 
-    def start(self, timeout_s: float = 20.0) -> MasterProcess:
+    def start(self, timeout_s: float = 20.0) -> Self:
         """Start and wait until the RPC, metadata and metrics ports all answer (deadline timeout_s)."""
         if self.running():
             raise MasterError(f"master already running with pid {self.pid}")
@@ -184,20 +184,20 @@ class MasterProcess:
             raise MasterError(f"cannot start mooncake_master: port(s) {busy} already in use on 127.0.0.1")
         with open(self.log_path, "ab") as log:
             # start_new_session: our signals (Ctrl-C in a test run) don't reach it; we stop it by PID.
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+            self._proc = proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            self._wait_ready(timeout_s)
+            self._wait_ready(proc, timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise MasterError(f"mooncake_master exited with {self._proc.returncode} during start-up; "
+            if proc.poll() is not None:
+                raise MasterError(f"mooncake_master exited with {proc.returncode} during start-up; "
                                   f"log: {self.log_path}\n{self.log_tail()}")
             # NOTE: HA: a standby serves no RPC and no master runs a metadata server: metrics only
             ports = (self.metrics_port,) if self.ha_etcd else (self.rpc_port, self.metadata_port, self.metrics_port)
@@ -228,9 +228,10 @@ class MasterProcess:
 
     def kill(self) -> None:
         """SIGKILL (a crash, as tests simulate it) and reap."""
-        if self.running():
-            os.kill(self._proc.pid, signal.SIGKILL)
-            self._proc.wait(timeout=10)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:  # running()
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM by PID, SIGKILL after timeout_s; idempotent."""
@@ -246,7 +247,7 @@ class MasterProcess:
         except ProcessLookupError:
             pass
 
-    def restart(self, timeout_s: float = 20.0) -> MasterProcess:
+    def restart(self, timeout_s: float = 20.0) -> Self:
         """Stop (if running) and start again on the same ports."""
         self.stop()
         return self.start(timeout_s)
@@ -254,5 +255,5 @@ class MasterProcess:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

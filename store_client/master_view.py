@@ -16,6 +16,10 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily at run time (term()): only HA deployments pay for it
+    import etcd3
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class Leader:
 class MasterView:
     def __init__(self, etcd_endpoints: tuple[str, ...], cluster_id: str = DEFAULT_CLUSTER_ID, timeout_s: float = 1.0):
         self.endpoints, self.key, self.timeout_s = tuple(etcd_endpoints), view_key(cluster_id), timeout_s
-        self._clients: dict[str, object] = {}
+        self._clients: dict[str, etcd3.Etcd3Client] = {}
 
     def leader(self) -> str | None:
         """The leading master's RPC address, None when none leads or no etcd endpoint answers."""

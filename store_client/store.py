@@ -88,7 +88,7 @@ class KVStore:
         # component: names this worker's own SSD directory (cfg.ssd_dir) when the SSD tier is on.
         self._connector = StoreConnector(cfg, self.metrics, component)
         # Called with the number of pages a save is about to put (the chain evictor makes room).
-        self.before_write = None
+        self.before_write: Callable[[int], object] | None = None
         # HA masters: the pages written lately, audited after a leader switch; the pages the new leader
         # lacks go to on_lost (the worker writes again those it holds; recent_writes.py).
         self.recent = RecentWrites(cfg.audit_window_s, cfg.audit_max_pages, self.objects)

@@ -19,10 +19,12 @@ SIGKILL (pdorch/local_fleet.py) both follow it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Protocol
 
-from prometheus_client import Gauge
+from prometheus_client import CollectorRegistry, Gauge
 
 from pdorch.config import Config
 
@@ -41,11 +43,23 @@ def drain_budget_s(cfg: Config, role: str) -> float:
     return section.drain_timeout_s + section.drain_writeback_s + SHUTDOWN_MARGIN_S[role]
 
 
-class WorkerDrain:
-    """The drain's state and metrics. `worker` has in_flight(), start_write_back() -> pages and
-    write_back_left(pages) -> int (PrefillWorker, DecodeWorker)."""
+class Drainable(Protocol):
+    """What a drain asks of its worker (PrefillWorker, DecodeWorker)."""
 
-    def __init__(self, role: str, worker, registry):
+    def in_flight(self) -> int:
+        """The work a drain waits for: streams (decode) or prefills."""
+
+    def start_write_back(self) -> list[int]:
+        """Submit the write of the L1 pages the store lacks; the pages submitted."""
+
+    def write_back_left(self, pages: list[int]) -> int:
+        """Of `pages`, those whose write has not completed yet."""
+
+
+class WorkerDrain:
+    """The drain's state and metrics."""
+
+    def __init__(self, role: str, worker: Drainable, registry: CollectorRegistry):
         self.role, self.worker = role, worker
         self.draining = False
         self.writeback_left = 0
@@ -55,7 +69,7 @@ class WorkerDrain:
                           "(decode), prefills, writeback_pages (L1 pages being written back); 0 outside a drain",
                           ["kind"], registry=registry)
         for kind in KINDS:
-            remaining.labels(kind).set_function(lambda kind=kind: self.remaining(kind))
+            remaining.labels(kind).set_function(functools.partial(self.remaining, kind))
 
     def remaining(self, kind: str) -> int:
         if not self.draining:

@@ -19,6 +19,7 @@ full and drops the subscriber; the drop then cancels the RPC, which is what free
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import grpc
 
@@ -38,14 +39,15 @@ def batch_to_proto(worker_id: str, page_size: int, b: EventBatch) -> pb.KVEventB
                            inflight_released=b.inflight_released)
 
 
-def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.ServicerContext):
+def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest,
+             context: grpc.ServicerContext) -> Iterator[pb.KVEventBatch]:
     """The WatchKV handler body (a generator of KVEventBatch); see the module docstring."""
     sub = journal.subscribe(request.hash_scheme, request.page_size, request.layout_version, request.epoch,
                             request.after_seq, request.subscriber or context.peer())
     if isinstance(sub, str):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, sub)
         return  # abort() raises; this tells the type checker `sub` is a Subscription below
-    sending = None  # when the send in progress began
+    sending: float | None = None  # when the send in progress began
 
     def ended() -> None:  # from the journal's thread: a send blocked on a full window never returns else
         since = sending
@@ -63,18 +65,19 @@ def watch_kv(journal: KVEventJournal, request: pb.WatchKVRequest, context: grpc.
             sending = None
         while context.is_active():
             try:
-                batch = sub.get(WAIT_S)
+                got = sub.get(WAIT_S)
             except StreamEnded as e:
                 code = grpc.StatusCode.UNAVAILABLE if e.reason == "stopped" else grpc.StatusCode.RESOURCE_EXHAUSTED
                 context.abort(code, f"WatchKV ended by worker {journal.worker_id}: {e.reason} "
                               "(resubscribe with epoch and after_seq)")
-            if batch is None:
+                return  # abort() raises (as above)
+            if got is None:
                 continue
             sending = time.monotonic()
             if sub.ended is not None:  # dropped between get() and here: ended() saw no send
                 sending = None
                 continue  # the next get() raises
-            yield to_proto(batch)
+            yield to_proto(got)
             sending = None
     finally:
         journal.unsubscribe(sub)

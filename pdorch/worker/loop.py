@@ -25,13 +25,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from pdorch.worker.errors import ShuttingDown, WorkerError
+
+if TYPE_CHECKING:
+    from store_client.io_thread import IOCompletion, StoreIO
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.5  # the longest sleep: deadlines are checked at least this often
 CALL_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,14 +60,18 @@ class Evicted:
 
 class SchedulerLoop:
     def __init__(self, role: str, iterate: Callable[[float], bool], on_message: Callable[[object], None],
-                 fail_all: Callable[[WorkerError], None], store_io=None,
-                 on_completion: Callable[[object], None] | None = None,
+                 fail_all: Callable[[WorkerError], None], store_io: StoreIO | None = None,
+                 on_completion: Callable[[IOCompletion], None] | None = None,
                  thread_init: Callable[[], None] | None = None):
+        """`store_io` (None: no store) comes with `on_completion`, which takes each of its completions."""
         self.role = role
         self._thread_init = thread_init  # the worker's device made current in this thread (engine/device.py)
         self._iterate, self._on_message, self._fail_all = iterate, on_message, fail_all
-        self._store_io, self._on_completion = store_io, on_completion
+        self._store_io: tuple[StoreIO, Callable[[IOCompletion], None]] | None = None
         if store_io is not None:
+            if on_completion is None:  # its completions (and the leases they return) would be lost
+                raise ValueError(f"{role} scheduler loop: store_io given without on_completion")
+            self._store_io = (store_io, on_completion)
             store_io.on_complete = self.wake  # completions wake the loop: no polling interval
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -80,16 +90,16 @@ class SchedulerLoop:
         if self._thread.is_alive():
             log.warning("%s scheduler still running after %.0fs", self.role, timeout_s)
 
-    def post(self, msg) -> None:
+    def post(self, msg: object) -> None:
         self._inbox.put(msg)
         self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
 
-    def call(self, fn, timeout_s: float = CALL_TIMEOUT_S):
+    def call(self, fn: Callable[[], T], timeout_s: float = CALL_TIMEOUT_S) -> T:
         """Run fn() on the scheduler thread (between forwards) and return its result."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.post(Call(fn, fut))
         return fut.result(timeout=timeout_s)
 
@@ -106,8 +116,9 @@ class SchedulerLoop:
             try:
                 self._drain()
                 if self._store_io is not None:
-                    for done in self._store_io.poll():
-                        self._on_completion(done)
+                    store_io, on_completion = self._store_io
+                    for done in store_io.poll():
+                        on_completion(done)
                 worked = self._iterate(time.monotonic())
             except Exception:  # a bug must fail requests, not kill the thread silently
                 log.exception("%s scheduler iteration failed", self.role)

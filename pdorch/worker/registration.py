@@ -64,32 +64,35 @@ class WorkerRegistration:
         self.value = json.dumps({"address": address, "role": role, "worker_id": worker_id, "info": info or {}})
         self.ttl = discovery_cfg.lease_ttl_s
         self._client: etcd3.Etcd3Client | None = None
-        self._lease = None
+        self._lease: etcd3.Lease | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> Self:
-        self._client = connect(self.cfg.etcd_endpoints)
-        self._register()
+        self._client = client = connect(self.cfg.etcd_endpoints)
+        self._register(client)
         self._thread = threading.Thread(target=self._keep_alive, name=f"etcd-keepalive {self.key}", daemon=True)
         self._thread.start()
         log.info("registered %s (lease TTL %ss)", self.key, self.ttl)
         return self
 
-    def _register(self) -> None:
-        self._lease = self._client.lease(self.ttl)
-        self._client.put(self.key, self.value, lease=self._lease)
+    def _register(self, client: etcd3.Etcd3Client) -> None:
+        self._lease = client.lease(self.ttl)
+        client.put(self.key, self.value, lease=self._lease)
 
     def _keep_alive(self) -> None:
         interval = max(0.2, self.ttl / 3.0)
         while not self._stop.wait(interval):
+            client, lease = self._client, self._lease
+            if client is None or lease is None:  # stop() closed the client: nothing to renew
+                return
             try:
                 ttl = None
-                for resp in self._client.refresh_lease(self._lease.id):
+                for resp in client.refresh_lease(lease.id):
                     ttl = resp.TTL
                 if not ttl or ttl <= 0:  # lease expired or unknown: register again
                     log.warning("lease of %s expired; registering again", self.key)
-                    self._register()
+                    self._register(client)
             except Exception as e:  # noqa: BLE001 - etcd briefly unreachable: keep trying
                 log.warning("etcd keep-alive for %s failed: %s", self.key, e)
                 self._reconnect()
@@ -107,6 +110,8 @@ class WorkerRegistration:
         if self._lease is not None:  # NOTE: the Lease object calls through the client it was made by
             self._lease = etcd3.Lease(self._lease.id, self.ttl, client)
         log.warning("etcd keep-alive for %s now through %s", self.key, client.endpoint)
+        if old is None:  # stop() ran meanwhile and closed it
+            return
         try:
             old.close()
         except Exception as e:  # noqa: BLE001 - the old member is gone anyway
@@ -130,5 +135,5 @@ class WorkerRegistration:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

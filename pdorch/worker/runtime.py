@@ -21,13 +21,17 @@ import torch
 from pdorch.config import Config
 
 if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker starts
+    from prometheus_client import CollectorRegistry
+
     from engine.arch import ModelArch
     from engine.dtypes import ModelDtypes
     from engine.grammar import Grammars
     from engine.kv_pool import KVPool
+    from engine.model import DecoderModel
     from engine.model_runner import ModelRunner
     from engine.page_allocator import PageAllocator
     from engine.sampler import Sampler
+    from engine.tensor_parallel import TPGroup, TPShard
     from engine.tokenizer import Tokenizer
     from pdorch.worker.tp_group import TPState
     from pdorch.worker.tp_io import GroupTransfer
@@ -35,6 +39,7 @@ if TYPE_CHECKING:  # the heavy modules load in build_runtime, only when a worker
     from store_client.chain_index import ChainIndex
     from store_client.evictor import StoreEvictor
     from store_client.io_thread import StoreIO
+    from store_client.metrics import StoreMetrics
     from store_client.store import KVStore
     from store_client.transfer import KVTransfer
 
@@ -125,14 +130,12 @@ def configure_torch(threads: int) -> None:
     torch.set_num_threads(threads if threads > 0 else default_torch_threads())
 
 
-def check_integrity(allocator) -> tuple[bool, str]:
+def check_integrity(allocator: PageAllocator) -> tuple[bool, str]:
     """allocator.check_integrity() as (ok, error text) so it can travel in a Stats answer."""
     try:
-        result = allocator.check_integrity()
+        allocator.check_integrity()  # raises on the first broken invariant; returns nothing
     except Exception as e:  # noqa: BLE001 - the failure text is the payload
         return False, f"{type(e).__name__}: {e}"
-    if result is False:
-        return False, "check_integrity() returned False"
     return True, ""
 
 
@@ -142,7 +145,8 @@ def max_forward_tokens(cfg: Config) -> int:
     return max(cfg.prefill.chunk_tokens, d.max_running_requests + d.max_local_prefill_tokens)
 
 
-def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, evict: bool = False,
+def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry: CollectorRegistry | None = None,
+                  evict: bool = False,
                   component: str = "", tp_size: int = 1) -> WorkerRuntime:
     """Everything a worker needs; store metrics go to `registry` (the worker's own /metrics).
 
@@ -173,7 +177,8 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
         procs = FollowerProcesses(cfg, tp_size, num_pages, use_store, component)
         tp = TPState(procs, procs.join(m.device, m.tp_timeout_s), m.tp_timeout_s, device_initializer(m.device))
     shard = TPShard(0, tp_size)
-    arch, model, pool, fingerprint = load_shard(cfg, model_dir, dtypes, num_pages, shard, tp and tp.group)
+    arch, model, pool, fingerprint = load_shard(cfg, model_dir, dtypes, num_pages, shard,
+                                                None if tp is None else tp.group)
     transfer, segment = start_transfer(cfg, pool)
     mine = PoolRank(segment, pool.base_ptr, pool.page_nbytes, shard.kv_heads(arch))
     ranks, runner = [mine], ModelRunner(model, model.local_arch, pool, m.attention_backend)
@@ -191,13 +196,14 @@ def build_runtime(cfg: Config, num_pages: int, use_store: bool, registry=None, e
                        dtypes=dtypes, transfer=transfer, segment=segment, store=store, store_io=store_io,
                        chain_index=chain_index, evictor=evictor, grammars=Grammars(model_dir, arch.vocab_size),
                        tokenizer=Tokenizer.from_dir(model_dir), tp=tp, tp_ranks=ranks,
-                       peer_transfer=GroupTransfer(transfer, ranks, arch.num_kv_heads, tp and tp.followers))
+                       peer_transfer=GroupTransfer(transfer, ranks, arch.num_kv_heads,
+                                                  None if tp is None else tp.followers))
     if tp is not None:
         tp.channel.start_heartbeat()
     return rt
 
 
-def prepare(cfg: Config, tp_size: int):
+def prepare(cfg: Config, tp_size: int) -> tuple[pathlib.Path, ModelDtypes]:
     """(the prepared model directory, its resolved dtypes); StartupError when tp_size cannot split it."""
     from engine.arch import ModelArch
     from engine.dtypes import resolve_dtypes
@@ -220,7 +226,8 @@ def prepare(cfg: Config, tp_size: int):
     return model_dir, resolve_dtypes(m.dtype, m.kv_dtype, m.device, arch.checkpoint_dtype)
 
 
-def load_shard(cfg: Config, model_dir, dtypes, num_pages: int, shard, group):
+def load_shard(cfg: Config, model_dir: pathlib.Path, dtypes: ModelDtypes, num_pages: int, shard: TPShard,
+               group: TPGroup | None) -> tuple[ModelArch, DecoderModel, KVPool, str]:
     """(whole-model arch, this rank's model, its KV pool, the fingerprint): the part every TP rank
     builds alike (rank 0 and the followers, in lockstep: pool sizing may run a forward)."""
     from engine.cuda_graphs import graph_memory_bytes
@@ -248,7 +255,7 @@ def load_shard(cfg: Config, model_dir, dtypes, num_pages: int, shard, group):
     return arch, model, pool, fingerprint
 
 
-def start_transfer(cfg: Config, pool):
+def start_transfer(cfg: Config, pool: KVPool) -> tuple[KVTransfer, str]:
     """(the started transfer engine with the pool registered, its segment name)."""
     from store_client.transfer import KVTransfer
 
@@ -258,8 +265,9 @@ def start_transfer(cfg: Config, pool):
     return transfer, segment
 
 
-def _store_tier(cfg: Config, pool, registry, evict: bool, component: str, model_kv_heads: int, heads: range,
-                tp=None):
+def _store_tier(cfg: Config, pool: KVPool, registry: CollectorRegistry | None, evict: bool, component: str,
+                model_kv_heads: int, heads: range, tp: TPState | None = None
+                ) -> tuple[KVStore, StoreIO, ChainIndex | None, StoreEvictor | None]:
     """(KVStore, StoreIO, ChainIndex | None, StoreEvictor | None) over this worker's pool (of a TP
     worker: a GroupStore, whose loads and saves every rank does on its own pool)."""
     from prometheus_client import CollectorRegistry
@@ -294,7 +302,8 @@ def _store_tier(cfg: Config, pool, registry, evict: bool, component: str, model_
     return store, store_io, chain_index, evictor
 
 
-def make_store(cfg: Config, pool, metrics, component: str, model_kv_heads: int, heads: range, tp=None):
+def make_store(cfg: Config, pool: KVPool, metrics: StoreMetrics, component: str, model_kv_heads: int, heads: range,
+               tp: TPState | None = None) -> KVStore:
     """The store client of a pool holding the model's KV heads `heads`: one object per group of them
     (store_client/page_objects.py); rank 0 of a TP worker gets a GroupStore driving its followers'."""
     from store_client.page_objects import PageObjects
@@ -305,5 +314,7 @@ def make_store(cfg: Config, pool, metrics, component: str, model_kv_heads: int, 
         return KVStore(cfg.store, pool.page_nbytes, metrics, component, objects)
     from pdorch.worker.tp_io import GroupStore
 
+    if tp.followers is None:  # build_runtime connects the group (TPState.connect) before its store tier
+        raise RuntimeError("a tensor-parallel worker's store is made before its group connected")
     return GroupStore(cfg.store, pool.page_nbytes, metrics, component, objects, pool_base=pool.base_ptr,
                       followers=tp.followers)

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,12 @@ from engine.tensor_parallel import TPGroup, init_tp_group
 from pdorch.config import Config
 from pdorch.config_loader import dump_config
 from pdorch.worker.tp_transfer import PoolRank
+
+if TYPE_CHECKING:  # tp_io and tp_steps load when a group connects (they import grpc and the engine runner)
+    from engine.kv_pool import KVPool
+    from engine.model import DecoderModel
+    from pdorch.worker.tp_io import Followers
+    from pdorch.worker.tp_steps import GroupRunner
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +145,17 @@ class TPState:
     followers' I/O stubs. A broken group (a rank died or hung) takes this process down at once:
     nothing it computes without its followers is right, and its restart restarts them all."""
 
-    def __init__(self, procs: FollowerProcesses, group: TPGroup, timeout_s: float, thread_init=None):
+    def __init__(self, procs: FollowerProcesses, group: TPGroup, timeout_s: float,
+                 thread_init: Callable[[], None] | None = None):
         from pdorch.worker.tp_steps import StepChannel
 
         self.procs, self.group, self.size = procs, group, group.size
         self.channel = StepChannel(group, self._broken, heartbeat_s=timeout_s / 4, dead_ranks=procs.dead,
                                    thread_init=thread_init)
-        self.followers = None
+        self.followers: Followers | None = None  # set by connect()
 
-    def connect(self, mine: PoolRank, model, pool, attention: str):
+    def connect(self, mine: PoolRank, model: DecoderModel, pool: KVPool, attention: str
+                ) -> tuple[list[PoolRank], GroupRunner]:
         """(every rank's PoolRank, rank 0's GroupRunner), once this rank's pool and transfer are up."""
         from pdorch.worker.tp_io import Followers
         from pdorch.worker.tp_steps import GroupRunner
