@@ -1,5 +1,7 @@
 """Where the router's CPU per request goes: the router process run under cProfile while the
-comparison's throughput phase load (64 streams, no token delay, 4 tokens per request) goes through it.
+comparison's throughput phase load (64 streams, no token delay, 4 tokens per request) goes through it;
+`--latency` runs its latency phase's load instead (16 tokens 40 ms apart, each client thinking up to
+one token interval before each request): the per-token path's share.
 
 The stand-ins and the router start as in compare.py (targets.py); only the router runs through
 this module (`python -m bench.router_overhead.profile FILE -m router ...`): after a warm-up the
@@ -11,7 +13,7 @@ the most own time (tottime) and the most time under them (cumtime), in µs of th
 cProfile's per-call cost inflates code made of many small calls: read the ranking and the call
 counts, not the absolute µs (compare.py measures the router's CPU per request without it).
 
-    python -m bench.router_overhead profile [--route generate|chat] [--target router|floor] [--duration-s 8]
+    python -m bench.router_overhead profile [--route generate|chat] [--target router|floor] [--latency] [--duration-s 8]
                                             [--top 25] [--save FILE] [--json]
 """
 
@@ -36,6 +38,7 @@ from bench.router_overhead.responses import PROMPT
 from bench.router_overhead.targets import Procs, start_targets
 
 TOKENS = 4
+LATENCY_TOKENS, LATENCY_DELAY_S = 16, 0.040
 CONCURRENCY = 64
 REQUESTS = {"generate": None,  # load_client's GENERATE_BODY
             "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
@@ -75,7 +78,8 @@ def table(stats: pstats.Stats, requests: int, key: int, top: int) -> list[dict]:
              "cum_us": round(ct / requests * 1e6, 1)} for func, (_cc, nc, tt, ct, _callers) in rows]
 
 
-def run(route: str, duration_s: float, top: int, save: str | None = None, target: str = "router") -> dict:
+def run(route: str, duration_s: float, top: int, save: str | None = None, target: str = "router",
+        latency: bool = False) -> dict:
     if target == "floor" and route != "generate":
         raise ValueError("the control serves /generate only")
     tmp = Path(tempfile.mkdtemp(prefix="router_profile_"))
@@ -83,12 +87,21 @@ def run(route: str, duration_s: float, top: int, save: str | None = None, target
     procs = Procs(tmp)
     procs.start = _profiled_start(procs, prof, target)
     try:
-        urls = start_targets(procs, tmp, 0.0, _model(tmp), floor=target == "floor", sglang=False)
+        delay_s, tokens = (LATENCY_DELAY_S, LATENCY_TOKENS) if latency else (0.0, TOKENS)
+        body = REQUESTS[route]
+        if body is not None:
+            body = (body[0], dict(body[1], max_tokens=tokens))
+
+        def load(seconds: float) -> dict:
+            return asyncio.run(closed_loop(url, CONCURRENCY, tokens, 0.0, seconds, stagger_s=delay_s, think_s=delay_s,
+                                           request=body))
+
+        urls = start_targets(procs, tmp, delay_s, _model(tmp), floor=target == "floor", sglang=False)
         key = "ours" if target == "router" else "floor"
         url, pid = urls[key], urls["pids"][key]
-        asyncio.run(closed_loop(url, CONCURRENCY, TOKENS, 0.0, 1.0, request=REQUESTS[route]))  # warm-up
+        load(1.0)  # warm-up
         os.kill(pid, signal.SIGUSR2)
-        res = asyncio.run(closed_loop(url, CONCURRENCY, TOKENS, 0.0, duration_s, request=REQUESTS[route]))
+        res = load(duration_s)
         os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + 10
         while not prof.exists():
@@ -105,7 +118,7 @@ def run(route: str, duration_s: float, top: int, save: str | None = None, target
         shutil.rmtree(tmp, ignore_errors=True)
     requests = res["completed"]
     calls = sum(nc for (_cc, nc, _tt, _ct, _callers) in stats.stats.values())
-    return {"route": route, "target": target, "requests": requests, "python_calls_per_request": round(calls / requests),
+    return {"route": route, "target": target, "phase": "latency" if latency else "throughput", "requests": requests, "python_calls_per_request": round(calls / requests),
             "profiled_cpu_us_per_request": round(stats.total_tt / requests * 1e6, 1),
             "own": table(stats, requests, 2, top), "cumulative": table(stats, requests, 3, top)}
 
@@ -141,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_overhead profile", description=__doc__.splitlines()[0])
     ap.add_argument("--route", choices=sorted(REQUESTS), default="chat")
     ap.add_argument("--target", choices=["router", "floor"], default="router")
+    ap.add_argument("--latency", action="store_true", help="the latency phase's load (see above)")
     ap.add_argument("--duration-s", type=float, default=8.0, help="profiled load after 1 s of warm-up")
     ap.add_argument("--top", type=int, default=25, help="rows per table")
     ap.add_argument("--save", help="also keep the profile (pstats) in this file")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args(argv)
-    res = run(args.route, args.duration_s, args.top, args.save, args.target)
+    res = run(args.route, args.duration_s, args.top, args.save, args.target, args.latency)
     if not args.json:
         print(f"{res['target']} {res['route']}: {res['requests']} requests, {res['python_calls_per_request']} Python calls and "
               f"{res['profiled_cpu_us_per_request']} µs (profiled) per request")
