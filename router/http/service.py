@@ -267,7 +267,7 @@ class Started:
 
 def _paused_only(batch: list) -> bool:
     """D's chunks say only that the request was preempted (decode_node/preemption.py): no text."""
-    if not batch[0].paused:  # NOTE: every chunk asks: the common answer from one field
+    if batch and not batch[0].paused:  # NOTE: every chunk asks: the common answer from one field
         return False
     return all(m.paused and not m.token_ids and not m.finish_reason for m in batch)
 
