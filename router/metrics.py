@@ -65,8 +65,9 @@ class _Family:
         self.name, self.doc, self.labelnames = name, doc, labelnames
         self._new_child = new_child
         self.children: dict[tuple[str, ...], object] = {}
-        if not labelnames:
-            self.labels()  # exported as 0 from the start, like prometheus_client's own
+        # an unlabelled family's only child, exported as 0 from the start like prometheus_client's own
+        # (its inc / observe go straight to it); None for a labelled family
+        self._only = self.labels() if not labelnames else None
 
     def labels(self, *values):
         child = self.children.get(values)
@@ -85,7 +86,7 @@ class LoopCounter(_Family):
         super().__init__(name, doc, labelnames, _CounterChild)
 
     def inc(self, amount: float = 1.0) -> None:
-        self.labels().inc(amount)
+        (self._only or self.labels()).inc(amount)  # labelled: labels() names the missing labels
 
     def collect(self):
         family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
@@ -100,7 +101,7 @@ class LoopHistogram(_Family):
         self.buckets = buckets
 
     def observe(self, amount: float) -> None:
-        self.labels().observe(amount)
+        (self._only or self.labels()).observe(amount)
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
@@ -148,6 +149,7 @@ class RouterMetrics:
         # and a call each time; a request updates ~a dozen).
         self.cached_tokens_by_tier = [(tier, self.cached_tokens.labels(tier)) for tier in CACHE_TIERS]
         self._routed: dict[tuple[str, str], _CounterChild] = {}
+        self._answered: dict[tuple[str, int], _CounterChild] = {}
         self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
                           self.completion_tokens, self.preemptions, self.worker_routed, self.worker_errors, self.retries,
                           self.failovers, self.failover_gap, self.failover_cached_tokens,
@@ -173,6 +175,14 @@ class RouterMetrics:
             self.failover_cached_tokens.labels(tier)
         for outcome in FAILOVER_OUTCOMES:
             self.failovers.labels(outcome)
+
+    def answered(self, route: str, status: int) -> None:
+        """A request to `route` was answered `status` (requests{route, status}; the status an int, as the
+        protocol has it: the child is kept under it, no str() per request)."""
+        child = self._answered.get((route, status))
+        if child is None:
+            child = self._answered[(route, status)] = self.requests.labels(route, status)
+        child.inc()
 
     def routed_to(self, role: str, worker: str) -> None:
         """A request went to `worker`: counted, and its error series exists (at 0) from now on."""

@@ -8,12 +8,14 @@ other studies of the same question are its sub-commands, each with its own flags
     python -m bench.router_overhead http-layer [--json] [...]  the HTTP layer alone (http_layer.py)
     python -m bench.router_overhead responses [--json] [...]   /v1/responses against chat (responses.py)
     python -m bench.router_overhead tracing [--json] [...]     what tracing adds to TTFT (tracing.py)
+    python -m bench.router_overhead profile [--json] [...]     where the router's CPU per request goes (profile.py)
 """
 
 import importlib
 import sys
 
-STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses", "tracing": "tracing"}
+STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses", "tracing": "tracing",
+           "profile": "profile"}
 
 
 def main(argv: list[str]) -> int:

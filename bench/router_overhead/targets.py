@@ -76,8 +76,9 @@ class Procs:
         self.procs.clear()
 
 
-def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path, floor: bool = True) -> dict:
-    """Stand-ins, our router and (if installed) sglang-router; returns their URLs."""
+def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path, floor: bool = True,
+                  sglang: bool = True) -> dict:
+    """Stand-ins, our router and (if installed and `sglang`) sglang-router; returns their URLs."""
     py = sys.executable
     p_port, d_port, h_port, r_port = free_port(), free_port(), free_port(), free_port()
     d = procs.start("standin_decode", [py, "-m", "pdorch.local_stack.standin", "--role", "decode", "--port", str(d_port),
@@ -103,7 +104,7 @@ def start_targets(procs: Procs, tmp: Path, token_delay_s: float, model_dir: Path
         wait_port(f_port, 30, f)
         urls["floor"] = f"http://127.0.0.1:{f_port}"
         urls["pids"]["floor"] = f.pid
-    if shutil.which("sglang-router") or _has_module("sglang_router"):
+    if sglang and (shutil.which("sglang-router") or _has_module("sglang_router")):
         s_port = free_port()
         s = procs.start("sglang_router", [py, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                           "--port", str(s_port), "--worker-urls", f"http://127.0.0.1:{h_port}",

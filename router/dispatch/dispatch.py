@@ -109,16 +109,16 @@ class Dispatcher:
                               "(prompt + output) is available; retry later")
         ctx = RouteContext(page_hashes, job.session)
         p = self.affinity.lookup(job.session, prefills) if job.session else None
-        decision = "session"
+        by_session = p is not None
         if p is None:
             p = self.policy.choose(prefills, ctx)
-            decision = getattr(self.policy, "last_reason", self.policy.name)
             if job.session:
                 self.affinity.remember(job.session, p)
         self.policy.on_routed(p, ctx)
         d = self.policy.choose_decode(decodes, ctx)
         if job.trace is None:
             return p, d, ()
+        decision = "session" if by_session else getattr(self.policy, "last_reason", self.policy.name)
         return p, d, job.trace.attempt(p, d, self.policy.name, decision, prefills, resumed)
 
     async def _blame(self, p: Worker, d: Worker, error: str) -> None:

@@ -46,6 +46,12 @@ class Auth:
     def _client_key(self, token: str) -> bool:
         return _same(token, self.api_key) or bool(self.previous_api_key and _same(token, self.previous_api_key))
 
+    def check_request(self, request) -> None:
+        """check_client of a request's Authorization header (`request.headers`), read only when a key is set:
+        with auth off the hot path (router/http/hot_path.py HotRequest) never builds its headers' mapping."""
+        if self.api_key:
+            self.check_client(request.headers.get("authorization"))
+
     def check_client(self, authorization: str | None) -> None:
         if not self.api_key:
             return

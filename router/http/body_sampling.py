@@ -243,10 +243,16 @@ def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: 
             raise bad_request(f"{prefix}logit_bias values must be in [-100, 100], got {value}",
                               param=prefix + "logit_bias")
         bias[int(key)] = value
-    sp.presence_penalty, sp.frequency_penalty = presence or 0.0, frequency or 0.0
+    # NOTE: proto3 leaves a zero out of the bytes: only the fields a body sets are written
+    if presence:
+        sp.presence_penalty = presence
+    if frequency:
+        sp.frequency_penalty = frequency
     sp.repetition_penalty = 1.0 if repetition is None else repetition
-    sp.min_tokens = min_tokens or 0
-    sp.logit_bias.update(bias)
+    if min_tokens:
+        sp.min_tokens = min_tokens
+    if bias:
+        sp.logit_bias.update(bias)
 
 
 # generation_config.json keys a request may leave to the model (vLLM's --generation-config auto)

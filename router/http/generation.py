@@ -96,7 +96,7 @@ class GenerationHandlers:
     async def _openai(self, request: Request, body: bytes, chat: bool):
         t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
-        self.auth.check_client(request.headers.get("authorization"))
+        self.auth.check_request(request)
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
         svc.check_model(req.model)
         prep = self.openai_job(req, chat, request, arrived)
@@ -104,7 +104,7 @@ class GenerationHandlers:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         oid = ("chatcmpl-" if chat else "cmpl-") + prep.job.request_id
         created = int(time.time())
-        model = self.cfg.model.served_name
+        model = svc.model_name
         started = await svc.start(prep.job, route, t0)
         progress, first, run = started.progress, started.first, started.run
         lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
@@ -174,7 +174,8 @@ class GenerationHandlers:
         echo = not chat and bool(req.echo)
         if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
             sampling.prompt_logprobs = max(top, req.prompt_logprobs or 0)
-        sampling.bad_words.extend(worker_pb2.TokenIds(ids=w) for w in bad_words_ids(req.bad_words, svc.tokenizer))
+        if req.bad_words:  # NOTE: only a body with bad_words pays their tokenizing and the proto extend
+            sampling.bad_words.extend(worker_pb2.TokenIds(ids=w) for w in bad_words_ids(req.bad_words, svc.tokenizer))
         if chat:
             ids = chat_prompt_ids(svc, req, template_kwargs(req, plan))
         else:
@@ -194,7 +195,7 @@ class GenerationHandlers:
     async def generate(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
-        self.auth.check_client(request.headers.get("authorization"))
+        self.auth.check_request(request)
         req = parse(GenerateRequest, body)
         sampling, start, prompt, job = self._generate_job(req, request, arrived)
         started = await svc.start(job, "/generate", t0)
@@ -285,6 +286,8 @@ _TEMPLATE_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_tok
 
 
 def template_kwargs(req, plan) -> dict:
+    if not req.chat_template_kwargs and plan is None:  # a plain chat: no extra variables
+        return {}
     kwargs = dict(req.chat_template_kwargs or {})
     taken = [k for k in kwargs if k in _TEMPLATE_RESERVED]
     if taken:

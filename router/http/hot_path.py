@@ -64,12 +64,20 @@ class HotRequest:
     """What the generation handlers read of a request (as on Starlette's Request): path and headers,
     and its spans (None with tracing off) for the job to carry (RouterService.make_job)."""
 
-    __slots__ = ("headers", "scope", "trace")
+    __slots__ = ("_headers", "_raw_headers", "scope", "trace")
 
     def __init__(self, path: str, raw_headers: list[tuple[bytes, bytes]], trace: RequestTrace | None = None):
         self.scope = {"path": path}
-        self.headers = Headers(raw=raw_headers)
+        self._raw_headers = raw_headers
+        self._headers: Headers | None = None
         self.trace = trace
+
+    @property
+    def headers(self) -> Headers:
+        """Built when first read: most requests read none (no API key, no session header configured)."""
+        if self._headers is None:
+            self._headers = Headers(raw=self._raw_headers)
+        return self._headers
 
 
 class _Wake:
@@ -192,7 +200,7 @@ class HotCycle:
     def _head(self, status: int, headers) -> list[bytes]:
         self.response_started = True
         self._status = status
-        self.routes.metrics.requests.labels(self.path, status).inc()
+        self.routes.metrics.answered(self.path, status)
         parts = [STATUS_LINE[status]]
         for name, value in self.default_headers:
             parts += (name, b": ", value, b"\r\n")

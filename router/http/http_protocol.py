@@ -16,10 +16,16 @@ connection per request from clients that do not keep them); uvloop read both at 
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import deque
+
 import httptools
+from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import is_ssl
+from uvicorn.server import ServerState
 
 from router.http.hot_path import HotCycle, HotRoutes
 
@@ -32,9 +38,48 @@ def _address(info) -> tuple | None:
     return None
 
 
+# uvicorn's protocol looks its two loggers up by name for every connection (the logging module's lock
+# each time); they are the same objects for the life of the process.
+_ERROR_LOG = logging.getLogger("uvicorn.error")
+_ACCESS_LOG = logging.getLogger("uvicorn.access")
+
+
 class RouterHttpProtocol(HttpToolsProtocol):
-    def __init__(self, config, server_state, app_state, _loop=None) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict, _loop=None) -> None:
+        # NOTE: HttpToolsProtocol.__init__ (uvicorn 0.54) with the loggers above instead of two lookups per
+        # connection (the router sees one connection per request from clients that do not keep them), and
+        # the app's settings read once per config. tests/unit/test_http_protocol.py checks that it sets
+        # every attribute uvicorn's own sets, so an upgrade that adds one fails there, not in serving.
+        if not config.loaded:
+            config.load()
+        self.config = config
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.logger = _ERROR_LOG
+        self.access_logger = _ACCESS_LOG
+        self.access_log = _ACCESS_LOG.hasHandlers()
+        self.parser = httptools.HttpRequestParser(self)
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn (httptools >= 0.6.3)
+        self.ws_protocol_class = config.ws_protocol_class
+        self.root_path = config.root_path
+        self.asgi_version = config.asgi_version
+        self.limit_concurrency = config.limit_concurrency
+        self.app_state = app_state
+        self.timeout_keep_alive_task = None
+        self.timeout_keep_alive = config.timeout_keep_alive
+        self.server_state = server_state
+        self.connections = server_state.connections
+        self.tasks = server_state.tasks
+        self.transport = None
+        self.flow = None
+        self.server = None
+        self.client = None
+        self.scheme = None
+        self.pipeline = deque()
+        self.scope = None
+        self.headers = None
+        self.expect_100_continue = False
+        self.cycle = None
         self._all_hot_routes: HotRoutes | None = getattr(config.app, "hot_routes", None)
         self._metrics_port: int = getattr(config.app, "metrics_port", 0)
         self.hot_routes: HotRoutes | None = None

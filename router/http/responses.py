@@ -71,7 +71,7 @@ class ResponsesHandlers:
     async def create(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
-        self.gen.auth.check_client(request.headers.get("authorization"))
+        self.gen.auth.check_request(request)
         req = parse(ResponsesRequest, body)
         svc.check_model(req.model)
         check_served(req)

@@ -158,35 +158,37 @@ class RouterService:
         """The dispatch job of a validated prompt. `arrived` (time.monotonic() when the request came
         in) starts its one deadline, so tokenizing counts too; None = from now."""
         n = len(token_ids)
-        prompt_param = _PROMPT_PARAM.get(request.scope.get("path", ""), "prompt")
         if n == 0:
-            raise bad_request("the prompt is empty", param=prompt_param)
+            raise bad_request("the prompt is empty", param=_prompt_param(request))
         vocab = self._vocab_size or _TOKEN_ID_MAX + 1
         low, high = min(token_ids), max(token_ids)
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise bad_request(f"token ids must be in [0, {vocab}) (the model's vocabulary), got {bad}",
-                              param=prompt_param)
-        biased = [t for t in sampling.logit_bias if t >= vocab]
-        if biased:
-            param = "sampling_params.logit_bias" if prompt_param == "input_ids" else "logit_bias"
-            raise bad_request(f"logit_bias: token id {biased[0]} is not in the model's vocabulary [0, {vocab})",
-                              param=param)
-        outside = [t for t in sampling.allowed_token_ids if t >= vocab]
-        if outside:
-            raise bad_request(f"allowed_token_ids: token id {outside[0]} is not in the model's vocabulary "
-                              f"[0, {vocab})", param="allowed_token_ids")
+                              param=_prompt_param(request))
+        if sampling.logit_bias:  # NOTE: the proto's empty map and list cost a pass each: only bodies that set them
+            biased = [t for t in sampling.logit_bias if t >= vocab]
+            if biased:
+                param = "sampling_params.logit_bias" if _prompt_param(request) == "input_ids" else "logit_bias"
+                raise bad_request(f"logit_bias: token id {biased[0]} is not in the model's vocabulary [0, {vocab})",
+                                  param=param)
+        if sampling.allowed_token_ids:
+            outside = [t for t in sampling.allowed_token_ids if t >= vocab]
+            if outside:
+                raise bad_request(f"allowed_token_ids: token id {outside[0]} is not in the model's vocabulary "
+                                  f"[0, {vocab})", param="allowed_token_ids")
         limit = self.context_limit()
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
-                              "(prompt + output must fit)", param=prompt_param)
+                              "(prompt + output must fit)", param=_prompt_param(request))
         # NOTE: a request no decode worker's KV pool could hold whole is refused here, not admitted to
         # wait or be preempted forever (decode_node/preemption.py); the largest pool decides, and one
         # only the larger pools hold is routed to those (Job.kv_tokens, WorkerPool.decode_fits)
         pool = self.pool.decode_pool_tokens()
         if pool and n >= pool:
             raise bad_request(f"the prompt has {n} tokens but the largest decode worker's KV pool holds {pool} tokens "
-                              "(decode.num_pages x model.page_size; prompt + output must fit)", param=prompt_param)
+                              "(decode.num_pages x model.page_size; prompt + output must fit)",
+                              param=_prompt_param(request))
         if max_tokens is None:
             max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
             if limit:
@@ -207,7 +209,7 @@ class RouterService:
             if need > pool:
                 raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
                                   f"{n} tokens need about {need} tokens of KV, more than the largest decode worker's pool of "
-                                  f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
+                                  f"{pool} (decode.num_pages x model.page_size)", param=_n_param(_prompt_param(request)))
         hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.model_cfg.page_size)
         header = self.router_cfg.session_affinity_header
         session = (request.headers.get(header) if header else None) or session
@@ -265,7 +267,14 @@ class Started:
 
 def _paused_only(batch: list) -> bool:
     """D's chunks say only that the request was preempted (decode_node/preemption.py): no text."""
+    if batch and not batch[0].paused:  # NOTE: every chunk asks: the common answer from one field
+        return False
     return all(m.paused and not m.token_ids and not m.finish_reason for m in batch)
+
+
+def _prompt_param(request: Request) -> str:
+    """The body field that holds the request's prompt (named by prompt errors)."""
+    return _PROMPT_PARAM.get(request.scope.get("path", ""), "prompt")
 
 
 def _n_param(prompt_param: str) -> str:
@@ -340,7 +349,9 @@ class _Run:
             await self._agen.aclose()
         finally:
             m = self.svc.metrics
-            m.completion_tokens.inc(sum(len(p.output_ids) for p in self.choices))
+            choices = self.choices
+            m.completion_tokens.inc(len(self.progress.output_ids) if len(choices) == 1
+                                    else sum(len(p.output_ids) for p in choices))
             if self.progress.preemptions:
                 m.preemptions.inc(self.progress.preemptions)
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)

@@ -42,6 +42,8 @@ def choice_regex(choices: list[str], param: str) -> str:
 _SO_KEYS = {"json_": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf", "json_object": "json_object"}
 _TOP_LEVEL = (("guided_json", "json_schema"), ("json_schema", "json_schema"), ("guided_regex", "regex"),
               ("regex", "regex"), ("guided_choice", "choice"), ("guided_grammar", "ebnf"), ("ebnf", "ebnf"))
+# every body field _fields reads (all default to None)
+GRAMMAR_FIELDS = frozenset(("response_format", "structured_outputs", *(name for name, _ in _TOP_LEVEL)))
 
 
 def _fields(req) -> list[tuple[str, str, object]]:
@@ -80,6 +82,8 @@ def _spec(what: str, value, param: str) -> tuple[str, str]:
 def grammar_of(req, prefix: str = "") -> tuple[worker_pb2.Grammar, str] | None:
     """The request's grammar and the field it came from; None without one. `prefix`: where the
     fields sit in the body ("sampling_params." for /generate)."""
+    if req.model_fields_set.isdisjoint(GRAMMAR_FIELDS):  # NOTE: most bodies set none: no attribute read
+        return None
     found = _fields(req)
     if not found:
         return None

@@ -100,6 +100,33 @@ def test_addresses_come_from_the_event_loop():
     assert _address(None) is None
 
 
+def test_the_protocol_sets_every_attribute_uvicorns_own_sets():
+    """RouterHttpProtocol.__init__ replaces uvicorn's (its logger lookups per connection): an upgrade of
+    uvicorn that adds an attribute must fail here, not mid-request; the values it shares are the same."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from router.http.app import RouterApp
+    from router.http.http_protocol import RouterHttpProtocol
+
+    config = uvicorn.Config(RouterApp(), http=RouterHttpProtocol, log_level="warning", access_log=False)
+    loop = asyncio.new_event_loop()
+    try:
+        state = ServerState()
+        theirs = HttpToolsProtocol(config, state, {}, loop)
+        ours = RouterHttpProtocol(config, state, {}, loop)
+    finally:
+        loop.close()
+    missing = set(vars(theirs)) - set(vars(ours))
+    assert not missing, f"uvicorn's protocol sets {sorted(missing)}, RouterHttpProtocol.__init__ does not"
+    for name in set(vars(theirs)) - {"parser", "pipeline"}:  # per-instance objects: a new one each
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.logger is theirs.logger and ours.access_logger is theirs.access_logger
+
+
 def test_an_unusual_spelling_of_the_path_is_served_by_fastapi_with_the_same_handler(pd_router):
     """`/gen%65rate` is `/generate` after unquoting: FastAPI's route runs the same handler (and the
     same body limit), streaming through ASGI."""

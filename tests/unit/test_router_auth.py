@@ -184,3 +184,19 @@ def test_admin_query_parameters_are_checked_after_the_key_and_answered_openai_st
     assert c.post("/flush_cache?store=false", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
     spec = c.get("/openapi.json").json()
     assert spec["paths"]["/flush_cache"]["post"]["parameters"][0]["name"] == "store"
+
+
+def test_without_an_api_key_a_generation_request_never_builds_its_headers():
+    """Auth off: check_request reads no header, so the hot path's request (router/http/hot_path.py
+    HotRequest) never builds its Headers mapping; with a key the header is read and checked."""
+    from router.errors import APIError
+    from router.http.auth import Auth
+    from router.http.hot_path import HotRequest
+
+    request = HotRequest("/generate", [(b"authorization", b"Bearer wrong")])
+    Auth().check_request(request)
+    assert request._headers is None
+    with pytest.raises(APIError) as refused:
+        Auth(api_key=API_KEY).check_request(request)
+    assert refused.value.status == 401 and request._headers is not None
+    Auth(api_key=API_KEY).check_request(HotRequest("/generate", [(b"authorization", f"Bearer {API_KEY}".encode())]))
