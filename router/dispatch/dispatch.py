@@ -46,6 +46,9 @@ log = logging.getLogger("pdorch.router")
 # gRPC codes that mean "the request itself is bad": answered 400, never retried.
 _CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE}
 GENERATE_PATH = "/pdorch.v1.DecodeService/Generate"
+# A retry waits this long at most for the probes of the pair that failed (each is bounded at 2 s; a new
+# channel's set-up may add to it): a probe that somehow never ends must not hold the request to its deadline.
+PROBE_WAIT_S = 5.0
 
 
 class StreamFailed(Exception):
@@ -134,13 +137,13 @@ class Dispatcher:
 
     async def _charge(self, p: Worker, d: Worker, error: str, job: Job, final: bool) -> None:
         """Blame: before a retry wait for the probes (the retry should go to healthy workers), at most
-        until the deadline; after the last attempt not at all. The probes (up to 2 s on a hung
-        worker) must not hold the answer past the request's deadline; they finish in the background."""
+        PROBE_WAIT_S (and the deadline); after the last attempt not at all. The probes (up to 2 s on a
+        hung worker) must not hold the answer past that; they finish in the background."""
         task = asyncio.get_running_loop().create_task(self._blame(p, d, error))
         self._probes.add(task)  # NOTE: a reference, or the task may be collected before it ends
         task.add_done_callback(self._probes.discard)
         if not final and job.remaining_s() > 0:
-            await asyncio.wait((task,), timeout=job.remaining_s())
+            await asyncio.wait((task,), timeout=min(job.remaining_s(), PROBE_WAIT_S))
 
     async def stream(self, job: Job) -> AsyncGenerator[list[worker_pb2.GenerateResponse], None]:
         """Yield D's chunks in batches (all that arrived together; the first batch holds the first
