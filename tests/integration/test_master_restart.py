@@ -120,6 +120,7 @@ def test_generated_pages_removed_before_a_kill_are_written_again_by_decode(clust
     assert standby.role() == "standby"
     prefill, decode = roles(cluster)
     restored = worker_metric(decode, RESTORED)
+    rewritten = worker_metric(prefill, "pdorch_prefill_store_policy_written_pages_total", reason="restore")
     turn1 = prompt(60)
     out = cluster.generate(turn1, max_tokens=40, temperature=0, ignore_eos=True).token_ids
     fed = len(turn1) + len(out) - 1  # the last generated token is never fed, so never stored
@@ -132,6 +133,10 @@ def test_generated_pages_removed_before_a_kill_are_written_again_by_decode(clust
     assert masters.leader(LEAD_TIMEOUT_S) is standby
     # only the decode worker wrote the generated pages: they are back only if it wrote them again
     wait_metric(decode, RESTORED, restored + generated_pages, 60)
+    # and the prompt's pages, removed too, only if the prefill worker wrote them again (each worker's store
+    # comes back on its own: after remove_all its canary is gone too, CANARY_GRACE_S later)
+    wait_metric(prefill, "pdorch_prefill_store_policy_written_pages_total", rewritten + len(turn1) // 16, 60,
+                reason="restore")
     cluster.flush_l1()
     got = cluster.generate(turn1 + out, max_tokens=4, temperature=0).cached
     assert got.device == 0 and got.store >= fed // 16 * 16, (got, fed)
