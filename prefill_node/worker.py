@@ -30,6 +30,7 @@ from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
+from prefill_node.messages import Abort, Cancel, Submit
 from prefill_node.persistence import PENDING
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
@@ -112,7 +113,7 @@ class PrefillWorker:
         grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
         task = PrefillTask(job=job, deadline=deadline, grammar=grammar, trace_ctx=trace_ctx)
         request_span(trace_ctx, job.request_id)
-        self._scheduler.submit(task)
+        self._scheduler.post(Submit(task))
         return task
 
     def wait(self, task: PrefillTask) -> PrefillResult:
@@ -122,7 +123,7 @@ class PrefillWorker:
             # The scheduler fails the task at its deadline; the extra second covers a forward in progress.
             return task.future.result(timeout=timeout_s + 1.0)
         except concurrent.futures.TimeoutError:
-            self._scheduler.cancel(task)
+            self._scheduler.post(Cancel(task))
             raise DeadlineExceeded(f"prefill of {task.request_id} did not finish within {timeout_s:.1f}s") from None
         finally:
             if not task.push.stop(PUSH_STOP_WAIT_S):
@@ -132,18 +133,18 @@ class PrefillWorker:
     def cancel(self, task: PrefillTask) -> None:
         """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks."""
         task.push.stop(0.0)
-        self._scheduler.cancel(task)
+        self._scheduler.post(Cancel(task))
 
     def abort(self, request_id: str, wait: bool = True) -> bool:
         """Cancel a request. With wait (the Abort RPC), return only once no push of it into D's pages
         runs any more, or raise DeadlineExceeded after ABORT_STOP_WAIT_S (D asks again)."""
         if not wait:
-            self._scheduler.abort(request_id)
+            self._scheduler.post(Abort(request_id))
             return True
 
         def _abort_known() -> tuple[bool, list[PrefillTask]]:
             known = self._scheduler.live_task(request_id) is not None
-            self._scheduler.abort(request_id)
+            self._scheduler.post(Abort(request_id))
             return known, self._scheduler.tasks_with_id(request_id)
         known, tasks = self._scheduler.call(_abort_known)
         deadline = time.monotonic() + ABORT_STOP_WAIT_S
