@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 Publish = Callable[[list[str]], None]
 
 
-class Admission:
+class PrefillAdmission:
     def __init__(self, rt: WorkerRuntime, cfg: PrefillConfig, persist: Persister, step: PrefillStep,
                  pusher: KVPusher, loop: SchedulerLoop, recorder: WorkerRecorder):
         """`persist`: its write-before-evict under pool pressure; `step`: the forwards' cost (inflight.py);

@@ -1,7 +1,7 @@
 """In-flight prefix sharing on one prefill worker (`prefill.share_inflight_prefix`): a waiting task
 whose reusable pages an admitted task is computing (or loading) right now waits for them instead of
 computing them again, and is admitted as soon as every page it waits for is in L1. The step caches
-each page in L1 as soon as it is computed (Persister.cache_computed), so a task sharing only the
+each page in L1 as soon as it is computed (PrefillStep.run), so a task sharing only the
 first pages of a longer prompt starts once those are done, not when the whole prompt is.
 
     task A (admitted)   pages | a0 a1 a2 a3 | tail      computing a0..a3 in chunks

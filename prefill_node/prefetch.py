@@ -4,12 +4,12 @@
     timeout        wait at most base_s + per_page_s x pages loaded, then compute the pages instead
     best_effort    never while the scheduler has nothing else to compute: compute them instead
 
-Giving up on a load that still runs (`give_up`): the load writes straight into the task's pool
+Giving up on a load that still runs (`PrefillAdmission._give_up`): the load writes straight into the task's pool
 pages (`batch_get_into` into their addresses, in Mooncake's threads), so the task must not compute
 into those pages while the load may still write them. It takes FRESH pages for every page of the
 load and leaves the old ones to the load (`task.load.late`); the load's completion settles them
-(`settle_late`): a page that arrived enters L1 under its hash when no other page holds that hash
-(the task's own computed page usually does by then), every other one is released. Pages are
+(`PrefillAdmission._settle_late`): a page that arrived enters L1 under its hash when no other page
+holds that hash (the task's own computed page usually does by then), every other one is released. Pages are
 released only by that completion: nothing touches them any more then (docs/workers.md,
 "Prefetch policies").
 

@@ -18,7 +18,7 @@ Only full pages are cached, never the page holding the last prompt token (pdorch
 Plans only: the admission phase (prefill_node/admission.py) calls `lookup` once, submits the reads it
 plans (and holds their leases), and hands each completion to `on_loaded`. Owns `task.prefix`
 (PrefixState, prefill_node/task.py), and with the scheduler's release is the only writer of
-`task.page_ids` (allocated here; a given-up load's pages swapped here: `swap_loading`).
+`task.page_ids` (allocated here; a given-up load's pages swapped here: `give_up_load`).
 Functions run on the scheduler thread only (they touch the allocator).
 """
 

@@ -30,7 +30,7 @@ from pdorch.worker.loop import Evicted, SchedulerLoop
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.status import WorkerLoad
 from prefill_node import spans
-from prefill_node.admission import Admission
+from prefill_node.admission import PrefillAdmission
 from prefill_node.messages import Abort, Cancel, PrefixLoaded, Pushed, Read, Submit
 from prefill_node.persistence import Persister, PersistMetrics
 from prefill_node.push_phase import PushPhase
@@ -59,7 +59,7 @@ class PrefillScheduler:
         self._tasks: dict[PrefillTask, None] = {}
         self._loop = SchedulerLoop("prefill", self._iterate, self._on_message, self._fail_all,
                                    rt.store_io, self._on_completion, rt.thread_init)
-        self._admission = Admission(rt, cfg, self._persist, self._step, pusher, self._loop, recorder)
+        self._admission = PrefillAdmission(rt, cfg, self._persist, self._step, pusher, self._loop, recorder)
         self._push = PushPhase(rt, pusher, recorder, self._loop.post)
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
 

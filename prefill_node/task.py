@@ -70,8 +70,8 @@ class PhaseError(RuntimeError):
 
 @dataclass(eq=False)
 class PrefixState:
-    """Owner: prefill_node/prefix.py (L1 lookup, the store load and the read from D it starts, their
-    completions). Page indexes are into the prompt's pages.
+    """Owner: prefill_node/prefix.py (L1 lookup and the plan; the completions of the store load and the
+    read from D that admission.py starts). Page indexes are into the prompt's pages.
 
         pages   | L1 | store | hole | store | tail... |
         holes                  [hole]                      (computed here, before the tail)

@@ -1,4 +1,6 @@
-"""PrefillWorker: validates Prefill jobs, hands them to the scheduler, waits with the deadline.
+"""The prefill worker's gRPC handler side: the Prefill RPC (`PrefillServicer`, a gRPC handler thread
+each) validates the job, hands the task to the scheduler thread and waits for its answer with the
+deadline (`PrefillWorker`); Abort, Flush, Info, Stats come from WorkerServicer (pdorch/worker/rpc.py).
 
 Thread model: gRPC handler threads call `start()` + `wait()` (blocking until the answer or the
 deadline), `cancel()`, `abort()`, `flush()`, `info()`, `stats()`; the scheduler thread does all model
@@ -7,7 +9,8 @@ and allocator work; the pusher threads run the P->D transfers.
 NOTE: a failure is answered only once the task's push into D's pages has stopped (or never will
 start): D returns those pages to its pool when it has our answer, so an answer sent while the
 write still ran would let it land in pages another request owns. `wait()` waits up to
-PUSH_STOP_WAIT_S for that; the servicer tells D with the `writes_over` flag in the trailing metadata.
+PUSH_STOP_WAIT_S for that; `PrefillServicer.Prefill` tells D with the `writes_over` flag in the
+trailing metadata.
 """
 
 from __future__ import annotations
@@ -20,13 +23,16 @@ from opentelemetry.context import Context
 
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
+from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.tracing.worker_spans import request_span
-from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker import convert
+from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded, grpc_errors
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
+from pdorch.worker.prefill_rpc import WRITES_OVER_KEY, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import reusable_pages
+from pdorch.worker.rpc import WorkerServicer
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
@@ -36,6 +42,7 @@ from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
 from proto.pdorch.v1 import worker_pb2 as pb
+from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from store_client.config import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -131,7 +138,11 @@ class PrefillWorker:
                             task.request_id, task.job.decode_segment, PUSH_STOP_WAIT_S)
 
     def cancel(self, task: PrefillTask) -> None:
-        """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks."""
+        """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks.
+        An answered task needs neither: no transfer starts once it is answered (PushGate.begin), and
+        wait() waits for one still running."""
+        if task.future.done():
+            return
         task.push.stop(0.0)
         self._scheduler.post(Cancel(task))
 
@@ -180,3 +191,30 @@ class PrefillWorker:
         integrity = self._scheduler.call(lambda: check_integrity(self.rt.allocator))
         load = self._scheduler.load
         return worker_stats(self.recorder, self.info(), integrity, load.active_pages)
+
+
+class PrefillServicer(WorkerServicer):
+    """The Prefill RPC here; Abort, Flush, Info, Stats from WorkerServicer. Errors mapped by grpc_errors."""
+
+    _worker: PrefillWorker
+
+    def Prefill(self, request, context):
+        task = None
+        with grpc_errors(context, "Prefill"):
+            try:
+                job = convert.job_from_proto(request)
+                task = self._worker.start(job, current_trace_ctx())
+                # Fires when the RPC ends for any reason; after a success the cancel is a no-op. When D
+                # cancels (its client went away) or dies, this frees our pages at once.
+                # NOTE: registered after start(): an RPC already over (D cancelled before we got here)
+                # returns False, and the task is cancelled before any push of it can start.
+                if not context.add_callback(lambda: self._worker.cancel(task)):
+                    self._worker.cancel(task)
+                return convert.result_to_proto(self._worker.wait(task))
+            finally:
+                if task is None or task.push.writes_over:  # never queued, or its push is over
+                    context.set_trailing_metadata(((WRITES_OVER_KEY, "1"),))
+
+
+def add_to_server(worker: PrefillWorker, server) -> None:
+    pb_grpc.add_PrefillServiceServicer_to_server(PrefillServicer(worker), server)
