@@ -87,13 +87,14 @@ class InFlight:
         self.parked.append(Parked(task, waits_for, now))
         return True
 
-    def ready(self, tasks: Iterable[PrefillTask], now: float) -> list[PrefillTask]:
-        """Parked tasks to admit now (their wait is over), in arrival order; each counted by outcome.
-        A parked task that failed meanwhile is dropped (the scheduler releases it)."""
+    def ready(self, tasks: Iterable[PrefillTask], now: float) -> None:
+        """Send back to the admission queue (`task.inflight.parked` False) the parked tasks whose wait is
+        over, each counted by outcome. A parked task that failed meanwhile is dropped (the scheduler
+        releases it)."""
         if not self.parked:
-            return []
+            return
         claims = self._claims(tasks)
-        out, keep = [], []
+        keep = []
         for p in self.parked:
             if p.task.finished_phase:
                 p.task.inflight.parked = False
@@ -105,9 +106,7 @@ class InFlight:
                 continue
             self.metrics.waits.labels(why).inc()
             p.task.inflight.parked = False
-            out.append(p.task)
         self.parked = keep
-        return sorted(out, key=lambda t: t.created)
 
     # ----------------------------------------------------------------------------------- internals
     def _why_stop(self, task: PrefillTask, waits_for: frozenset[str], left: frozenset[str], claims: dict,

@@ -20,7 +20,7 @@ from pdorch.worker.prefill_rpc import PrefillJob
 from prefill_node.messages import Abort, Submit
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
-from prefill_node.task import PrefillTask
+from prefill_node.task import Phase, PhaseError, PrefillTask
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.runtime import stand_in_runtime
@@ -427,3 +427,18 @@ def test_pages_a_leader_switch_lost_are_written_again_in_chunks_that_never_outru
         assert sched.call(lambda: rt.allocator.num_unpersisted()) == 0
     finally:
         sched.stop()
+
+
+def test_a_task_moves_only_along_its_lifecycle():
+    """PrefillTask.advance is the one writer of the phase besides fail: a move the lifecycle does not
+    have (a skipped phase, a failed task going on) raises instead of passing silently."""
+    job = PrefillJob("p", (1, 2, 3), SamplingParams(), "seg", (0,), 10.0, PAGE_SIZE, "fp")
+    task = PrefillTask(job=job, deadline=time.monotonic() + 10)
+    with pytest.raises(PhaseError):
+        task.advance(Phase.PUSHING)  # WAITING -> PUSHING would skip admission and compute
+    task.advance(Phase.COMPUTING)
+    task.advance(Phase.PUSHING)
+    task.fail(Aborted("gone"))
+    with pytest.raises(PhaseError):
+        task.advance(Phase.DONE)  # a failed task stays failed
+    assert task.phase is Phase.FAILED
