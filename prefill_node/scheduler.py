@@ -16,7 +16,7 @@ woken by new messages and by store I/O completions):
      sampled: one call to persistence.py (its write-back) and one to push_phase.py (the transfer
      runs on the pusher's threads, not here).
 
-NOTE: only this thread touches the allocator; other threads talk to it through the inbox (`post`).
+NOTE: only this thread touches the allocator; other threads talk to it through the inbox (`post`, `call`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ class PrefillScheduler:
                                    rt.store_io, self._on_completion, rt.thread_init)
         self._admission = PrefillAdmission(rt, cfg, self._persist, self._step, pusher, self._loop, recorder)
         self._push = PushPhase(rt, pusher, recorder, self._loop.post)
+        # Where other threads hand it a new task (`Submit`) or the end of one (`Abort`, `Cancel`): the
+        # loop's inbox itself, no layer between.
+        self.post: Callable[[Submit | Abort | Cancel], None] = self._loop.post
         self.load = WorkerLoad(0, 0, rt.allocator.num_available(), 0)
 
     # ---------------------------------------------------------------- called from other threads
@@ -69,10 +72,6 @@ class PrefillScheduler:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._loop.stop(timeout_s)
-
-    def post(self, msg: Submit | Abort | Cancel) -> None:
-        """Hand the scheduler thread a new task (`Submit`), or the end of one (`Abort`, `Cancel`)."""
-        self._loop.post(msg)
 
     def call(self, fn: Callable[[], T], timeout_s: float = 30.0) -> T:
         """Run fn() on the scheduler thread (between forwards) and return its result."""
