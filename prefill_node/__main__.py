@@ -6,8 +6,7 @@ from __future__ import annotations
 def build(cfg, worker_id: str):
     from pdorch.worker.metrics import WorkerRecorder
     from pdorch.worker.runtime import build_runtime
-    from prefill_node.servicer import add_to_server
-    from prefill_node.worker import PrefillWorker
+    from prefill_node.worker import PrefillWorker, add_to_server
 
     recorder = WorkerRecorder("prefill")
     rt = build_runtime(cfg, cfg.prefill.num_pages, use_store=True, registry=recorder.registry, evict=True,

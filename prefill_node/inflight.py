@@ -1,7 +1,7 @@
 """In-flight prefix sharing on one prefill worker (`prefill.share_inflight_prefix`): a waiting task
 whose reusable pages an admitted task is computing (or loading) right now waits for them instead of
 computing them again, and is admitted as soon as every page it waits for is in L1. The step caches
-each page in L1 as soon as it is computed (Persister.cache_computed), so a task sharing only the
+each page in L1 as soon as it is computed (PrefillStep.run), so a task sharing only the
 first pages of a longer prompt starts once those are done, not when the whole prompt is.
 
     task A (admitted)   pages | a0 a1 a2 a3 | tail      computing a0..a3 in chunks
@@ -21,31 +21,36 @@ that computed the shared pages itself would compute them after the owner anyway,
 share each forward's token budget.
 
 Across workers: an admitted task CLAIMS the reusable pages it loads or computes in the worker's KV
-events (`inflight_claimed`, pdorch/worker/kv_events.py) and releases the claim when its compute ends
-(its pages are in L1 then: l1_stored) or it fails. The router's index counts a claim as the worker's
-L1 for a short while (router/kv/index.py), so a request sharing the prefix is routed here, where it
-waits as above, when this worker's load allows.
+events (prefill_node/admission.py, which admits it). The router's index counts a claim as the
+worker's L1 for a short while (router/kv/index.py), so a request sharing the prefix is routed here,
+where it waits as above, when this worker's load allows.
 
-Runs on the scheduler thread only.
+The admission phase asks two things of this file: `park` (the head of its queue: wait?) and, once
+an iteration, `ready` (which parked tasks go back). Runs on the scheduler thread only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from pdorch.worker.prompt_pages import reusable_pages
 from prefill_node.task import Phase, PrefillTask
 from store_client.page_hash import page_hashes
+
+if TYPE_CHECKING:
+    from pdorch.worker.runtime import WorkerRuntime
+    from prefill_node.step import PrefillStep
 
 OUTCOMES = ("shared", "owner_gone", "not_cheaper", "deadline")
 DEADLINE_MARGIN = 1.5  # a parked task leaves when 1.5x its own compute estimate no longer fits before its deadline
 
 
 class InFlightMetrics:
-    def __init__(self, registry):
+    def __init__(self, registry: CollectorRegistry | None):
         self.waits = Counter("pdorch_prefill_inflight_waits", "Requests that waited for prefix pages another request "
                              "was computing on this worker, by how the wait ended (shared: the pages arrived; "
                              "owner_gone; not_cheaper: computing them was as fast; deadline)", ["outcome"],
@@ -64,43 +69,35 @@ class Parked:
 
 
 class InFlight:
-    def __init__(self, rt, metrics: InFlightMetrics, enabled: bool):
-        self._rt, self.metrics, self.enabled = rt, metrics, enabled
+    def __init__(self, rt: WorkerRuntime, metrics: InFlightMetrics, enabled: bool, step: PrefillStep):
+        """`step`: its `seconds_per_token` (the forwards' recent cost) says what computing costs."""
+        self._rt, self.metrics, self.enabled, self._step = rt, metrics, enabled, step
         self.parked: list[Parked] = []
-        # (claimed, released): where claims are published (the worker's KV event journal), once it is up
-        self.publish: tuple[Callable[[list[str]], None], Callable[[list[str]], None]] | None = None
-        self.seconds_per_token = 0.0  # the forwards' recent cost (an EMA fed by the scheduler), 0 = unknown
-
-    def __len__(self) -> int:
-        return len(self.parked)
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        """One forward computed `tokens` prompt tokens in `seconds`."""
-        if tokens > 0:
-            rate = seconds / tokens
-            self.seconds_per_token = rate if not self.seconds_per_token else 0.8 * self.seconds_per_token + 0.2 * rate
 
     def park(self, task: PrefillTask, tasks: Iterable[PrefillTask], now: float) -> bool:
         """Park `task` (True) when pages it could reuse are in flight in an admitted task and waiting
-        for them is cheaper than computing them; False: admit it as usual."""
-        if not self.enabled or task.job.params.prompt_logprobs is not None:  # those reuse no page anyway
-            return False
+        for them is cheaper than computing them; False: admit it as usual. A task parks at most once."""
+        if task.inflight.waited_for or not self.enabled or task.job.params.prompt_logprobs is not None:
+            return False  # waited already, or sharing off, or prompt logprobs (those reuse no page anyway)
         claims = self._claims(tasks, exclude=task)
         waits_for = frozenset(h for h in self._hashes(task) if h in claims and not self._cached(h))
         if not waits_for or self._why_stop(task, waits_for, waits_for, claims, now) is not None:
             return False
-        task.inflight.waited_for = waits_for
+        task.inflight.waited_for, task.inflight.parked = waits_for, True
         self.parked.append(Parked(task, waits_for, now))
         return True
 
-    def ready(self, tasks: Iterable[PrefillTask], now: float) -> list[PrefillTask]:
-        """Parked tasks to admit now (their wait is over), in arrival order; each counted by outcome."""
+    def ready(self, tasks: Iterable[PrefillTask], now: float) -> None:
+        """Send back to the admission queue (`task.inflight.parked` False) the parked tasks whose wait is
+        over, each counted by outcome. A parked task that failed meanwhile is dropped (the scheduler
+        releases it)."""
         if not self.parked:
-            return []
+            return
         claims = self._claims(tasks)
-        out, keep = [], []
+        keep = []
         for p in self.parked:
-            if p.task.finished_phase:  # failed or aborted while parked: the scheduler releases it
+            if p.task.finished_phase:
+                p.task.inflight.parked = False
                 continue
             left = frozenset(h for h in p.waits_for if h in claims and not self._cached(h))
             why = self._why_stop(p.task, p.waits_for, left, claims, now)
@@ -108,29 +105,8 @@ class InFlight:
                 keep.append(p)
                 continue
             self.metrics.waits.labels(why).inc()
-            out.append(p.task)
+            p.task.inflight.parked = False
         self.parked = keep
-        return sorted(out, key=lambda t: t.created)
-
-    def remove(self, task: PrefillTask) -> None:
-        self.parked = [p for p in self.parked if p.task is not task]
-
-    def claim(self, task: PrefillTask) -> None:
-        """The task was admitted: claim its reusable pages that L1 lacks (it loads or computes them)."""
-        if not self.enabled or self.publish is None:
-            return
-        n = reusable_pages(task.prompt_len, self._rt.page_size)
-        alloc = self._rt.allocator
-        task.inflight.claimed = [h for h, page in zip(task.prefix.hashes[:n], task.page_ids)
-                                 if alloc.page_hash(page) is None]
-        if task.inflight.claimed:
-            self.publish[0](task.inflight.claimed)
-
-    def release(self, task: PrefillTask) -> None:
-        """Its compute ended or it failed: the claim ends (what it computed is in L1 by now)."""
-        if task.inflight.claimed and self.publish is not None:
-            self.publish[1](task.inflight.claimed)
-        task.inflight.claimed = []
 
     # ----------------------------------------------------------------------------------- internals
     def _why_stop(self, task: PrefillTask, waits_for: frozenset[str], left: frozenset[str], claims: dict,
@@ -141,7 +117,7 @@ class InFlight:
         own = len(left) * self._rt.page_size  # what computing them itself costs, in tokens
         if sum(self._left_before(o, left, claims) for o in {claims[h] for h in left}) > own:
             return "not_cheaper"
-        if now + DEADLINE_MARGIN * self.seconds_per_token * task.prompt_len >= task.deadline:
+        if now + DEADLINE_MARGIN * self._step.seconds_per_token * task.prompt_len >= task.deadline:
             return "deadline"
         return None
 

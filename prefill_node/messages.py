@@ -50,7 +50,7 @@ class Read:
 
 @dataclass(frozen=True, eq=False)
 class PrefixLoaded:
-    """A task's store read of the prefix pages L1 lacked (prefill_node/prefix.py)."""
+    """A task's store read of the prefix pages L1 lacked (prefill_node/admission.py)."""
 
     task: PrefillTask
 

@@ -17,13 +17,16 @@ dropped when nothing else is left: then its reason ("cancelled", "dropped", "tim
 
 Owns `task.persist` (PersistState, prefill_node/task.py) and a task's STORE_SAVE lease (taken when
 its write-back is queued, given back by its completion, `on_saved`, which also releases the pages a
-write-before-evict retained). Runs on the scheduler thread only (it touches the allocator).
+write-before-evict retained). The scheduler calls it once a task's first token is sampled
+(`save_task_pages`) and routes every save completion here by its tag (TaskSaved, EvictSaved).
+Runs on the scheduler thread only (it touches the allocator).
 """
 
 from __future__ import annotations
 
 import collections
 from functools import partial
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
@@ -31,11 +34,16 @@ from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropp
 from engine.page_allocator import UNWRITTEN
 from pdorch.config import PrefillConfig
 from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
+from prefill_node import spans
 from prefill_node.leases import STORE_SAVE
 from prefill_node.messages import EvictSaved, TaskSaved
 from prefill_node.write_policy import DEFERRED, WritePolicy
 from store_client.config import StoreConfig
 from store_client.page_hash import store_key
+
+if TYPE_CHECKING:
+    from pdorch.worker.metrics import WorkerRecorder
+    from store_client.io_thread import IOCompletion
 
 PENDING = "pending"  # a write of the page is queued or running
 
@@ -87,8 +95,9 @@ class PersistMetrics:
 class Persister:
     """Submits the store writes of L1 pages and applies their completions to the allocator."""
 
-    def __init__(self, rt, prefill: PrefillConfig, store: StoreConfig, metrics: PersistMetrics):
-        self._rt = rt
+    def __init__(self, rt, prefill: PrefillConfig, store: StoreConfig, metrics: PersistMetrics,
+                 recorder: WorkerRecorder):
+        self._rt, self._rec = rt, recorder
         self.enabled = store.write_back and rt.store_io is not None  # store.write_back and a store client
         self._prefix_cache = prefill.prefix_cache
         self.metrics = metrics
@@ -101,21 +110,6 @@ class Persister:
     @property
     def usable(self) -> bool:
         return self.enabled and self._rt.store.enabled
-
-    def cache_computed(self, task) -> None:
-        """Cache in L1, as soon as they are computed, the full pages the task computes: a request waiting
-        for them (prefill_node/inflight.py) finds them there before this task ends. The ranges are
-        computed in order, so a page is complete once the first range left starts at or past its end;
-        its write-back still waits for the task's end (save_task_pages)."""
-        todo = task.compute.todo
-        if not self._prefix_cache or todo is None:
-            return
-        page_size, alloc = self._rt.page_size, self._rt.allocator
-        done_to = todo[0][0] if todo else task.prompt_len
-        for i in task.computed_full_pages(page_size):
-            if (i + 1) * page_size > done_to:
-                break
-            alloc.cache(task.prefix.hashes[i], task.page_ids[i])
 
     def save_task_pages(self, task) -> bool:
         """Cache the task's computed full pages in L1 and write them (plus its backfill, and the L1
@@ -233,17 +227,20 @@ class Persister:
         self._submit(EvictSaved, pages, depths, ["drain"] * len(pages))
         return pages
 
-    def on_saved(self, done) -> collections.Counter:
+    def on_saved(self, done: IOCompletion) -> None:
         """Apply a save completion: which pages the store now holds, and why the others are not; a
-        task's write-back gives its lease back, a write-before-evict its retained pages.
-        Returns the pages the store took, by why they were written (TaskSaved.why)."""
+        task's write-back gives its lease back (the scheduler releases the task's pages once it holds
+        none), a write-before-evict its retained pages."""
         alloc, tag = self._rt.allocator, done.tag
-        taken = self._settle(done)
+        if not isinstance(tag, (TaskSaved, EvictSaved)):
+            raise TypeError(f"prefill persistence: unknown store write tag {tag!r}")
+        self._rec.count_written_by_reason(self._settle(done))
+        self._rec.count_store_written(done.pages_ok, kind="writeback")
         if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
             alloc.release(tag.pages)
         else:
             tag.task.io.give_back(STORE_SAVE)
-        return taken
+            spans.written(tag.task, done, self._rt.pool.page_nbytes)
 
     def _settle(self, done) -> collections.Counter:
         alloc, tag = self._rt.allocator, done.tag

@@ -15,39 +15,34 @@ Why gaps don't end the match: a page's key is the chained hash of ALL token ids 
 so page 3's key names page 3's KV exactly, whether or not page 2 is at hand.
 Only full pages are cached, never the page holding the last prompt token (pdorch/worker/prompt_pages.py).
 
-Owns `task.prefix` (PrefixState, prefill_node/task.py) and the STORE_LOAD lease (taken by admit, given
-back by store_loaded, or by prefetch.py when it gives up on the load), and with the scheduler's release is the only
-writer of `task.page_ids` (allocated here; a given-up load's pages swapped here for prefetch.py).
+Plans only: the admission phase (prefill_node/admission.py) calls `lookup` once, submits the reads it
+plans (and holds their leases), and hands each completion to `on_loaded`. Owns `task.prefix`
+(PrefixState, prefill_node/task.py), and with the scheduler's release is the only writer of
+`task.page_ids` (allocated here; a given-up load's pages swapped here: `give_up_load`).
 Functions run on the scheduler thread only (they touch the allocator).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.page_allocator import pages_for
 from pdorch.tracing import names
-from pdorch.tracing import worker_spans as ws
 from pdorch.worker.prompt_pages import reusable_pages
-from prefill_node import spans
-from prefill_node.leases import STORE_LOAD
-from prefill_node.messages import PrefixLoaded
 from prefill_node.persistence import needs_write
-from prefill_node.task import Phase, PrefillTask
+from prefill_node.task import PrefillTask
 from store_client.page_hash import page_hashes, store_key
 
 if TYPE_CHECKING:
     from pdorch.worker.runtime import WorkerRuntime
-    from store_client.io_thread import IOCompletion
-
-log = logging.getLogger(__name__)
 
 
-def admit(task: PrefillTask, rt: WorkerRuntime, prefix_cache: bool, allow_loss: bool) -> bool:
-    """Give the task its pages (L1 hits first) and start its store load. False when the pool cannot
-    give the pages right now (nothing is held then; `task.prefix.pages_short` says how many are missing).
+def lookup(task: PrefillTask, rt: WorkerRuntime, prefix_cache: bool, allow_loss: bool) -> bool:
+    """Give the task its pages (L1 hits first) and plan where the others come from: `reading` (D's pool),
+    `loading` (one store load), the rest holes; with nothing to read, the holes are planned at once
+    (`loads_left` 0). False when the pool cannot give the pages right now (nothing is held then;
+    `task.prefix.pages_short` says how many are missing).
 
     allow_loss=False: only free pages and pages the store also holds may be reclaimed from L1.
     """
@@ -81,44 +76,24 @@ def admit(task: PrefillTask, rt: WorkerRuntime, prefix_cache: bool, allow_loss: 
         rt.chain_index.touch([store_key(rt.fingerprint, h) for h in state.hashes[:n_reuse]], lookup=True)
     state.loads_left = int(bool(state.reading))
     if missing and rt.store_io is not None and rt.store is not None and rt.store.enabled and not fresh:
-        keys = [store_key(rt.fingerprint, state.hashes[i]) for i in missing]
-        rt.store_io.submit_load(PrefixLoaded(task), keys, rt.pool.page_addrs([task.page_ids[i] for i in missing]))
-        task.io.take(STORE_LOAD)
         state.loading = missing
         state.loads_left += 1
     else:
         state.missed = missing
         why = names.MISS_NOT_REUSED if fresh else names.MISS_STORE_UNAVAILABLE
         state.miss_reasons.update((i, why) for i in missing)
-    if state.loads_left:
-        task.phase = Phase.LOADING
-    else:
-        _plan_compute(task, missing)
-    return True
-
-
-def store_loaded(task: PrefillTask, rt: WorkerRuntime, done: IOCompletion, prefix_cache: bool) -> bool:
-    """The task's store load (submitted by admit) completed while it still waited for it: its
-    STORE_LOAD lease goes back and, unless the task ended meanwhile, the pages that arrived join L1
-    (on_loaded); True then."""
-    task.io.give_back(STORE_LOAD)
-    spans.store_read(task, done, rt.pool.page_nbytes)
-    if task.finished_phase:
-        return False
-    if done.reason != "ok":
-        log.debug("store load for %s: %d of %d pages, %s", task.request_id, done.pages_ok, done.num_pages, done.reason)
-    on_loaded(task, rt, task.prefix.loading, done.page_ok, prefix_cache, page_ssd=done.page_ssd,
-              miss_reasons=ws.page_misses(done, len(task.prefix.loading)))
+    if not state.loads_left:
+        state.holes = list(missing)
     return True
 
 
 def on_loaded(task: PrefillTask, rt: WorkerRuntime, pages: list[int], page_ok: Sequence[bool], prefix_cache: bool,
-              from_decode: bool = False, page_ssd: Sequence[bool] = (), miss_reasons: Sequence[str] = ()) -> None:
+              from_decode: bool = False, page_ssd: Sequence[bool] = (), miss_reasons: Sequence[str] = ()) -> bool:
     """A store load (or a read from D's pool) of `pages` finished: the pages that arrived join L1 (as
     persisted when read from the store; read from D they are backfilled: the store may lack them),
-    the others become holes once both have finished. `page_ssd`: per page, read from the store's
-    SSD tier (counted apart from its DRAM); `miss_reasons`: per page that did not arrive, in order,
-    why (names.MISS_*; a read from D's pool: decode_read_failed)."""
+    the others become holes once both have finished (True then: the holes are planned). `page_ssd`:
+    per page, read from the store's SSD tier (counted apart from its DRAM); `miss_reasons`: per page
+    that did not arrive, in order, why (names.MISS_*; a read from D's pool: decode_read_failed)."""
     alloc, state = rt.allocator, task.prefix
     ok = list(page_ok) + [False] * (len(pages) - len(page_ok))
     ssd = list(page_ssd) + [False] * (len(pages) - len(page_ssd))
@@ -141,24 +116,22 @@ def on_loaded(task: PrefillTask, rt: WorkerRuntime, pages: list[int], page_ok: S
             else:
                 alloc.mark_persisted([task.page_ids[i]])
     state.loads_left -= 1
-    if state.loads_left <= 0:
-        state.loading, state.reading = [], []
-        _plan_compute(task, sorted(state.missed))
+    if state.loads_left > 0:
+        return False
+    state.loading, state.reading = [], []
+    state.holes = sorted(state.missed)  # computed in order, then the tail (planned by prefill_node/step.py)
+    return True
 
 
-def swap_loading(task: PrefillTask, fresh: list[int]) -> list[tuple[int, int]]:
-    """The task gives up on its store load (prefill_node/prefetch.py): the pages being loaded are
-    swapped for `fresh` ones (computed instead); the old (page index, page id) pairs, returned, stay
-    with the load until it completes."""
-    late = [(i, task.page_ids[i]) for i in task.prefix.loading]
-    for i, page in zip(task.prefix.loading, fresh):
+def give_up_load(task: PrefillTask, rt: WorkerRuntime, fresh: list[int], prefix_cache: bool
+                 ) -> tuple[list[tuple[int, int]], bool]:
+    """The task gives up on its store load (prefill_node/prefetch.py's policy): the pages being loaded
+    are swapped for `fresh` ones and become holes (computed instead; none of them arrived). Returns
+    the old (page index, page id) pairs, which stay with the load until it completes, and whether the
+    holes are planned now (on_loaded)."""
+    loading = list(task.prefix.loading)
+    late = [(i, task.page_ids[i]) for i in loading]
+    for i, page in zip(loading, fresh):
         task.page_ids[i] = page
-    return late
-
-
-def _plan_compute(task: PrefillTask, holes: list[int]) -> None:
-    """Every reusable page is in place or known missing: compute the holes (sorted), then the tail
-    (the ranges themselves are planned by the task's first step: prefill_node/step.py)."""
-    task.prefix.holes = list(holes)
-    task.phase = Phase.COMPUTING
-    spans.prefix_matched(task)
+    settled = on_loaded(task, rt, loading, (), prefix_cache, miss_reasons=[names.MISS_GIVEN_UP] * len(loading))
+    return late, settled

@@ -4,11 +4,12 @@
                     the pages D does not read from the store itself handed to the pusher's threads
     (pusher thread) the transfer returns: the caller is answered at once (task.succeed), then the
                     scheduler hears of it (a `Pushed` message)
-    pushed(msg)     scheduler thread: the PUSH lease given back; DONE, or FAILED when the transfer
-                    failed; the scheduler then releases the pages once no other I/O holds them
+    pushed(msg)     scheduler thread (the scheduler routes `Pushed` here): the PUSH lease given back;
+                    DONE, or FAILED when the transfer failed; the scheduler then releases the pages
+                    once no other I/O holds them
 
-The only writer of PUSHING and DONE (prefill_node/task.py): this phase's completion comes back here,
-with the lease it took.
+The only module that moves a task to PUSHING and DONE (`PrefillTask.advance`, prefill_node/task.py):
+this phase's completion comes back here, with the lease it took.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class PushPhase:
 
     def start(self, task: PrefillTask) -> None:
         """Push `task`'s pages to D (off this thread); the answer goes out when the transfer returns."""
-        task.phase = Phase.PUSHING
+        task.advance(Phase.PUSHING)
         task.io.take(PUSH)
         # Pages D reads from the store itself are not pushed (DecodeWorker, decode.load_prefix_from_store).
         held = set(task.job.decode_loaded_pages)
@@ -60,7 +61,7 @@ class PushPhase:
                 task.fail(PeerFailed(f"KV transfer to decode worker failed: {msg.error}"))
                 self._rec.request_failed(aborted=False)
         elif task.phase is Phase.PUSHING:
-            task.phase = Phase.DONE
+            task.advance(Phase.DONE)
             self._rec.request_finished()
 
     def _on_pushed(self, task: PrefillTask, err: Exception | None, nbytes: int, seconds: float) -> None:

@@ -30,7 +30,7 @@ def queued(task: PrefillTask) -> None:
 
 
 def prefix_matched(task: PrefillTask) -> None:
-    """prefix.py settled every reusable page: where each came from, why the others are computed."""
+    """Admission settled every reusable page (prefix.py's plan): where each came from, why the others are computed."""
     if not ws.traced(task.trace_ctx):
         return
     p = task.prefix

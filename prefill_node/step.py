@@ -7,6 +7,11 @@ samples the first token of every task whose last range it computed:
     task A  todo [[8, 12], [20, 30]]   budget 16 ->  chunks A[8:12], A[20:30], B[0:2]
     task B  todo [[0, 40]]                           (A finishes: its first token is sampled)
 
+Each full page a forward completes joins L1 at once (its write-back waits for the task's end,
+prefill_node/persistence.py): a request waiting for it (prefill_node/inflight.py) goes on before
+this one ends. The forwards' recent cost per token (`seconds_per_token`) tells inflight.py what
+computing a page here would cost.
+
 Owns `task.compute` (ComputeState, prefill_node/task.py). Runs on the scheduler thread only.
 """
 
@@ -32,10 +37,11 @@ if TYPE_CHECKING:
 
 
 class PrefillStep:
-    def __init__(self, rt: WorkerRuntime, chunk_tokens: int):
+    def __init__(self, rt: WorkerRuntime, chunk_tokens: int, prefix_cache: bool):
         self._rt = rt
         self._chunk_tokens = chunk_tokens
-        self.last: tuple[list[PrefillTask], int, float] = ([], 0, 0.0)  # the last forward's tasks, tokens, seconds
+        self._prefix_cache = prefix_cache
+        self.seconds_per_token = 0.0  # the forwards' recent cost (an EMA), 0 = unknown
 
     def run(self, tasks: Iterable[PrefillTask]) -> list[PrefillTask] | None:
         """One forward over the computing tasks among `tasks`; the tasks it finished (their first
@@ -58,9 +64,10 @@ class PrefillStep:
                 logits = self._rt.runner.forward(chunks)
         elapsed = time.perf_counter() - t0
         total = sum(end - start for _, start, end in batch)
-        self.last = (list({id(t): t for t, _, _ in batch}.values()), total, elapsed)
+        self._observe(total, elapsed)
+        stepped = list({id(t): t for t, _, _ in batch}.values())
         finished = []
-        for task in self.last[0]:
+        for task in stepped:
             if not task.compute.chunks:
                 task.compute.started = t0_mono
             task.compute.chunks += 1
@@ -69,9 +76,29 @@ class PrefillStep:
             task.compute.seconds += elapsed * (end - start) / total
             if not task.compute.todo:
                 finished.append((row, task))
+        for task in stepped:  # pages complete now join L1 at once: requests parked for them go on
+            self._cache_computed(task)
         if finished:
             self._sample_first(logits, finished)
         return [task for _, task in finished]
+
+    def _observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            rate = seconds / tokens
+            self.seconds_per_token = rate if not self.seconds_per_token else 0.8 * self.seconds_per_token + 0.2 * rate
+
+    def _cache_computed(self, task: PrefillTask) -> None:
+        """Cache in L1 the task's full pages computed so far. The ranges are computed in order, so a
+        page is complete once the first range left starts at or past its end."""
+        todo = task.compute.todo
+        if not self._prefix_cache or todo is None:
+            return
+        page_size, alloc = self._rt.page_size, self._rt.allocator
+        done_to = todo[0][0] if todo else task.prompt_len
+        for i in task.computed_full_pages(page_size):
+            if (i + 1) * page_size > done_to:
+                break
+            alloc.cache(task.prefix.hashes[i], task.page_ids[i])
 
     def _take_chunks(self, computing: list[PrefillTask]) -> list[tuple[PrefillTask, int, int]]:
         """(task, start, end) of each chunk of the next forward, oldest task first, within the budget."""

@@ -7,17 +7,17 @@ Lifecycle on the scheduler thread:
             --> COMPUTING (uncached tail, in chunks) --> PUSHING (transfer to D, off-thread)
             --> DONE (answered; pages may still be held by a store write-back)
 
-The core is the lifecycle the scheduler drives on its thread: `phase` (each phase set by the module
-that owns it: prefix.py LOADING and COMPUTING, push_phase.py PUSHING and DONE, `fail` FAILED),
-`page_ids` (allocated by prefix.py, which also swaps a given-up load's pages for fresh ones when
-prefetch.py gives up, released by scheduler.py), `io`
-(leases taken and given back where I/O is submitted and completed), `future` (answered once by
-`fail` / `succeed`). Every other field sits in the record of the one module that changes it
-(a record's fields are assigned only there; others only read them):
+The core is the lifecycle the scheduler drives on its thread: `phase` (written here only: `advance`
+checks each move against the lifecycle above, called by the module that owns the phase it enters,
+prefill_node/admission.py LOADING and COMPUTING, prefill_node/push_phase.py PUSHING and DONE; `fail`
+FAILED), `page_ids` (allocated by prefix.py, which also swaps a given-up load's pages for fresh
+ones, released by scheduler.py), `io` (leases taken and given back only in the module that owns
+the I/O), `future` (answered once by `fail` / `succeed`). Every other field sits in the record of
+the one module that changes it (a record's fields are assigned only there; others only read them):
 
     task.prefix   PrefixState   prefill_node/prefix.py       where each reusable page came from
-    task.load     LoadWait      prefill_node/prefetch.py     waiting for (or giving up on) the store load
-    task.inflight InFlightState prefill_node/inflight.py     waiting for another task's pages, claims
+    task.load     LoadWait      prefill_node/admission.py    waiting for (or giving up on) the store load
+    task.inflight InFlightState prefill_node/inflight.py     waiting for another task's pages
     task.persist  PersistState  prefill_node/persistence.py  what the store was not asked to hold
     task.compute  ComputeState  prefill_node/step.py         the ranges left, the first tokens sampled
     task.push     PushGate      prefill_node/push_gate.py    the fence on D's pages (pusher, gRPC threads)
@@ -55,10 +55,23 @@ class Phase(enum.Enum):
     FAILED = "failed"
 
 
+# The moves `PrefillTask.advance` allows (FAILED is entered by `fail`, from any phase).
+NEXT_PHASES = {
+    Phase.WAITING: (Phase.LOADING, Phase.COMPUTING),
+    Phase.LOADING: (Phase.COMPUTING,),
+    Phase.COMPUTING: (Phase.PUSHING,),
+    Phase.PUSHING: (Phase.DONE,),
+}
+
+
+class PhaseError(RuntimeError):
+    """A task moved to a phase its lifecycle does not allow from where it is (a bug)."""
+
+
 @dataclass(eq=False)
 class PrefixState:
-    """Owner: prefill_node/prefix.py (L1 lookup, the store load and the read from D it starts, their
-    completions). Page indexes are into the prompt's pages.
+    """Owner: prefill_node/prefix.py (L1 lookup and the plan; the completions of the store load and the
+    read from D that admission.py starts). Page indexes are into the prompt's pages.
 
         pages   | L1 | store | hole | store | tail... |
         holes                  [hole]                      (computed here, before the tail)
@@ -86,7 +99,7 @@ class PrefixState:
 
 @dataclass(eq=False)
 class LoadWait:
-    """Owner: prefill_node/prefetch.py (the prefetch policy applied to the task's store load)."""
+    """Owner: prefill_node/admission.py (the store load; how long it is waited for: prefetch.py's policy)."""
 
     open: bool = False  # its store load runs and the task waits for it
     wait_until: float = float("inf")  # policy timeout: when it stops waiting for it
@@ -96,10 +109,10 @@ class LoadWait:
 
 @dataclass(eq=False)
 class InFlightState:
-    """Owner: prefill_node/inflight.py (waiting for another task's pages; claiming the ones it computes)."""
+    """Owner: prefill_node/inflight.py (waiting for another task's pages)."""
 
     waited_for: frozenset[str] = frozenset()  # hashes it waited for while parked (parks at most once)
-    claimed: list[str] = field(default_factory=list)  # hashes it claimed in the KV events (until released)
+    parked: bool = False  # waiting for them now (out of the admission queue)
 
 
 @dataclass(eq=False)
@@ -173,6 +186,12 @@ class PrefillTask:
     @property
     def finished_phase(self) -> bool:
         return self.phase in (Phase.DONE, Phase.FAILED)
+
+    def advance(self, phase: Phase) -> None:
+        """Enter `phase`, the next one of the lifecycle (module docstring); any other move raises."""
+        if phase not in NEXT_PHASES.get(self.phase, ()):
+            raise PhaseError(f"prefill task {self.request_id}: {self.phase.value} -> {phase.value} is not a phase move")
+        self.phase = phase
 
     def fail(self, err: Exception) -> None:
         """Answer the caller with `err` (first answer wins); pages are released later, when idle."""

@@ -1,4 +1,6 @@
-"""PrefillWorker: validates Prefill jobs, hands them to the scheduler, waits with the deadline.
+"""The prefill worker's gRPC handler side: the Prefill RPC (`PrefillServicer`, a gRPC handler thread
+each) validates the job, hands the task to the scheduler thread and waits for its answer with the
+deadline (`PrefillWorker`); Abort, Flush, Info, Stats come from WorkerServicer (pdorch/worker/rpc.py).
 
 Thread model: gRPC handler threads call `start()` + `wait()` (blocking until the answer or the
 deadline), `cancel()`, `abort()`, `flush()`, `info()`, `stats()`; the scheduler thread does all model
@@ -7,7 +9,8 @@ and allocator work; the pusher threads run the P->D transfers.
 NOTE: a failure is answered only once the task's push into D's pages has stopped (or never will
 start): D returns those pages to its pool when it has our answer, so an answer sent while the
 write still ran would let it land in pages another request owns. `wait()` waits up to
-PUSH_STOP_WAIT_S for that; the servicer tells D with the `writes_over` flag in the trailing metadata.
+PUSH_STOP_WAIT_S for that; `PrefillServicer.Prefill` tells D with the `writes_over` flag in the
+trailing metadata.
 """
 
 from __future__ import annotations
@@ -20,21 +23,26 @@ from opentelemetry.context import Context
 
 from engine.page_allocator import pages_for
 from pdorch.config import PrefillConfig
+from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.tracing.worker_spans import request_span
-from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded
+from pdorch.worker import convert
+from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded, grpc_errors
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
+from pdorch.worker.prefill_rpc import WRITES_OVER_KEY, PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import reusable_pages
+from pdorch.worker.rpc import WorkerServicer
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
+from prefill_node.messages import Abort, Cancel, Submit
 from prefill_node.persistence import PENDING
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
 from proto.pdorch.v1 import worker_pb2 as pb
+from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from store_client.config import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -112,7 +120,7 @@ class PrefillWorker:
         grammar = request_grammar(self.rt, job.request_id, job.params, job.token_ids, timeout_s)
         task = PrefillTask(job=job, deadline=deadline, grammar=grammar, trace_ctx=trace_ctx)
         request_span(trace_ctx, job.request_id)
-        self._scheduler.submit(task)
+        self._scheduler.post(Submit(task))
         return task
 
     def wait(self, task: PrefillTask) -> PrefillResult:
@@ -122,7 +130,7 @@ class PrefillWorker:
             # The scheduler fails the task at its deadline; the extra second covers a forward in progress.
             return task.future.result(timeout=timeout_s + 1.0)
         except concurrent.futures.TimeoutError:
-            self._scheduler.cancel(task)
+            self._scheduler.post(Cancel(task))
             raise DeadlineExceeded(f"prefill of {task.request_id} did not finish within {timeout_s:.1f}s") from None
         finally:
             if not task.push.stop(PUSH_STOP_WAIT_S):
@@ -130,20 +138,24 @@ class PrefillWorker:
                             task.request_id, task.job.decode_segment, PUSH_STOP_WAIT_S)
 
     def cancel(self, task: PrefillTask) -> None:
-        """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks."""
+        """The task's RPC ended (D cancelled or died): stop its push from starting and abort it. Never blocks.
+        An answered task needs neither: no transfer starts once it is answered (PushGate.begin), and
+        wait() waits for one still running."""
+        if task.future.done():
+            return
         task.push.stop(0.0)
-        self._scheduler.cancel(task)
+        self._scheduler.post(Cancel(task))
 
     def abort(self, request_id: str, wait: bool = True) -> bool:
         """Cancel a request. With wait (the Abort RPC), return only once no push of it into D's pages
         runs any more, or raise DeadlineExceeded after ABORT_STOP_WAIT_S (D asks again)."""
         if not wait:
-            self._scheduler.abort(request_id)
+            self._scheduler.post(Abort(request_id))
             return True
 
         def _abort_known() -> tuple[bool, list[PrefillTask]]:
             known = self._scheduler.live_task(request_id) is not None
-            self._scheduler.abort(request_id)
+            self._scheduler.post(Abort(request_id))
             return known, self._scheduler.tasks_with_id(request_id)
         known, tasks = self._scheduler.call(_abort_known)
         deadline = time.monotonic() + ABORT_STOP_WAIT_S
@@ -179,3 +191,30 @@ class PrefillWorker:
         integrity = self._scheduler.call(lambda: check_integrity(self.rt.allocator))
         load = self._scheduler.load
         return worker_stats(self.recorder, self.info(), integrity, load.active_pages)
+
+
+class PrefillServicer(WorkerServicer):
+    """The Prefill RPC here; Abort, Flush, Info, Stats from WorkerServicer. Errors mapped by grpc_errors."""
+
+    _worker: PrefillWorker
+
+    def Prefill(self, request, context):
+        task = None
+        with grpc_errors(context, "Prefill"):
+            try:
+                job = convert.job_from_proto(request)
+                task = self._worker.start(job, current_trace_ctx())
+                # Fires when the RPC ends for any reason; after a success the cancel is a no-op. When D
+                # cancels (its client went away) or dies, this frees our pages at once.
+                # NOTE: registered after start(): an RPC already over (D cancelled before we got here)
+                # returns False, and the task is cancelled before any push of it can start.
+                if not context.add_callback(lambda: self._worker.cancel(task)):
+                    self._worker.cancel(task)
+                return convert.result_to_proto(self._worker.wait(task))
+            finally:
+                if task is None or task.push.writes_over:  # never queued, or its push is over
+                    context.set_trailing_metadata(((WRITES_OVER_KEY, "1"),))
+
+
+def add_to_server(worker: PrefillWorker, server) -> None:
+    pb_grpc.add_PrefillServiceServicer_to_server(PrefillServicer(worker), server)

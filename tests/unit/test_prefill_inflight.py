@@ -11,7 +11,7 @@ import time
 import pytest
 
 from prefill_node.task import Phase
-from tests.unit.test_prefill_scheduler import FakeRunner, make, settle, submit
+from tests.unit.test_prefill_scheduler import FakeRunner, abort, make, settle, submit
 
 PROMPT = list(range(100, 124))  # 24 tokens: pages 0-4 reusable (20 tokens), page 5 holds the last token
 
@@ -40,7 +40,7 @@ def computed_tokens(runner) -> int:
 
 
 def waits(sched, outcome: str) -> float:
-    return sched._inflight.metrics.waits.labels(outcome)._value.get()
+    return sched._admission.inflight.metrics.waits.labels(outcome)._value.get()
 
 
 @pytest.mark.parametrize("share", [True, False])
@@ -57,7 +57,7 @@ def test_identical_prompts_sent_at_once_compute_the_prefix_once(share):
         if share:
             assert computed_tokens(rt.runner) == 24 + 2 * 4
             assert [(r.cached.inflight, r.cached.device) for r in results] == [(0, 0), (20, 0), (20, 0)]
-            assert waits(sched, "shared") == 2 and sched._inflight.metrics.pages._value.get() == 10
+            assert waits(sched, "shared") == 2 and sched._admission.inflight.metrics.pages._value.get() == 10
         else:
             assert computed_tokens(rt.runner) == 3 * 24
             assert [r.cached.total for r in results] == [0, 0, 0]
@@ -123,10 +123,10 @@ def test_a_parked_request_computes_the_pages_itself_when_their_owner_is_aborted(
         sched.start()
         rt.runner.step(1)  # A's page 0 only
         deadline = time.monotonic() + 5
-        while len(sched._inflight) != 1:
+        while len(sched._admission.inflight.parked) != 1:
             assert time.monotonic() < deadline, "B never parked"
             time.sleep(0.01)
-        sched.abort("a")
+        abort(sched, "a")
         rt.runner.step(100)
         res = b.future.result(10)
         # A computed page 0, or 0 and 1 (a forward that started before the abort was taken ends first),

@@ -10,7 +10,7 @@ import pytest
 from pdorch.worker.leases import IOLeases, LeaseError
 from prefill_node.leases import PUSH, STORE_LOAD, STORE_SAVE
 from store_client.page_hash import page_hashes, store_key
-from tests.unit.test_prefill_scheduler import FakeStoreIO, make, settle, submit
+from tests.unit.test_prefill_scheduler import FakeStoreIO, abort, make, settle, submit
 
 
 def test_a_lease_is_held_from_take_to_give_back():
@@ -46,7 +46,7 @@ def test_an_answered_task_keeps_its_pages_while_its_store_load_holds_a_lease():
         while not io.loads:
             assert time.monotonic() < deadline, "the task never started its store load"
             time.sleep(0.005)
-        sched.abort("x")
+        abort(sched, "x")
         assert sched.call(lambda: (STORE_LOAD in task.io, len(task.page_ids))) == (True, 3)
         io.release()
         settle(sched, rt)

@@ -11,16 +11,14 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from pdorch.worker.prefill_rpc import PrefillJob
-from prefill_node.prefetch import BEST_EFFORT, TIMEOUT, WAIT_COMPLETE, Prefetch, PrefetchMetrics
+from prefill_node.prefetch import BEST_EFFORT, TIMEOUT, WAIT_COMPLETE
 from prefill_node.task import PrefillTask
 from store_client.page_hash import page_hashes, store_key
-from tests.fixtures.runtime import PAGE_NBYTES, stand_in_runtime
+from tests.fixtures.runtime import PAGE_NBYTES
 from tests.unit.test_prefill_scheduler import (
     PAGE_SIZE,
-    FakeRunner,
     FakeStoreIO,
     make,
-    prefill_cfg,
     settle,
     submit,
 )
@@ -111,8 +109,8 @@ def test_without_fresh_pages_to_spare_the_request_keeps_waiting_rather_than_drop
 
 
 def test_late_pages_enter_l1_only_under_a_hash_no_other_page_holds():
-    rt = stand_in_runtime(FakeRunner(), 8, PAGE_SIZE, store_io=FakeStoreIO())
-    prefetch = Prefetch(rt, prefill_cfg(prefetch_policy=TIMEOUT), PrefetchMetrics(None))
+    sched, rt, _ = make(num_pages=8, store_io=FakeStoreIO(), start=False, prefetch_policy=TIMEOUT)
+    admission = sched._admission
     alloc = rt.allocator
     job = PrefillJob("r", tuple(TOKENS), SamplingParams(), "seg", (0,) * 4, 10.0, PAGE_SIZE, "fp")
     task = PrefillTask(job=job, deadline=time.monotonic() + 10)
@@ -121,11 +119,11 @@ def test_late_pages_enter_l1_only_under_a_hash_no_other_page_holds():
     task.load.late = list(enumerate(late))
     other = alloc.allocate(1)[0]
     alloc.cache("h1", other)  # e.g. the page the task computed instead
-    prefetch.settle_late(task, (True, True, False))  # h2 did not arrive
+    admission._settle_late(task, (True, True, False))  # h2 did not arrive
     assert alloc.lookup(["h0", "h1", "h2"]) == [late[0], other, None]
     assert alloc.is_persisted(late[0])
     alloc.release([late[0], other, other])
     alloc.check_integrity()
     assert alloc.num_available() == 8 and task.load.late == []
-    assert prefetch.metrics.late.labels("entered_l1")._value.get() == 1
-    assert prefetch.metrics.late.labels("freed")._value.get() == 2
+    assert admission.prefetch_metrics.late.labels("entered_l1")._value.get() == 1
+    assert admission.prefetch_metrics.late.labels("freed")._value.get() == 2

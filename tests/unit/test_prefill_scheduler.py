@@ -17,9 +17,10 @@ from pdorch.config_loader import load_config
 from pdorch.worker.errors import Aborted, PeerFailed
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prefill_rpc import PrefillJob
+from prefill_node.messages import Abort, Submit
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
-from prefill_node.task import PrefillTask
+from prefill_node.task import Phase, PhaseError, PrefillTask
 from store_client.io_thread import IOCompletion
 from store_client.page_hash import page_hashes, store_key
 from tests.fixtures.runtime import stand_in_runtime
@@ -133,8 +134,13 @@ def submit(sched, tokens, rid="r", dest=None, trace_ctx=None):
     job = PrefillJob(rid, tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
                      dest or tuple(range(50_000, 50_000 + n_pages * 100, 100)), 10.0, PAGE_SIZE, "fp")
     task = PrefillTask(job=job, deadline=time.monotonic() + 10, trace_ctx=trace_ctx)
-    sched.submit(task)
+    sched.post(Submit(task))
     return task
+
+
+def abort(sched, rid):
+    """The Abort RPC's message (PrefillWorker.abort posts it)."""
+    sched.post(Abort(rid))
 
 
 def settle(sched, rt, timeout_s=5.0):
@@ -192,7 +198,7 @@ def test_abort_during_store_load_answers_at_once_but_frees_pages_after_the_load(
         while not io.loads:  # admitted, its store load in flight (no fixed sleep: machines are slow)
             assert time.monotonic() < deadline, "the task never started its store load"
             time.sleep(0.005)
-        sched.abort("x")
+        abort(sched, "x")
         with pytest.raises(Aborted):
             task.future.result(5)
         assert sched.call(lambda: rt.allocator.num_available()) == 8 - 3  # the load still writes them
@@ -290,8 +296,7 @@ def test_an_l1_hit_the_store_lacks_is_backfilled():
 def test_under_pressure_a_request_waits_for_writes_instead_of_dropping_pages():
     io = FakeStoreIO()
     io.hold_saves.set()  # write-backs stay in flight until released
-    sched, rt, _ = make(num_pages=6, store_io=io)
-    sched._persist_wait_s = 30.0
+    sched, rt, _ = make(num_pages=6, store_io=io, persist_wait_s=30.0)
     try:
         submit(sched, list(range(500, 513)), "a").future.result(5)  # 4 pages, 3 full: saved (held)
         late = submit(sched, list(range(600, 613)), "b")  # needs 4 pages: only 2 free, 3 pinned by a's save
@@ -314,8 +319,7 @@ def test_under_pressure_a_request_waits_for_writes_instead_of_dropping_pages():
 def test_past_the_wait_bound_pages_are_dropped_with_a_counted_reason():
     io = FakeStoreIO()
     io.hold_saves.set()
-    sched, rt, _ = make(num_pages=6, store_io=io)
-    sched._persist_wait_s = 0.05
+    sched, rt, _ = make(num_pages=6, store_io=io, persist_wait_s=0.05)
     try:
         submit(sched, list(range(700, 713)), "a").future.result(5)
         io.cancel_saves = lambda tags=None, min_age_s=0.0: io._cancel_held()
@@ -356,7 +360,7 @@ def test_the_page_hashes_d_sent_are_used_not_recomputed():
         job = PrefillJob("h", tuple(tokens), SamplingParams(temperature=0.0), "10.0.0.1:9",
                          tuple(range(50_000, 50_400, 100)), 10.0, PAGE_SIZE, "fp", page_hashes=sent)
         task = PrefillTask(job=job, deadline=time.monotonic() + 10)
-        sched.submit(task)
+        sched.post(Submit(task))
         task.future.result(5)
         assert io.loads == [[store_key("fp", h) for h in sent]]
         settle(sched, rt)
@@ -366,8 +370,7 @@ def test_the_page_hashes_d_sent_are_used_not_recomputed():
 
 def test_a_queued_prompt_waits_for_the_one_before_it_rather_than_evict_what_the_store_dropped():
     io = FakeStoreIO()
-    sched, rt, _ = make(num_pages=9, store_io=io)
-    sched._persist_wait_s = 30.0
+    sched, rt, _ = make(num_pages=9, store_io=io, persist_wait_s=30.0)
     try:
         kept = list(range(100, 109))  # 9 tokens: 2 full pages cached, then dropped by the store
         submit(sched, kept, "x").future.result(5)
@@ -424,3 +427,18 @@ def test_pages_a_leader_switch_lost_are_written_again_in_chunks_that_never_outru
         assert sched.call(lambda: rt.allocator.num_unpersisted()) == 0
     finally:
         sched.stop()
+
+
+def test_a_task_moves_only_along_its_lifecycle():
+    """PrefillTask.advance is the one writer of the phase besides fail: a move the lifecycle does not
+    have (a skipped phase, a failed task going on) raises instead of passing silently."""
+    job = PrefillJob("p", (1, 2, 3), SamplingParams(), "seg", (0,), 10.0, PAGE_SIZE, "fp")
+    task = PrefillTask(job=job, deadline=time.monotonic() + 10)
+    with pytest.raises(PhaseError):
+        task.advance(Phase.PUSHING)  # WAITING -> PUSHING would skip admission and compute
+    task.advance(Phase.COMPUTING)
+    task.advance(Phase.PUSHING)
+    task.fail(Aborted("gone"))
+    with pytest.raises(PhaseError):
+        task.advance(Phase.DONE)  # a failed task stays failed
+    assert task.phase is Phase.FAILED

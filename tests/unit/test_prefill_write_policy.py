@@ -17,12 +17,15 @@ from tests.fixtures.runtime import stand_in_runtime
 from tests.unit.test_prefill_scheduler import PAGE_SIZE, FakeRunner, FakeStoreIO, FakeTransfer, settle, submit
 
 
-def make(num_pages=8, **store):
+def make(num_pages=8, persist_wait_s=None, **store):
     cfg = load_config(None)
     cfg = replace(cfg, store=replace(cfg.store, **store))
     io = FakeStoreIO()
     rt = stand_in_runtime(FakeRunner(), num_pages, PAGE_SIZE, cfg=cfg, store_io=io)
-    sched = PrefillScheduler(rt, replace(cfg.prefill, chunk_tokens=64), rt.cfg.store,
+    prefill = replace(cfg.prefill, chunk_tokens=64)
+    if persist_wait_s is not None:
+        prefill = replace(prefill, persist_wait_s=persist_wait_s)
+    sched = PrefillScheduler(rt, prefill, rt.cfg.store,
                              pusher=KVPusher(FakeTransfer(), 100), recorder=WorkerRecorder("prefill"))
     sched.start()
     return sched, rt, io
@@ -51,8 +54,8 @@ def test_selective_writes_at_the_use_it_is_set_to():
 
 
 def test_selective_pages_give_way_without_a_write_or_a_wait():
-    sched, rt, io = make(num_pages=4, write_policy="write_through_selective")
-    sched._persist_wait_s = 30.0  # a wait for writes would show as a timeout below
+    # a wait for writes would show as a timeout below
+    sched, rt, io = make(num_pages=4, write_policy="write_through_selective", persist_wait_s=30.0)
     try:
         submit(sched, list(range(200, 213)), "a").future.result(5)  # 4 pages: 3 cached, unwritten
         submit(sched, list(range(300, 313)), "b").future.result(5)  # takes a's pages at once

@@ -26,7 +26,7 @@ def tracing():
 
 
 def traced_submit(tracing, sched, tokens, rid):
-    """Submit as the servicer does: the task keeps the RPC span's context (here a span of the test's)."""
+    """Submit as PrefillServicer.Prefill does: the task keeps the RPC span's context (here a span of the test's)."""
     rpc = start_span(tracing, "prefill.prefill", None)
     task = submit(sched, tokens, rid, trace_ctx=context_of(rpc))
     return rpc, task
