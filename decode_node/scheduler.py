@@ -63,9 +63,9 @@ class DecodeScheduler:
         self._page_size = rt.page_size
         self._max_context = rt.max_context
         self._reserve = reserve
-        self.admission = Admission(rt.allocator, max_queued, watermark, reserve, share_inflight and prefix_cache,
-                                   InFlightWaits(recorder.registry))
         self.cache = DecodePrefixCache(rt.allocator, self._page_size, prefix_cache, recorder.registry)
+        self.admission = Admission(rt.allocator, max_queued, watermark, reserve, share_inflight and prefix_cache,
+                                   InFlightWaits(recorder.registry), self.cache)
         self._preempt_on = preemption
         self.preemption = Preemption(rt, self.cache, recorder.registry)
         self._arrivals = itertools.count(1)
@@ -103,8 +103,7 @@ class DecodeScheduler:
         waited for while another request filled them. `growth`: pages the request may need after
         these (admission keeps a share of it back, decode_node/growth.py)."""
         self.admission.check_size(request_id, num_pages)
-        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled,
-                             lookup=tuple(lookup) if self.cache.enabled else (), growth=growth)
+        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled, lookup=tuple(lookup), growth=growth)
         self._loop.post(Admit(ticket))
         try:  # the scheduler answers at the deadline; the grace covers a forward in progress
             pages = ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
@@ -112,7 +111,6 @@ class DecodeScheduler:
             if ticket.future.cancel():  # the scheduler never got to it: it will drop the ticket
                 raise DeadlineExceeded(f"request {request_id} got no KV pages before its deadline") from None
             pages = ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
-        self.cache.hits.inc(len(ticket.hits))
         return Admitted(pages, ticket.hits, ticket.shared)
 
     # A request's pages while its handler thread holds it (before it joins the batch, or when it ends
@@ -207,12 +205,10 @@ class DecodeScheduler:
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, Admit):
-            self.admission.offer(msg.ticket)
+            self.admission.admit(msg.ticket, time.monotonic(), self._loop.wake_at, self._growth(),
+                                 hold=bool(self.preemption.waiting))
         elif isinstance(msg, Join):
-            self.admission.settled(msg.req.request_id)
-            if not msg.req.compute.todo:  # nothing left to compute here: the prompt KV is in place
-                self.cache.prompt_in_place(msg.req)
-                self.admission.filled(msg.req.request_id)
+            self.admission.joined(msg.req)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Fork):
@@ -221,8 +217,7 @@ class DecodeScheduler:
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):
             if msg.request_id:
-                self.admission.settled(msg.request_id)
-                self.admission.filled(msg.request_id)
+                self.admission.ended(msg.request_id)
             self._rt.allocator.release(list(msg.page_ids))
         elif isinstance(msg, Evicted) and msg.lost:  # written again from L1 (decode_node/restore.py)
             self._writes.restore.rewrite(msg.keys)
@@ -277,7 +272,8 @@ class DecodeScheduler:
     def _finish(self, req: DecodeRequest, event: DecodeEvent, aborted: bool = False) -> None:
         """Send the final event and take the request out of the batch; pages go back once no save reads them."""
         req.emit(event)
-        self.admission.filled(req.request_id)  # ended before its prompt was in place: its claims end
+        if req.compute.todo:  # ended before its prompt was in place (else its claims ended then)
+            self.admission.ended(req.request_id)
         if event.error is None:
             self._rec.request_finished()
         else:

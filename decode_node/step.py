@@ -97,8 +97,7 @@ class DecodeStep:
                 self.cache.page_filled(req, k)
             self._preemption.resumed(req, time.monotonic())
         else:
-            self.cache.prompt_in_place(req)
-        self._admission.filled(req.request_id)
+            self._admission.in_place(req)  # to the prefix cache; the requests waiting for its pages take them
         for k in req.compute.take_pages():
             self._writes.queue(req, k, kind="writeback")
 
