@@ -25,25 +25,32 @@ from __future__ import annotations
 import bisect
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from decode_node import spans
 from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
 from decode_node.drain_writeback import DrainSaved, write_back_saved
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
-from decode_node.messages import Admit, Join, Release, ResumeRead
+from decode_node.messages import Admit, Join, Release, ResumeRead, StepSaved
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
-from decode_node.prefix_load import PrefixLoad, PrefixRead
+from decode_node.prefix_load import PrefixLoad, PrefixRead, read_done
 from decode_node.request import DecodeEvent, DecodeRequest
+from decode_node.restore import Restore
 from decode_node.step import DecodeStep
 from decode_node.step_writes import StepWrites
 from engine.page_allocator import OutOfPages
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
+
+if TYPE_CHECKING:
+    from store_client.io_thread import IOCompletion
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +83,15 @@ class DecodeScheduler:
         self._writes = StepWrites(rt, self.cache, recorder)
         self._step = DecodeStep(rt, recorder, self._writes, self.cache, self.admission, self.preemption, reserve,
                                 offload and rt.store_io is not None, local_prefill_tokens, self._finish)
+        # Each store I/O completion goes straight to the owner of what it read or wrote, by its tag.
+        routes: dict[type, Callable[[IOCompletion], None]] = {
+            PrefixRead: functools.partial(read_done, rt),  # a handler's own read of prompt pages
+            ResumeRead: self._resume_read,
+            DrainSaved: functools.partial(write_back_saved, rt, self.cache, recorder),  # the drain's write-back
+            StepSaved: self._writes.saved,
+            Restore: self._writes.restore.saved}  # lost pages written again (decode_node/restore.py)
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
-                                   self._on_completion, rt.thread_init)
+                                   lambda done: routes[type(done.tag)](done), rt.thread_init)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
         self.num_waiting = 0  # joined, not in the batch: waiting for a slot, or preempted
         self.num_running = 0
@@ -226,24 +240,11 @@ class DecodeScheduler:
         else:
             raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
-    def _on_completion(self, done) -> None:
-        if isinstance(done.tag, PrefixRead):  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
-            load = done.tag.load
-            spans.store_read(load, done, self._rt.pool.page_nbytes)
-            if load.future.set_running_or_notify_cancel():
-                load.future.set_result(done)
-            else:  # abandoned at its deadline: nothing writes into its pages any more
-                self._rt.allocator.release(list(load.page_ids))
-            return
-        if isinstance(done.tag, ResumeRead):  # a preempted request's pages are back from the store
-            req = self.preemption.read_done(done)
-            if req is not None:
-                self._ready(req, time.monotonic())
-            return
-        if isinstance(done.tag, DrainSaved):  # the drain's write-back of L1 (decode_node/drain_writeback.py)
-            write_back_saved(self._rt, self.cache, self._rec, done)
-            return
-        self._writes.saved(done)  # a step's store write (decode_node/step_writes.py)
+    def _resume_read(self, done) -> None:
+        """A preempted request's pages are back from the store (ResumeRead)."""
+        req = self.preemption.read_done(done)
+        if req is not None:
+            self._ready(req, time.monotonic())
 
     def _release_drained(self) -> None:
         still = []
