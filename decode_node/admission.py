@@ -102,12 +102,6 @@ class Admission:
         self._pending: dict[str, tuple[int, float]] = {}
         self.waiting = 0  # tickets queued; other threads read it as a snapshot (load figures)
 
-    def check_size(self, request_id: str, num_pages: int) -> None:
-        """Any thread: a request larger than the whole pool can never be admitted."""
-        if num_pages > self._alloc.num_total:
-            raise InvalidRequest(f"request {request_id} needs {num_pages} KV pages; the pool has "
-                                 f"{self._alloc.num_total} (decode.num_pages)")
-
     def _fits(self, n: int, growth: int = 0) -> bool:
         """n new pages fit, with the reserve for `growth` pages the admitted requests may need."""
         total = self._alloc.num_total
@@ -176,7 +170,12 @@ class Admission:
         return frozenset(h for h in t.lookup if self._filler.get(h, t.request_id) != t.request_id)
 
     def offer(self, ticket: AdmitTicket) -> None:
-        """Queue a ticket, or reject it at once when the wait queue is full and it does not fit."""
+        """Queue a ticket, or reject it at once: larger than the whole pool (it could never be admitted),
+        or the wait queue is full and it does not fit."""
+        if ticket.num_pages > self._alloc.num_total:
+            _fail(ticket, InvalidRequest(f"request {ticket.request_id} needs {ticket.num_pages} KV pages; the pool "
+                                         f"has {self._alloc.num_total} (decode.num_pages)"))
+            return
         if self._cache is None or not self._cache.enabled:
             ticket.lookup = ()  # no prefix cache to look the pages up in
         if len(self._queue) >= self._max_queued and not self._fits(ticket.num_pages):

@@ -116,7 +116,6 @@ class DecodeScheduler:
         it is on): the page ids, the indexes of the pages found there, and how many of those it
         waited for while another request filled them. `growth`: pages the request may need after
         these (admission keeps a share of it back, decode_node/growth.py)."""
-        self.admission.check_size(request_id, num_pages)
         ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled, lookup=tuple(lookup), growth=growth)
         self._loop.post(Admit(ticket))
         try:  # the scheduler answers at the deadline; the grace covers a forward in progress
