@@ -1,8 +1,8 @@
 """D's own store read of some prompt pages (the plan's STORE pages, decode_node/prompt_plan.py),
 on the store I/O thread, while P works or before D computes the rest itself.
 
-The scheduler thread gets the completion (tagged PrefixRead) and hands it to the load's future
-unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
+The scheduler thread gets the completion (tagged PrefixRead; `read_done`) and hands it to the load's
+future unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
 pages itself, once Mooncake is done writing into them. The handler abandons it at its bound, or at
 once (within CANCEL_POLL_S) when the request is cancelled (Abort, the caller gone) while it waits.
 """

@@ -2,8 +2,10 @@
 
 Other threads talk to it through its SchedulerLoop (pdorch/worker/loop.py; messages in
 decode_node/messages.py): handler threads ask for a prompt's pages (`admit`, answered under the
-watermark by decode_node/admission.py), hand prefilled requests over (`join`) and give pages back
-(`release`, also the fence's); store write completions wake it.
+watermark by decode_node/admission.py, the one owner of a request's admission: one call per
+message), hand prefilled requests over (`join`) and give pages back (`release`, also the fence's).
+Store I/O completions wake it; each goes straight to the owner of what it read or wrote, by its
+tag (the `routes` in __init__).
 
 Each step: take new requests (their prompt KV already sits in their pages, written by P), drop
 aborted / expired ones, resume preempted ones that fit again, fill the batch up to
@@ -148,7 +150,7 @@ class DecodeScheduler:
 
     def drop_abandoned(self, req: DecodeRequest, load: PrefixLoad) -> None:
         """D's own store read of `req`'s pages was abandoned (decode_node/prefix_load.py): its pages
-        leave `req`; this thread frees them once the read completes (_on_completion)."""
+        leave `req`; this thread frees them once the read completes (prefix_load.read_done)."""
         req.pages.drop(load.page_ids)
 
     def store_evicted(self, keys) -> None:
