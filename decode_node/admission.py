@@ -20,9 +20,19 @@ prefix-cache hits: identical prompts arriving together are pushed from P (or com
 duplicate's whole prompt but its last page is shared in the pool. Its hits among the pages it waited
 for are counted (`AdmitTicket.shared`) and reported as cached tier `inflight`.
 
+One owner of a request's admission, which the scheduler calls once per message about it:
+
+    Admit    admit(ticket)   queued, and answered at once when it fits (prefix-cache hits counted)
+    Join     joined(req)     its growth is the batch's now; with nothing left to compute here its
+                             prompt is in place: its pages go to the prefix cache and its claims end
+    Release  ended(rid)      it failed before joining: its growth and claims end
+
+and `admit_ready()` once per iteration, answering the tickets that waited. The decode step calls
+`in_place(req)` when it computed a prompt itself.
+
 NOTE: runs on the decode scheduler thread only, which owns the allocator (the one concurrency
 rule of both workers, pdorch/worker/loop.py). A handler thread posts an AdmitTicket and waits for
-its future (DecodeScheduler.admit); the scheduler answers it from `admit_ready()` every iteration.
+its future (DecodeScheduler.admit).
 """
 
 from __future__ import annotations
@@ -32,10 +42,14 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from decode_node.growth import GrowthReserve
 from pdorch.worker.errors import Aborted, DeadlineExceeded, InvalidRequest, Overloaded
+
+if TYPE_CHECKING:
+    from decode_node.prefix_cache import DecodePrefixCache
+    from decode_node.request import DecodeRequest
 
 PENDING_GRACE_S = 5.0  # an admitted request unsettled this long past its deadline is forgotten
 
@@ -68,10 +82,13 @@ class Admitted(NamedTuple):
 
 class Admission:
     def __init__(self, allocator, max_queued: int, watermark: float, reserve: GrowthReserve | None = None,
-                 share_inflight: bool = False, metrics: InFlightWaits | None = None):
+                 share_inflight: bool = False, metrics: InFlightWaits | None = None,
+                 cache: DecodePrefixCache | None = None):
         """`reserve`: the fraction of the admitted requests' growth kept back (None: nothing);
-        `share_inflight`: wait for the pages another admitted request is filling (module docstring)."""
+        `share_inflight`: wait for the pages another admitted request is filling (module docstring);
+        `cache`: the decode worker's prefix cache (None or off: no lookup, nothing cached here)."""
         self._alloc = allocator
+        self._cache = cache
         self._share = share_inflight
         self._metrics = metrics
         self._claims: dict[str, tuple[str, ...]] = {}  # request id -> the hashes it fills
@@ -84,12 +101,6 @@ class Admission:
         # NOTE: counted here until Join or failure (settled()); the scheduler counts them after.
         self._pending: dict[str, tuple[int, float]] = {}
         self.waiting = 0  # tickets queued; other threads read it as a snapshot (load figures)
-
-    def check_size(self, request_id: str, num_pages: int) -> None:
-        """Any thread: a request larger than the whole pool can never be admitted."""
-        if num_pages > self._alloc.num_total:
-            raise InvalidRequest(f"request {request_id} needs {num_pages} KV pages; the pool has "
-                                 f"{self._alloc.num_total} (decode.num_pages)")
 
     def _fits(self, n: int, growth: int = 0) -> bool:
         """n new pages fit, with the reserve for `growth` pages the admitted requests may need."""
@@ -106,6 +117,33 @@ class Admission:
 
     def pending_growth(self) -> int:
         return sum(g for g, _ in self._pending.values())
+
+    def admit(self, ticket: AdmitTicket, now: float, wake_at: Callable[[float], None], growth: int = 0,
+              hold: bool = False) -> None:
+        """An Admit message: `ticket` queued (or rejected at once), then answered with the tickets
+        queued before it when they fit (admit_ready's arguments)."""
+        self.offer(ticket)
+        self.admit_ready(now, wake_at, growth, hold)
+
+    def joined(self, req: DecodeRequest) -> None:
+        """A Join message: `req`'s growth is counted by the batch from now on; with nothing left to
+        compute here its prompt is in place (in_place)."""
+        self.settled(req.request_id)
+        if not req.compute.todo:
+            self.in_place(req)
+
+    def in_place(self, req: DecodeRequest) -> None:
+        """Every prompt page's KV is in `req`'s pages: the full ones go to the prefix cache and its
+        claims end (the requests that waited for them take them from there)."""
+        if self._cache is not None:
+            self._cache.prompt_in_place(req)
+        self.filled(req.request_id)
+
+    def ended(self, request_id: str) -> None:
+        """The request ended before its prompt was in place (a Release before joining, or in the batch
+        while computing its prompt): its growth and its claims end."""
+        self.settled(request_id)
+        self.filled(request_id)
 
     def settled(self, request_id: str) -> None:
         """An admitted request joined the batch or failed: its growth is no longer counted here."""
@@ -132,7 +170,14 @@ class Admission:
         return frozenset(h for h in t.lookup if self._filler.get(h, t.request_id) != t.request_id)
 
     def offer(self, ticket: AdmitTicket) -> None:
-        """Queue a ticket, or reject it at once when the wait queue is full and it does not fit."""
+        """Queue a ticket, or reject it at once: larger than the whole pool (it could never be admitted),
+        or the wait queue is full and it does not fit."""
+        if ticket.num_pages > self._alloc.num_total:
+            _fail(ticket, InvalidRequest(f"request {ticket.request_id} needs {ticket.num_pages} KV pages; the pool "
+                                         f"has {self._alloc.num_total} (decode.num_pages)"))
+            return
+        if self._cache is None or not self._cache.enabled:
+            ticket.lookup = ()  # no prefix cache to look the pages up in
         if len(self._queue) >= self._max_queued and not self._fits(ticket.num_pages):
             _fail(ticket, Overloaded(f"decode worker overloaded: {len(self._queue)} requests already wait for "
                                      f"KV pages (decode.max_queued_requests)"))
@@ -182,6 +227,8 @@ class Admission:
         self._claim(t, found)
         found += [None] * (t.num_pages - len(found))
         t.hits = tuple(i for i, p in enumerate(found) if p is not None)
+        if self._cache is not None:
+            self._cache.hits.inc(len(t.hits))
         if t.waited:
             t.shared = sum(1 for i in t.hits if t.lookup[i] in t.waited)
             if self._metrics is not None:

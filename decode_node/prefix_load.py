@@ -1,8 +1,8 @@
 """D's own store read of some prompt pages (the plan's STORE pages, decode_node/prompt_plan.py),
 on the store I/O thread, while P works or before D computes the rest itself.
 
-The scheduler thread gets the completion (tagged PrefixRead) and hands it to the load's future
-unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
+The scheduler thread gets the completion (tagged PrefixRead; `read_done`) and hands it to the load's
+future unless the handler abandoned the read (cancelled the future): then the scheduler frees the load's
 pages itself, once Mooncake is done writing into them. The handler abandons it at its bound, or at
 once (within CANCEL_POLL_S) when the request is cancelled (Abort, the caller gone) while it waits.
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry.context import Context
 
+from decode_node import spans
 from decode_node.request import DecodeRequest
 from store_client.page_hash import store_key
 
@@ -70,6 +71,17 @@ class PrefixRead:
     the completion on to `load.future`, or frees the pages if the handler abandoned the read."""
 
     load: PrefixLoad
+
+
+def read_done(rt, done) -> None:
+    """Scheduler thread: the completion of a handler's own read (tagged PrefixRead) goes to its
+    load's future, or, the read abandoned, its pages go back now that nothing writes into them."""
+    load = done.tag.load
+    spans.store_read(load.trace_ctx, len(load.pages), done, rt.pool.page_nbytes)
+    if load.future.set_running_or_notify_cancel():
+        load.future.set_result(done)
+    else:
+        rt.allocator.release(list(load.page_ids))
 
 
 def start_load(rt, req: DecodeRequest, pages: tuple[int, ...]) -> PrefixLoad | None:

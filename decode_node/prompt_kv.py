@@ -1,10 +1,16 @@
-"""The decode worker's side of its prompt plan (decode_node/prompt_plan.py): the store existence
-check the plan needs, D's own store read of the pages it plans to read (decode_node/prefix_load.py),
-and, once that read has landed, what is left for the scheduler to compute. A request's path enters
-here twice:
+"""The prompt phase of a decode request: the prompt's KV into the pages admission gave it, from
+wherever it is. The handler thread's DecodeWorker calls `fill(req)` once; it decides where each
+page comes from (decode_node/prompt_plan.py: the store existence check on a store-probe thread),
+starts D's own store read of the pages it reads itself (decode_node/prefix_load.py), calls P for
+the rest (decode_node/prefill_client.py: KV pushed into D's pages, first token back), waits for its
+own read and applies the plan: what D still computes itself is left in `req.compute`.
 
-    prepare(req)        before P is called: decide where each page comes from, start D's own read
-    finish(req, plan)   after P answered (or at once, locally): wait for that read, apply the plan
+    fill(req)   -> P's answer (PrefillResult), or None for a local plan (no P is called)
+
+On a failure every page is safe to give back when it raises: D's own read is over or abandoned
+(its pages left the request: the scheduler frees them once Mooncake stops writing), and pages P
+may still write into were handed to the fence (decode_node/fence.py) unless P said its writes
+are over.
 
 NOTE: the existence check takes a read lease on the pages it finds (docs/design.md section 9); they
 are the pages read right after, by D and by P.
@@ -21,15 +27,22 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 
+from decode_node import spans
 from decode_node.prefix_load import start_load
 from decode_node.prompt_plan import PREFILL, REASONS, PromptPlan, plan_prompt
 from decode_node.request import DecodeRequest
+from engine.page_allocator import pages_for
 from pdorch.config import DecodeConfig, StoreConfig
+from pdorch.tracing import names, now_ns
 from pdorch.worker.errors import Aborted, DeadlineExceeded, PeerFailed
+from pdorch.worker.prefill_rpc import PrefillJob, PrefillResult
 from pdorch.worker.prompt_pages import reusable_pages
 from store_client.page_hash import store_key
 
 if TYPE_CHECKING:  # the runtime module loads torch; this one is imported by light tests too
+    from decode_node.fence import PageFence
+    from decode_node.prefill_client import PrefillClient
+    from decode_node.scheduler import DecodeScheduler
     from pdorch.worker.runtime import WorkerRuntime
     from store_client.store import KVStore
 
@@ -42,9 +55,13 @@ class PromptKV:
     """Runs on handler threads; the allocator stays the scheduler's."""
 
     def __init__(self, rt: WorkerRuntime, decode: DecodeConfig, store: StoreConfig, reg: CollectorRegistry,
-                 count_loaded: Callable[[int], None] = lambda n: None):
-        """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded)."""
+                 count_loaded: Callable[[int], None] = lambda n: None, scheduler: DecodeScheduler | None = None,
+                 prefill_client: PrefillClient | None = None, fence: PageFence | None = None):
+        """`count_loaded(n)`: the worker's own count of store pages read (its Stats' store_pages_loaded);
+        `scheduler` (the pages a failure takes back), `prefill_client` and `fence`: what `fill` needs
+        (a test of the plan alone leaves them out)."""
         self.rt, self.cfg, self.store_cfg = rt, decode, store
+        self._scheduler, self._client, self._fence = scheduler, prefill_client, fence
         self._count_loaded = count_loaded
         # NOTE: the existence check runs on its own threads so a stalled store (a frozen master
         # never answers) costs a request PROBE_TIMEOUT_S, not its deadline; once that many checks
@@ -61,6 +78,23 @@ class PromptKV:
         self._loaded_pages = Counter("pdorch_decode_prefix_store_pages", "Prompt pages this decode worker read "
                                      "from the store itself (loaded) or meant to and could not (failed: computed "
                                      "here)", ["outcome"], registry=reg)
+
+    def fill(self, req: DecodeRequest, cancelled: Callable[[], bool]) -> PrefillResult | None:
+        """The prompt's KV in `req`'s pages (but what D computes itself, left in req.compute): P's
+        answer, or None when the plan is local (conditional disaggregation: no prefill worker is
+        called). Raises a WorkerError with every page safe to give back (module docstring)."""
+        planning = now_ns()
+        plan = self.prepare(req)  # where each page comes from; D's own store read starts
+        try:
+            store = self.rt.store
+            spans.planned(req, plan, planning, self.rt.page_size, names.MISS_NOT_IN_STORE if store is not None
+                          and store.enabled else names.MISS_STORE_UNAVAILABLE)
+            res = None if plan.local else self._prefill(req, cancelled, plan)
+            self.finish(req, plan, cancelled)  # D's own read landed: what D still computes is in req
+        except BaseException:
+            self._settle_read(req, plan, cancelled)  # NOTE: before any of its pages goes back
+            raise
+        return res
 
     def prepare(self, req: DecodeRequest) -> PromptPlan:
         """Where each page of the prompt KV comes from (counted by decision and reason), with D's own
@@ -85,6 +119,40 @@ class PromptKV:
             self._loaded_pages.labels("failed").inc(len(ok) - sum(ok))
             self._count_loaded(sum(ok))
         plan.apply(req, ok, self.rt.page_size, () if plan.read is None else plan.read.from_ssd)
+
+    def _prefill(self, req: DecodeRequest, cancelled: Callable[[], bool], plan: PromptPlan) -> PrefillResult:
+        """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
+        P did not say its writes (and reads) are over, the pages go to the fence (taken out of
+        req.page_ids) instead of back to the pool."""
+        assert self._scheduler is not None and self._client is not None and self._fence is not None
+        rt, page_size, n = self.rt, self.rt.page_size, req.prompt_len
+        timeout_s = req.deadline - time.monotonic()
+        if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
+            timeout_s = min(timeout_s, self.cfg.prefill_timeout_s)
+        job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
+                         decode_segment=rt.segment,
+                         dest_page_addrs=tuple(rt.pool.page_addrs(req.page_ids[:pages_for(n, page_size)])),
+                         timeout_s=timeout_s, page_size=page_size, model_fingerprint=rt.fingerprint,
+                         page_hashes=tuple(req.page_hashes),
+                         decode_loaded_pages=plan.not_from_prefill(),
+                         decode_cached_pages=plan.held,
+                         decode_ranks=tuple(rt.tp_ranks) if rt.tp_size > 1 else ())
+        try:
+            return self._client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
+        except BaseException as e:
+            self._settle_read(req, plan, cancelled)  # NOTE: before the fence: no freed page may still be written
+            if not getattr(e, "writes_over", False):
+                self._fence.hold(req.job.prefill_address, req.request_id, self._scheduler.take_pages(req))
+            raise
+
+    def _settle_read(self, req: DecodeRequest, plan: PromptPlan, cancelled: Callable[[], bool]) -> None:
+        """Before req.page_ids go back: D's own store read is over, or abandoned (at once for a request
+        `cancelled()`): its pages then leave req.page_ids, the scheduler frees them once Mooncake stops
+        writing into them."""
+        if plan.read is not None:
+            plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
+            if plan.read.abandoned and self._scheduler is not None:
+                self._scheduler.drop_abandoned(req, plan.read)
 
     def _decide(self, req: DecodeRequest) -> PromptPlan:
         dc, store, page_size = self.cfg, self.rt.store, self.rt.page_size

@@ -2,8 +2,10 @@
 
 Other threads talk to it through its SchedulerLoop (pdorch/worker/loop.py; messages in
 decode_node/messages.py): handler threads ask for a prompt's pages (`admit`, answered under the
-watermark by decode_node/admission.py), hand prefilled requests over (`join`) and give pages back
-(`release`, also the fence's); store write completions wake it.
+watermark by decode_node/admission.py, the one owner of a request's admission: one call per
+message), hand prefilled requests over (`join`) and give pages back (`release`, also the fence's).
+Store I/O completions wake it; each goes straight to the owner of what it read or wrote, by its
+tag (the `routes` in __init__).
 
 Each step: take new requests (their prompt KV already sits in their pages, written by P), drop
 aborted / expired ones, resume preempted ones that fit again, fill the batch up to
@@ -25,25 +27,32 @@ from __future__ import annotations
 import bisect
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from decode_node import spans
 from decode_node.admission import Admission, Admitted, AdmitTicket, InFlightWaits
 from decode_node.drain_writeback import DrainSaved, write_back_saved
 from decode_node.forks import Fork, place
 from decode_node.growth import GrowthReserve, growth_pages
-from decode_node.messages import Admit, Join, Release, ResumeRead
+from decode_node.messages import Admit, Join, Release, ResumeRead, StepSaved
 from decode_node.preemption import Preemption, choose_victim
 from decode_node.prefix_cache import DecodePrefixCache
-from decode_node.prefix_load import PrefixLoad, PrefixRead
+from decode_node.prefix_load import PrefixLoad, PrefixRead, read_done
 from decode_node.request import DecodeEvent, DecodeRequest
+from decode_node.restore import Restore
 from decode_node.step import DecodeStep
 from decode_node.step_writes import StepWrites
 from engine.page_allocator import OutOfPages
 from pdorch.worker.errors import Aborted, DeadlineExceeded, Overloaded, ShuttingDown, WorkerError
 from pdorch.worker.loop import Evicted, SchedulerLoop
+
+if TYPE_CHECKING:
+    from store_client.io_thread import IOCompletion
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +72,9 @@ class DecodeScheduler:
         self._page_size = rt.page_size
         self._max_context = rt.max_context
         self._reserve = reserve
-        self.admission = Admission(rt.allocator, max_queued, watermark, reserve, share_inflight and prefix_cache,
-                                   InFlightWaits(recorder.registry))
         self.cache = DecodePrefixCache(rt.allocator, self._page_size, prefix_cache, recorder.registry)
+        self.admission = Admission(rt.allocator, max_queued, watermark, reserve, share_inflight and prefix_cache,
+                                   InFlightWaits(recorder.registry), self.cache)
         self._preempt_on = preemption
         self.preemption = Preemption(rt, self.cache, recorder.registry)
         self._arrivals = itertools.count(1)
@@ -76,8 +85,15 @@ class DecodeScheduler:
         self._writes = StepWrites(rt, self.cache, recorder)
         self._step = DecodeStep(rt, recorder, self._writes, self.cache, self.admission, self.preemption, reserve,
                                 offload and rt.store_io is not None, local_prefill_tokens, self._finish)
+        # Each store I/O completion goes straight to the owner of what it read or wrote, by its tag.
+        routes: dict[type, Callable[[IOCompletion], None]] = {
+            PrefixRead: functools.partial(read_done, rt),  # a handler's own read of prompt pages
+            ResumeRead: self._resume_read,
+            DrainSaved: functools.partial(write_back_saved, rt, self.cache, recorder),  # the drain's write-back
+            StepSaved: self._writes.saved,
+            Restore: self._writes.restore.saved}  # lost pages written again (decode_node/restore.py)
         self._loop = SchedulerLoop("decode", self._iterate, self._on_message, self._fail_all, rt.store_io,
-                                   self._on_completion, rt.thread_init)
+                                   lambda done: routes[type(done.tag)](done), rt.thread_init)
         # Published by the scheduler thread every iteration, read by other threads (load figures).
         self.num_waiting = 0  # joined, not in the batch: waiting for a slot, or preempted
         self.num_running = 0
@@ -102,9 +118,7 @@ class DecodeScheduler:
         it is on): the page ids, the indexes of the pages found there, and how many of those it
         waited for while another request filled them. `growth`: pages the request may need after
         these (admission keeps a share of it back, decode_node/growth.py)."""
-        self.admission.check_size(request_id, num_pages)
-        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled,
-                             lookup=tuple(lookup) if self.cache.enabled else (), growth=growth)
+        ticket = AdmitTicket(request_id, num_pages, deadline, is_cancelled, lookup=tuple(lookup), growth=growth)
         self._loop.post(Admit(ticket))
         try:  # the scheduler answers at the deadline; the grace covers a forward in progress
             pages = ticket.future.result(timeout=max(0.0, deadline - time.monotonic()) + ADMIT_GRACE_S)
@@ -112,7 +126,6 @@ class DecodeScheduler:
             if ticket.future.cancel():  # the scheduler never got to it: it will drop the ticket
                 raise DeadlineExceeded(f"request {request_id} got no KV pages before its deadline") from None
             pages = ticket.future.result(timeout=ADMIT_GRACE_S)  # being answered right now
-        self.cache.hits.inc(len(ticket.hits))
         return Admitted(pages, ticket.hits, ticket.shared)
 
     # A request's pages while its handler thread holds it (before it joins the batch, or when it ends
@@ -137,7 +150,7 @@ class DecodeScheduler:
 
     def drop_abandoned(self, req: DecodeRequest, load: PrefixLoad) -> None:
         """D's own store read of `req`'s pages was abandoned (decode_node/prefix_load.py): its pages
-        leave `req`; this thread frees them once the read completes (_on_completion)."""
+        leave `req`; this thread frees them once the read completes (prefix_load.read_done)."""
         req.pages.drop(load.page_ids)
 
     def store_evicted(self, keys) -> None:
@@ -207,12 +220,10 @@ class DecodeScheduler:
 
     def _on_message(self, msg) -> None:
         if isinstance(msg, Admit):
-            self.admission.offer(msg.ticket)
+            self.admission.admit(msg.ticket, time.monotonic(), self._loop.wake_at, self._growth(),
+                                 hold=bool(self.preemption.waiting))
         elif isinstance(msg, Join):
-            self.admission.settled(msg.req.request_id)
-            if not msg.req.compute.todo:  # nothing left to compute here: the prompt KV is in place
-                self.cache.prompt_in_place(msg.req)
-                self.admission.filled(msg.req.request_id)
+            self.admission.joined(msg.req)
             msg.req.arrival = next(self._arrivals)
             self._waiting.append(msg.req)
         elif isinstance(msg, Fork):
@@ -221,8 +232,7 @@ class DecodeScheduler:
             self._waiting.append(msg.req)
         elif isinstance(msg, Release):
             if msg.request_id:
-                self.admission.settled(msg.request_id)
-                self.admission.filled(msg.request_id)
+                self.admission.ended(msg.request_id)
             self._rt.allocator.release(list(msg.page_ids))
         elif isinstance(msg, Evicted) and msg.lost:  # written again from L1 (decode_node/restore.py)
             self._writes.restore.rewrite(msg.keys)
@@ -231,24 +241,11 @@ class DecodeScheduler:
         else:
             raise TypeError(f"decode scheduler: unknown message {msg!r}")
 
-    def _on_completion(self, done) -> None:
-        if isinstance(done.tag, PrefixRead):  # a handler's own read of prompt pages (decode_node/prompt_kv.py)
-            load = done.tag.load
-            spans.store_read(load, done, self._rt.pool.page_nbytes)
-            if load.future.set_running_or_notify_cancel():
-                load.future.set_result(done)
-            else:  # abandoned at its deadline: nothing writes into its pages any more
-                self._rt.allocator.release(list(load.page_ids))
-            return
-        if isinstance(done.tag, ResumeRead):  # a preempted request's pages are back from the store
-            req = self.preemption.read_done(done)
-            if req is not None:
-                self._ready(req, time.monotonic())
-            return
-        if isinstance(done.tag, DrainSaved):  # the drain's write-back of L1 (decode_node/drain_writeback.py)
-            write_back_saved(self._rt, self.cache, self._rec, done)
-            return
-        self._writes.saved(done)  # a step's store write (decode_node/step_writes.py)
+    def _resume_read(self, done) -> None:
+        """A preempted request's pages are back from the store (ResumeRead)."""
+        req = self.preemption.read_done(done)
+        if req is not None:
+            self._ready(req, time.monotonic())
 
     def _release_drained(self) -> None:
         still = []
@@ -277,7 +274,8 @@ class DecodeScheduler:
     def _finish(self, req: DecodeRequest, event: DecodeEvent, aborted: bool = False) -> None:
         """Send the final event and take the request out of the batch; pages go back once no save reads them."""
         req.emit(event)
-        self.admission.filled(req.request_id)  # ended before its prompt was in place: its claims end
+        if req.compute.todo:  # ended before its prompt was in place (else its claims ended then)
+            self.admission.ended(req.request_id)
         if event.error is None:
             self._rec.request_finished()
         else:

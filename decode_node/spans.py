@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from decode_node.messages import PageWrite
-from decode_node.prefix_load import PrefixLoad
 from decode_node.prompt_plan import PromptPlan, Source
 from decode_node.request import DecodeEvent, DecodeRequest
 from pdorch.tracing import names
@@ -34,6 +33,8 @@ from pdorch.tracing.spans import AttributeValue
 from pdorch.worker.prompt_pages import reusable_pages
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
     from store_client.io_thread import IOCompletion
 
 PAGES = names.PAGES
@@ -75,15 +76,14 @@ def planned(req: DecodeRequest, plan: PromptPlan, start_ns: int, page_size: int,
     ws.record(names.DECODE_PREFIX, req.trace_ctx, start_ns, attrs)
 
 
-def store_read(load: PrefixLoad, done: IOCompletion, page_nbytes: int) -> None:
-    """D's own store read completed (scheduler thread). Its pages were present at the existence check a
-    moment before, so a page absent now was evicted meanwhile."""
-    if not ws.traced(load.trace_ctx):
+def store_read(trace_ctx: Context | None, num_pages: int, done: IOCompletion, page_nbytes: int) -> None:
+    """D's own store read of `num_pages` pages completed (scheduler thread). Its pages were present at
+    the existence check a moment before, so a page absent now was evicted meanwhile."""
+    if not ws.traced(trace_ctx):
         return
     misses = tuple(names.MISS_EVICTED if m == names.MISS_NOT_IN_STORE else m
-                   for m in ws.page_misses(done, len(load.pages)))
-    ws.record_store_read(names.DECODE_STORE_READ, load.trace_ctx, done, page_nbytes, len(load.pages),
-                         misses=misses)
+                   for m in ws.page_misses(done, num_pages))
+    ws.record_store_read(names.DECODE_STORE_READ, trace_ctx, done, page_nbytes, num_pages, misses=misses)
 
 
 def streamed(req: DecodeRequest, events: Iterator[DecodeEvent]) -> Iterator[DecodeEvent]:

@@ -5,10 +5,11 @@ runs it once per iteration, after every running request got the page its next po
              it computes here (decode_node/step_batch.py); requests that got no page sit out
     forward  ONE forward of all of them
     sample   the rows that draw a token: decode rows, and local prefills whose prompt is done
-    stop     the stop checks; a final event finishes the request (the scheduler's `finish`), the
-             others stream their tokens
     writes   pages that filled (the prompt's, computed here; generated ones) go to the prefix cache
-             and into this step's ONE store write (decode_node/step_writes.py), submitted last
+             and into this step's ONE store write, handed to decode_node/step_writes.py once
+    stop     the stop checks; a final event finishes the request (the scheduler's `finish`), the
+             others stream their tokens (after the write: a request finishing now keeps the pages
+             it reads)
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class DecodeStep:
         with torch.inference_mode():
             logits = self._rt.runner.forward(chunks)
         sample = []  # rows whose next token is drawn now: decode steps and finished local prefills
+        filled: list[tuple[DecodeRequest, int, str]] = []  # this step's store write: (request, page, kind)
         for row, (req, end) in enumerate(rows):
             if end < 0:
                 sample.append(row)
@@ -63,11 +65,12 @@ class DecodeStep:
             if not req.preempt.resuming:  # a resume's recomputed pages count as such (decode_node/preemption.py)
                 self._local_tokens.inc(chunks[row].end - chunks[row].start_pos)
             if not req.compute.todo:
-                self._prompt_computed(req)
+                self._prompt_computed(req, filled)
                 if req.compute.first_pending:
                     sample.append(row)
         if self._reserve is not None and len(sample) > 0:
             self._reserve.stepped()
+        events = []
         if sample:
             batch = [rows[row][0] for row in sample]
             tokens, logprobs = draw_tokens(self._rt, batch, logits[sample])
@@ -76,17 +79,18 @@ class DecodeStep:
                 if req.compute.first_pending:
                     req.compute.first_pending = False  # the prompt's last position was fed, not a new token
                 else:
-                    self._after_feed(req, len(req.token_ids) - 1)
+                    self._after_feed(req, len(req.token_ids) - 1, filled)
                 req.token_ids.append(int(token))
-                event = check_stop(req, int(token), self._max_context, lp)
-                if event.final:
-                    self._finish(req, event)
-                elif event.token_ids or event.text:
-                    req.emit(event)
-        self._writes.submit()
+                events.append((req, check_stop(req, int(token), self._max_context, lp)))
+        self._writes.write(filled)  # NOTE: before any request finishes: its pages stay leased to the write
+        for req, event in events:
+            if event.final:
+                self._finish(req, event)
+            elif event.token_ids or event.text:
+                req.emit(event)
         return True
 
-    def _prompt_computed(self, req: DecodeRequest) -> None:
+    def _prompt_computed(self, req: DecodeRequest, filled: list[tuple[DecodeRequest, int, str]]) -> None:
         """Every prompt page is in place: the full pages computed here go to the store (the next turn,
         or another worker, reads them), like a prefill worker's write-back, with or without
         decode.offload_generated_kv (they count as writeback writes, as P's do)."""
@@ -97,12 +101,10 @@ class DecodeStep:
                 self.cache.page_filled(req, k)
             self._preemption.resumed(req, time.monotonic())
         else:
-            self.cache.prompt_in_place(req)
-        self._admission.filled(req.request_id)
-        for k in req.compute.take_pages():
-            self._writes.queue(req, k, kind="writeback")
+            self._admission.in_place(req)  # to the prefix cache; the requests waiting for its pages take them
+        filled += [(req, k, "writeback") for k in req.compute.take_pages()]
 
-    def _after_feed(self, req: DecodeRequest, pos: int) -> None:
+    def _after_feed(self, req: DecodeRequest, pos: int, filled: list[tuple[DecodeRequest, int, str]]) -> None:
         """Extend the hash chain when feeding `pos` filled a page, and offload that page."""
         k = filled_page(pos, self._page_size)
         if k is None:
@@ -110,6 +112,6 @@ class DecodeStep:
         extend_hash_chain(req.page_hashes, req.token_ids, k, self._page_size)
         self.cache.page_filled(req, k)
         if self._offload:
-            self._writes.queue(req, k, kind="offload")
+            filled.append((req, k, "offload"))
         else:
             self.cache.not_written([req.page_ids[k]], "offload_off")

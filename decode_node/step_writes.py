@@ -1,16 +1,17 @@
 """StepWrites: the store writes of one decode step, as ONE store write.
 
 Every page that fills in a step (generated pages with decode.offload_generated_kv, and the full
-prompt pages the decode worker computed itself) joins the step's buffer (`queue`); the step ends
-with one `StoreIO.submit_save` for all of them (`submit`), each page owned by its request so that
-an abort takes only its own pages out (StoreIO.cancel_owner); the completion (`saved`) tells the
-prefix cache what the store now holds, counts the writes and ranks them for the chain evictor.
+prompt pages the decode worker computed itself) is collected by the step, which hands them here
+once, at its end (`write`): one `StoreIO.submit_save` for all of them, each page owned by its
+request so that an abort takes only its own pages out (StoreIO.cancel_owner). The completion comes
+straight here (`saved`, routed by its tag, StepSaved): it tells the prefix cache what the store now
+holds, counts the writes and ranks them for the chain evictor.
 
 Each step write is an I/O lease on its owners' pages (`req.io`, pdorch/worker/leases.py), named
 by the write ("step_write:<n>"; several steps' writes may be in flight for one request), given back
-when that write completes. NOTE: the lease is taken when a request's first page joins the buffer,
-not at submission: a request finishing in this very step must keep its pages until the step's
-write has read them. Scheduler thread only.
+when that write completes. NOTE: the step hands its pages over before it finishes any request, so a
+request finishing in this very step keeps its pages until the step's write has read them.
+Scheduler thread only.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from prometheus_client import Counter
 from decode_node import spans
 from decode_node.messages import PageWrite, StepSaved
 from decode_node.request import DecodeRequest
-from decode_node.restore import LostPages, Restore
+from decode_node.restore import LostPages
 from store_client.page_hash import store_key
 
 
 class StepWrites:
     def __init__(self, rt, cache, recorder):
         self._rt, self._cache, self._rec = rt, cache, recorder
-        self._filled: list[PageWrite] = []
-        self._writes = 0  # step writes submitted: the next one's lease is step_write:<_writes + 1>
+        self._writes = 0  # step writes submitted: the last one's lease is step_write:<_writes>
         # Pages a master leader switch lost, written again from L1; their completions come here too.
         self.restore = LostPages(rt, cache, recorder.registry)
         registry = recorder.registry
@@ -40,47 +40,36 @@ class StepWrites:
                                 "full and its chain eviction would remove them at once (the prefix cache "
                                 "keeps them)", registry=registry)
 
-    def queue(self, req: DecodeRequest, k: int, kind: str) -> None:
-        """Page k of req (its hash known) joins this step's one store write, unless the store would
-        remove it at once (the chain evictor's water level; the prefix cache keeps it then).
-        `kind`: "offload" (generated) or "writeback" (computed here)."""
-        rt, page = self._rt, req.page_ids[k]
-        if rt.store_io is None or not rt.store.enabled:
-            self._cache.not_written([page], "store_disabled")
+    def write(self, filled: list[tuple[DecodeRequest, int, str]]) -> None:
+        """One store write for the pages that filled in this step: (request, page index k, kind), kind
+        "offload" (generated) or "writeback" (computed here). A page is left out when the store is off
+        or would remove it at once (the chain evictor's water level); the prefix cache keeps it then."""
+        rt, writes = self._rt, []
+        for req, k, kind in filled:
+            page = req.page_ids[k]
+            if rt.store_io is None or not rt.store.enabled:
+                self._cache.not_written([page], "store_disabled")
+            elif rt.evictor is not None and not rt.evictor.should_write(k):
+                self._cache.skipped([page])
+                self._skipped.inc()
+            else:
+                writes.append(PageWrite(req, store_key(rt.fingerprint, req.page_hashes[k]), page, k, kind))
+        if not writes:
             return
-        if rt.evictor is not None and not rt.evictor.should_write(k):
-            self._cache.skipped([page])
-            self._skipped.inc()
-            return
-        if not any(w.req is req for w in self._filled):
-            req.io.take(self._lease())
-        self._filled.append(PageWrite(req, store_key(rt.fingerprint, req.page_hashes[k]), page, k, kind))
-
-    def submit(self) -> None:
-        """One store write for every page that filled in this step (bounded queue, deadline: StoreIO)."""
-        filled, self._filled = self._filled, []
-        if not filled:
-            return
-        owners = tuple(dict.fromkeys(w.req for w in filled))  # each holds this write's lease (queue)
-        lease = self._lease()
         self._writes += 1
-        generated = sum(1 for w in filled if w.kind == "offload")
+        lease = f"step_write:{self._writes}"
+        owners = tuple(dict.fromkeys(w.req for w in writes))
+        for req in owners:  # NOTE: before the step finishes any of them (the module docstring)
+            req.io.take(lease)
+        generated = sum(1 for w in writes if w.kind == "offload")
         if generated:
             self._steps.inc()
             self._pages.inc(generated)
-        self._rt.store_io.submit_save(StepSaved(owners, tuple(filled), lease), [w.key for w in filled],
-                                      self._rt.pool.page_addrs([w.page for w in filled]),
-                                      owners=[w.req for w in filled])
-
-    def _lease(self) -> str:
-        """The lease name of the step write being filled now."""
-        return f"step_write:{self._writes + 1}"
+        rt.store_io.submit_save(StepSaved(owners, tuple(writes), lease), [w.key for w in writes],
+                                rt.pool.page_addrs([w.page for w in writes]), owners=[w.req for w in writes])
 
     def saved(self, done) -> None:
-        """A step's write completed (IOCompletion tagged StepSaved), or a rewrite (Restore)."""
-        if isinstance(done.tag, Restore):
-            self.restore.saved(done)
-            return
+        """A step's write completed (IOCompletion tagged StepSaved)."""
         saved: StepSaved = done.tag
         for req in saved.owners:
             req.io.give_back(saved.lease)

@@ -2,11 +2,11 @@
 
     create(job)  validate, register the request (Abort finds it from now on)
     run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline;
-                 prefix-cache hits taken as they are) -> the prompt plan: where the rest of the
-                 prompt KV comes from (decode_node/prompt_plan.py): the store, our own forward, or
-                 Prefill on P (KV lands in our pages, first token back); PromptKV.prepare makes it
-                 and starts our own store read, PromptKV.finish waits for that read and applies it
-                 -> join the continuous batch and stream its events until the final one
+                 prefix-cache hits taken as they are) -> the prompt phase, one call
+                 (PromptKV.fill, decode_node/prompt_kv.py): the rest of the prompt KV from the store,
+                 our own forward, or Prefill on P (KV lands in our pages, first token back) -> P's
+                 first token into the request's queue, join the continuous batch and stream the
+                 queue's events until the final one
 Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
 WorkerErrors; the servicer maps them to gRPC status codes. Any exception before the scheduler owns
 the request gives its pages back: at once, or through the PageFence when P may still write into
@@ -39,20 +39,18 @@ from decode_node.forks import fork_sequences, shared_pages
 from decode_node.growth import GrowthReserve, growth_pages
 from decode_node.prefill_client import PrefillClient
 from decode_node.prompt_kv import PromptKV
-from decode_node.prompt_plan import PromptPlan
 from decode_node.request import DecodeRequest, GenerateJob
 from decode_node.scheduler import DecodeScheduler
 from decode_node.stopping import make_stopper
 from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
-from pdorch.tracing import names, now_ns
+from pdorch.tracing import now_ns
 from pdorch.tracing.worker_spans import request_span
 from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
-from pdorch.worker.prefill_rpc import PrefillJob
 from pdorch.worker.prompt_pages import reusable_pages
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
@@ -82,10 +80,11 @@ class DecodeWorker:
                                          dc.prefix_cache, preemption=dc.preemption, reserve=reserve,
                                          share_inflight=dc.share_inflight_prefix)
         self.prefill_client = PrefillClient(rpc)
-        self.prompt_kv = PromptKV(rt, decode, store, self.recorder.registry, self.recorder.count_store_loaded)
         # NOTE: pages P may still write into go back only when P confirms the write is over.
         self.fence = PageFence(self.scheduler.release, self.prefill_client.confirm_writes_over,
                                self.recorder.registry)
+        self.prompt_kv = PromptKV(rt, decode, store, self.recorder.registry, self.recorder.count_store_loaded,
+                                  self.scheduler, self.prefill_client, self.fence)
         self.max_context = rt.max_context
         self._lock = threading.Lock()
         self._requests: dict[str, DecodeRequest] = {}
@@ -163,8 +162,8 @@ class DecodeWorker:
 
         with spans.admission(req):
             self._admit(req, cancelled)
-        first, forks = self._prompt_kv(req, cancelled)
-        yield from spans.streamed(req, self._stream(req, first, forks, cancelled))
+        self._prompt_kv(req, cancelled)
+        yield from spans.streamed(req, self._stream(req, cancelled))
 
     def _admit(self, req: DecodeRequest, cancelled) -> None:
         """The prompt's pages: hashed once, D's prefix-cache hits taken, the rest allocated (waiting
@@ -188,50 +187,39 @@ class DecodeWorker:
             req.done = True
             raise
 
-    def _prompt_kv(self, req: DecodeRequest, cancelled):
-        """The prompt's KV in place (D's cache, the store, P or D's own forward) and the request in the
-        batch: (the first token's event or None, the forks' first events); on failure every page is
-        given back and the error raised."""
-        sequences = req.job.params.n
-        plan = None
+    def _prompt_kv(self, req: DecodeRequest, cancelled) -> None:
+        """The prompt's KV in place (D's cache, the store, P or D's own forward: PromptKV.fill) and the
+        request in the batch, its first events (P's first token, the forks') already in its queue; on
+        failure every page is given back and the error raised."""
         try:
-            planning = now_ns()
-            plan = self.prompt_kv.prepare(req)  # where each page comes from; D's own store read starts
-            spans.planned(req, plan, planning, self.rt.page_size, names.MISS_NOT_IN_STORE if self.rt.store is not None
-                          and self.rt.store.enabled else names.MISS_STORE_UNAVAILABLE)
-            # conditional disaggregation: a local plan calls no prefill worker at all
-            res = None if plan.local else self._prefill(req, cancelled, plan)
-            self.prompt_kv.finish(req, plan, cancelled)  # D's own read landed: what D still computes is in req
-            forks = self._fork(req, res) if sequences > 1 and res is not None else []
+            res = self.prompt_kv.fill(req, cancelled)
+            # n > 1: the forks start from the state before sequence 0 takes its first token
+            forks = self._fork(req, res) if req.job.params.n > 1 and res is not None else []
             first = None if res is None else take_first_token(self.rt, self.recorder, req, res)
+            if first is not None:
+                req.emit(first)  # streamed by _stream as every later event is
+            for fork, event in forks:
+                self._place(req, fork, event)
             if first is None or not first.final:
-                # NOTE: join BEFORE yielding: if the client goes away at the yield below (GeneratorExit),
-                # the scheduler already owns the request and reaps it (cancelled) with its pages.
+                # NOTE: join BEFORE streaming: if the client goes away meanwhile (GeneratorExit), the
+                # scheduler already owns the request and reaps it (cancelled) with its pages.
                 self.scheduler.join(req)
         except BaseException as e:  # any exit before the scheduler owns the request gives the pages back
-            # NOTE: pages P may still write into were moved to the fence by _prefill already; pages
+            # NOTE: pages P may still write into were moved to the fence by PromptKV.fill already; pages
             # D's own store read still writes into are freed by the scheduler when it completes.
-            self._settle_read(req, plan, cancelled)
             self.scheduler.give_back(req)
             self.recorder.request_failed(aborted=req.cancelled)
             req.done = True
             if isinstance(e, WorkerError):
                 log.info("request %s failed before decoding: %s", req.request_id, e)
             raise
-        return first, forks
+        if first is not None and first.final:  # ended at P's first token: it never joins
+            self.scheduler.give_back(req)
+            self.recorder.request_finished()
 
-    def _stream(self, req: DecodeRequest, first, forks, cancelled):
-        """The events of every sequence until each has ended (or the client has gone)."""
-        open_ = {s.index for s in req.sequences}  # sequences still to end (forks ended at once are not)
-        if first is not None:
-            if first.final:
-                self.scheduler.give_back(req)
-                self.recorder.request_finished()
-                req.done = True
-                open_.discard(0)
-            yield first
-        for _, event in forks:
-            yield event
+    def _stream(self, req: DecodeRequest, cancelled):
+        """The events of every sequence, from its queue, until each has ended (or the client has gone)."""
+        open_ = set(range(req.job.params.n))  # sequences still to end (each has at least one event to come)
         while open_:
             try:
                 event = req.events.get(timeout=EVENT_WAIT_S)
@@ -250,25 +238,27 @@ class DecodeWorker:
                 open_.discard(event.index)
 
     def _fork(self, req: DecodeRequest, res) -> list:
-        """Sequences 1 .. n-1 from P's first tokens, placed on the scheduler before sequence 0 joins:
-        [(fork, its first event)]. A fork whose first token ends it gives its spare page back."""
+        """Sequences 1 .. n-1 from P's first tokens: [(fork, its first event)], placed by _place once
+        sequence 0's first event is in the queue."""
         if len(res.more_first) != req.job.params.n - 1:
             raise PeerFailed(f"request {req.request_id}: prefill answered {len(res.more_first) + 1} first "
                              f"tokens for n={req.job.params.n}")
-        forks = fork_sequences(req, res.more_first, self.tokenizer, self.max_context,
-                               functools.partial(continue_generator, self.rt.sampler))
+        return fork_sequences(req, res.more_first, self.tokenizer, self.max_context,
+                              functools.partial(continue_generator, self.rt.sampler))
+
+    def _place(self, req: DecodeRequest, fork: DecodeRequest, event) -> None:
+        """A fork's first event into the queue, then the fork onto the scheduler before sequence 0
+        joins (its copy of the prompt's last page is taken unwritten); a fork whose first token ends
+        it gives its spare page back."""
+        self.recorder.generated(1)
+        fork.emit(event)  # NOTE: before the scheduler can emit its next one
+        if event.final:
+            self.recorder.request_finished()
+            self.scheduler.fork_ended(req)
+            return
+        req.forks.append(fork)
         shared = tuple(req.page_ids[:shared_pages(req.prompt_len, self.rt.page_size)])
-        tail = req.page_ids[len(shared)]
-        for fork, event in forks:
-            self.recorder.generated(1)
-            if event.final:
-                fork.done = True
-                self.recorder.request_finished()
-                self.scheduler.fork_ended(req)
-                continue
-            req.forks.append(fork)
-            self.scheduler.fork(req, fork, shared, tail)
-        return forks
+        self.scheduler.fork(req, fork, shared, req.page_ids[len(shared)])
 
     def _await_offload(self, req: DecodeRequest) -> None:
         deadline = time.monotonic() + self.store_cfg.op_timeout_s
@@ -311,39 +301,6 @@ class DecodeWorker:
 
     def write_back_left(self, pages: list[int]) -> int:
         return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
-
-    def _settle_read(self, req: DecodeRequest, plan: PromptPlan | None, cancelled=lambda: False) -> None:
-        """Before req.page_ids go back: D's own store read is over, or abandoned (at once for a request
-        `cancelled()`): its pages then leave req.page_ids, the scheduler frees them once Mooncake stops
-        writing into them."""
-        if plan is not None and plan.read is not None:
-            plan.read.settle(req, self.store_cfg.op_timeout_s, cancelled)
-            if plan.read.abandoned:
-                self.scheduler.drop_abandoned(req, plan.read)
-
-    def _prefill(self, req: DecodeRequest, cancelled, plan: PromptPlan):
-        """Prefill on P into the prompt's pages (but those D holds or reads itself). When it fails and
-        P did not say its writes (and reads) are over, the pages go to the fence (taken out of
-        req.page_ids) instead of back to the pool."""
-        page_size, n = self.rt.page_size, req.prompt_len
-        timeout_s = req.deadline - time.monotonic()
-        if not req.own_deadline:  # no client deadline: the operator's bound for a prefill applies
-            timeout_s = min(timeout_s, self.cfg.prefill_timeout_s)
-        job = PrefillJob(request_id=req.request_id, token_ids=req.job.token_ids, params=req.job.params,
-                         decode_segment=self.rt.segment,
-                         dest_page_addrs=tuple(self.rt.pool.page_addrs(req.page_ids[:pages_for(n, page_size)])),
-                         timeout_s=timeout_s, page_size=page_size, model_fingerprint=self.rt.fingerprint,
-                         page_hashes=tuple(req.page_hashes),
-                         decode_loaded_pages=plan.not_from_prefill(),
-                         decode_cached_pages=plan.held,
-                         decode_ranks=tuple(self.rt.tp_ranks) if self.rt.tp_size > 1 else ())
-        try:
-            return self.prefill_client.prefill(req.job.prefill_address, job, timeout_s, cancelled)
-        except BaseException as e:
-            self._settle_read(req, plan, cancelled)  # NOTE: before the fence: no freed page may still be written
-            if not getattr(e, "writes_over", False):
-                self.fence.hold(req.job.prefill_address, req.request_id, self.scheduler.take_pages(req))
-            raise
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

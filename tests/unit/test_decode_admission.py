@@ -137,6 +137,22 @@ def test_admission_keeps_back_a_share_of_what_admitted_requests_may_still_grow(m
     sched.call(sched._rt.allocator.check_integrity)
 
 
+def test_an_admit_message_is_answered_at_once_when_it_fits_and_waits_otherwise():
+    """The scheduler calls admission once per Admit message: a ticket that fits gets its pages in that
+    call (with the ones queued before it that fit); one that does not, or any while a preempted request
+    waits (hold), stays queued."""
+    admission = Admission(PageAllocator(10), max_queued=4, watermark=1.0)
+    fits = AdmitTicket("a", 2, time.monotonic() + 5, never)
+    admission.admit(fits, time.monotonic(), lambda t: None)
+    assert fits.future.result(0) == [0, 1] and admission.waiting == 0
+    held = AdmitTicket("b", 2, time.monotonic() + 5, never)
+    admission.admit(held, time.monotonic(), lambda t: None, hold=True)
+    assert not held.future.done() and admission.waiting == 1
+    too_many = AdmitTicket("c", 9, time.monotonic() + 5, never)
+    admission.admit(too_many, time.monotonic(), lambda t: None)  # answers the queue in order: b fits now
+    assert held.future.result(0) == [2, 3] and not too_many.future.done() and admission.waiting == 1
+
+
 def test_nothing_new_is_admitted_while_a_preempted_request_waits():
     admission = Admission(PageAllocator(10), max_queued=4, watermark=1.0)
     ticket = AdmitTicket("t", 2, time.monotonic() + 5, never)
