@@ -26,24 +26,26 @@ class StubbedHandlers:
         app = create_app(cfg, Tokenizer.from_dir(model_dir), model_dir)
         svc = app.state.service
         svc.dispatcher.stream = _stub_stream  # NOTE: the lifespan never runs: no worker is connected
-        svc.dispatcher.has_capacity = lambda: (True, True)
         self.handlers = app.hot_routes.handlers
 
     async def cpu_us(self, path: str, body: dict, requests: int) -> float:
         """CPU µs per request of `requests` streamed through the route's handler."""
         from router.http.hot_path import HotRequest
+        from router.http.sse import is_last
 
         handler, raw = self.handlers[path.encode()], json.dumps(body).encode()
         headers = [(b"content-type", b"application/json")]
-
-        async def write(chunk: bytes, last: bool) -> None:
-            pass
 
         gc.collect()
         t0 = time.process_time()
         for _ in range(requests):
             response = await handler(HotRequest(path, headers), raw)
-            await response.pump(write)
+            try:
+                async for event in response.events:  # as the hot path writes them (here: to nothing)
+                    if is_last(event):
+                        break
+            finally:
+                await response.close()
         return (time.process_time() - t0) / requests * 1e6
 
 

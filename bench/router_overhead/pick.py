@@ -1,5 +1,5 @@
 """The real router's per-request worker choice at fleet scale: what admission reads of the pool (the
-workers' smallest context, whether each role has a routable worker) and what `Dispatcher._pick`
+workers' smallest context, whether each role has a routable worker) and what `Policy.route`
 runs (the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
 index, with N prefill and N decode workers, no network. The fleet simulation (bench/routing_sim.py,
 removed after aa2abdb) timed the decision core (router/kv/choice.py); this times the router's own
@@ -57,7 +57,7 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
     for n in range(warmup + decisions):
         hashes = rng.choice(conversations)[:rng.choice((4, 16, 64))]
         ta = time.perf_counter()
-        # RouterService.make_job's context limit and admit's capacity check
+        # RouterService._job's context limit and the first routing's capacity check
         if not (pool.context_tokens() and pool.routable("prefill") and pool.routable("decode")):
             raise RuntimeError("the simulated fleet lost its context limit or its routable workers")
         t0 = time.perf_counter()

@@ -40,10 +40,10 @@ STEPS = ("conn", "head", "task", "call", "sent", "data", "resume", "write")
 # (module, attribute) of what the router's handler does before the Generate call, timed per request
 HANDLER_STEPS = (
     ("router.http.hot_path", "HotRequest.__init__"), ("router.http.auth", "Auth.check_client"),
-    ("router.http.generation", "parse"), ("router.http.generation", "sampling_from_sglang"),
-    ("router.http.service", "RouterService.make_job"), ("router.dispatch.policies", "page_hashes"),
-    ("router.http.service", "RouterService.admit"), ("router.http.service", "Progress.__init__"),
-    ("router.dispatch.dispatch", "Dispatcher._pick"), ("router.dispatch.policies", "CacheAware.choose"),
+    ("router.http.generation", "parse"), ("router.http.generation", "sglang_sampling"),
+    ("router.http.service", "RouterService._job"), ("router.dispatch.policies", "page_hashes"),
+    ("router.http.service", "Progress.__init__"),
+    ("router.dispatch.policies", "Policy.route"), ("router.dispatch.policies", "CacheAware.choose"),
     ("router.dispatch.policies", "CacheAware.choose_decode"), ("router.dispatch.policies", "CacheAware.on_routed"),
     ("router.dispatch.policies", "CacheAware.load_changed"), ("router.metrics", "RouterMetrics.routed_to"),
 )

@@ -1,7 +1,7 @@
 """Run one request on a P/D pair: pick workers, stream from D, retry once before the first token,
 resume on another D when D dies mid-stream.
 
-    pick P (policy) + D (least load) --> D.Generate(token ids, prefill_address=P) --> chunks
+    P and D (Policy.route) --> D.Generate(token ids, prefill_address=P) --> chunks
 
 - The Generate stream runs on router/grpc/stream.py (the event loop reads the worker's socket
   itself); chunks that arrive together are handed on together, so they cost one client write.
@@ -18,7 +18,9 @@ resume on another D when D dies mid-stream.
   streamed (router/dispatch/failover.py), at most MAX_FAILOVERS times per request. Any other failure after
   the first token, or a resumption that fails, ends the stream with `StreamFailed` (the HTTP layer
   turns it into an error event; the client already has a 200).
-- Closing the generator (client disconnect) cancels the gRPC call; D propagates it to P.
+- D's last chunk ends the stream: its attempt is closed (D's share of the load given back) before
+  that chunk is handed on, so a consumer that reads to the end closes nothing itself.
+- Closing the generator early (client disconnect) cancels the gRPC call; D propagates it to P.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import grpc
 from pdorch.worker.prefill_rpc import CACHE_TIERS
 from proto.pdorch.v1 import worker_pb2
 from router.dispatch.failover import MAX_FAILOVERS, Resumption
-from router.dispatch.policies import Policy, RouteContext, SessionAffinity
+from router.dispatch.policies import Policy
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError, bad_request, overloaded, unavailable, upstream_error
 from router.fleet.workers import Worker, WorkerPool
@@ -89,40 +91,9 @@ class Dispatcher:
         self.failover = failover and tokenizer is not None  # resume mid-stream (router/dispatch/failover.py)
         self.tokenizer = tokenizer
         self.page_size = page_size
-        self.affinity = SessionAffinity()
         self._probes: set[asyncio.Task] = set()  # blame probes running after a request was answered
         pool.on_remove.append(policy.forget)
-
-    def has_capacity(self) -> tuple[bool, bool]:
-        return bool(self.pool.routable("prefill")), bool(self.pool.routable("decode"))
-
-    def _pick(self, job: Job, page_hashes: list[str], tried_p: set, tried_d: set,
-              resumed: bool = False) -> tuple[Worker, Worker, tuple]:
-        """(P, D, the trace metadata of the call to D: () with tracing off)."""
-        prefills = self.pool.routable("prefill", tried_p) or self.pool.routable("prefill")
-        decodes = self.pool.routable("decode", tried_d) or self.pool.routable("decode")
-        if not prefills or not decodes:
-            missing = " and ".join(r for r, ws in (("prefill", prefills), ("decode", decodes)) if not ws)
-            raise unavailable(f"no healthy {missing} worker is available; retry later")
-        # NOTE: a request only the larger decode pools hold goes to one of those
-        decodes = self.pool.decode_fits(decodes, job.kv_tokens) or \
-            self.pool.decode_fits(self.pool.routable("decode"), job.kv_tokens)
-        if not decodes:
-            raise unavailable(f"no healthy decode worker whose KV pool holds the request's {job.kv_tokens} tokens "
-                              "(prompt + output) is available; retry later")
-        ctx = RouteContext(page_hashes, job.session)
-        p = self.affinity.lookup(job.session, prefills) if job.session else None
-        by_session = p is not None
-        if p is None:
-            p = self.policy.choose(prefills, ctx)
-            if job.session:
-                self.affinity.remember(job.session, p)
-        self.policy.on_routed(p, ctx)
-        d = self.policy.choose_decode(decodes, ctx)
-        if job.trace is None:
-            return p, d, ()
-        decision = "session" if by_session else getattr(self.policy, "last_reason", self.policy.name)
-        return p, d, job.trace.attempt(p, d, self.policy.name, decision, prefills, resumed)
+        pool.on_load.append(policy.load_changed)  # a request's share of a worker's load ended
 
     async def _blame(self, p: Worker, d: Worker, error: str) -> None:
         """Probe both workers; charge the failure to whichever does not answer (D if both do)."""
@@ -161,16 +132,16 @@ class Dispatcher:
                     batch = resumption.rewrite(batch)
                 if batch:
                     # NOTE: the chunk with finish_reason is the last one: the request is complete
-                    # here, so a consumer that stops reading after it must not cancel the call.
+                    # here, and D's share of the load goes back before it is handed on.
                     if batch[-1].finish_reason if sequences == 1 else self._all_ended(batch, ended):
                         # NOTE: unless the router's own stop check ended a resumed stream before D did:
-                        # then closing the attempt cancels D's call.
-                        att.finished = self._done(att.d) and not (resumption and resumption.cut_short)
+                        # then closing the attempt cancels D's call (D served it all the same).
+                        att.close(served=True, cancel=resumption is not None and resumption.cut_short)
                     if self.failover:  # only a resumption reads them
                         for m in batch:
                             streamed.extend(m.token_ids)
                     yield batch
-                    if att.finished:
+                    if att.closed:
                         return
                 try:
                     batch = await att.call.next_batch()
@@ -190,7 +161,7 @@ class Dispatcher:
                     batch = att.first
                     continue
                 if not batch:
-                    att.finished = self._done(att.d)  # ended without a finish_reason: still a clean end
+                    att.close(served=True, cancel=False)  # ended without a finish_reason: still a clean end
                     return
         finally:
             att.close()  # a client that went away (or a failure): stop the work on D and P
@@ -252,7 +223,10 @@ class Dispatcher:
                             job.request_id, last_error.message, remaining)
             elif remaining <= 0:
                 raise _timeout(f"the request's deadline ({job.timeout_s:g} s) passed before it reached a worker")
-            p, d, metadata = self._pick(job, hashes, tried_p, tried_d, resumption is not None)
+            route = self.policy.route(self.pool, hashes, job.session, job.kv_tokens, tried_p, tried_d)
+            p, d = route.p, route.d
+            metadata = () if job.trace is None else \
+                job.trace.attempt(p, d, self.policy.name, route.decision, route.prefills, resumption is not None)
             tried_p.add(p)
             tried_d.add(d)
             if resumption is None:
@@ -261,17 +235,16 @@ class Dispatcher:
                                                  timeout_s=remaining)
             else:
                 req = resumption.request(p.address, remaining)
-            self._count_sent(p, d)
+            self.metrics.routed_to(p.role, p.address)
+            self.metrics.routed_to(d.role, d.address)
             call: StreamCall | None = None
             try:
                 call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
                                           worker_pb2.GenerateResponse.FromString, remaining, metadata)
                 first = await _until_first_token(call)
             except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
-                p.in_flight -= 1
-                d.in_flight -= 1
-                self.policy.load_changed(p)
-                self.policy.load_changed(d)
+                self.pool.done(p, ok=False)
+                self.pool.done(d, ok=False)
                 if call is not None:
                     call.cancel()  # stop the work on D and P
                 if job.trace is not None:
@@ -283,25 +256,10 @@ class Dispatcher:
                 last_error = await self._first_token_failure(e, p, d, job, final)
                 continue
             # First token: prefill is done, P's share of the load ends here.
-            p.in_flight -= 1
-            self.policy.load_changed(p)
-            self.pool.record_success(p)
-            return _Attempt(d, call, first, self.policy.load_changed)
+            self.pool.done(p, ok=True)
+            return _Attempt(d, call, first, self.pool)
         assert last_error is not None
         raise last_error
-
-    def _count_sent(self, p: Worker, d: Worker) -> None:
-        """Both workers' load and the routing metrics, as the request goes out."""
-        for w in (p, d):
-            w.in_flight += 1
-            w.routed += 1
-            w.breaker.on_sent()
-            self.metrics.routed_to(w.role, w.address)
-            self.policy.load_changed(w)
-
-    def _done(self, d: Worker) -> bool:
-        self.pool.record_success(d)
-        return True
 
     async def _first_token_failure(self, e: Exception, p: Worker, d: Worker, job: Job, final: bool) -> APIError:
         if isinstance(e, _EarlyEOF):
@@ -332,19 +290,19 @@ class _EarlyEOF(Exception):
 class _Attempt:
     """An open Generate stream on D past its first token; holds D's share of the load until closed."""
 
-    def __init__(self, d: Worker, call: StreamCall, first: list[worker_pb2.GenerateResponse], load_changed):
+    def __init__(self, d: Worker, call: StreamCall, first: list[worker_pb2.GenerateResponse], pool: WorkerPool):
         self.d, self.call, self.first = d, call, first
-        self._load_changed = load_changed  # the policy's: D's load is one less once closed
-        self.finished = False
-        self._closed = False
+        self._pool = pool
+        self.closed = False
 
-    def close(self) -> None:
-        if self._closed:
+    def close(self, served: bool = False, cancel: bool = True) -> None:
+        """D's share of the load back; `served`: D ended the request (a success for its circuit);
+        `cancel`: D's call is cancelled (the stream did not end: a client gone, a failure)."""
+        if self.closed:
             return
-        self._closed = True
-        self.d.in_flight -= 1
-        self._load_changed(self.d)
-        if not self.finished:
+        self.closed = True
+        self._pool.done(self.d, ok=served)
+        if cancel:
             self.call.cancel()
 
 

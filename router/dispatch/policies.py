@@ -32,7 +32,7 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from router.fleet.workers import Worker
+from router.fleet.workers import RoutableList, Worker, WorkerPool
 from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
 from router.kv.index import KVIndex
 from router.kv.loads import LoadBoard
@@ -43,6 +43,17 @@ from store_client.page_hash import page_hashes
 class RouteContext:
     page_hashes: list[str]
     session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one attempt goes (`Policy.route`): P, D, why P (the policy's reason, or "session"), and
+    the prefill workers P was chosen from (a traced request records them)."""
+
+    p: Worker
+    d: Worker
+    decision: str
+    prefills: RoutableList
 
 
 class LRUSet:
@@ -89,6 +100,29 @@ class Policy:
     def __init__(self, cache_index_pages: int = 65536, load_imbalance_threshold: int = 8):
         self._rr = itertools.count()
         self._decode_rr = itertools.count()  # NOTE: separate from P's, or P and D rotate in lockstep
+        self.affinity = SessionAffinity()
+
+    def route(self, pool: WorkerPool, page_hashes: list[str], session: str | None, kv_tokens: int,
+              tried_p: set[Worker], tried_d: set[Worker]) -> Route:
+        """One attempt's P and D, decided and recorded in one call: the pool's candidates (those not
+        tried yet; 503 without one of each role), P by the session's pin or the policy, D by the
+        policy among the decode pools that hold `kv_tokens`; the routing remembered (the index, the
+        session's pin) and both workers' load counted (`WorkerPool.sent`)."""
+        prefills, decodes = pool.candidates(tried_p, tried_d, kv_tokens)
+        ctx = RouteContext(page_hashes, session)
+        p = self.affinity.lookup(session, prefills) if session else None
+        decision = "session"
+        if p is None:
+            p = self.choose(prefills, ctx)
+            decision = getattr(self, "last_reason", self.name)
+            if session:
+                self.affinity.remember(session, p)
+        self.on_routed(p, ctx)
+        d = self.choose_decode(decodes, ctx)
+        pool.sent(p, d)
+        self.load_changed(p)
+        self.load_changed(d)
+        return Route(p, d, decision, prefills)
 
     def choose(self, workers: list[Worker], ctx: RouteContext) -> Worker:
         raise NotImplementedError

@@ -22,6 +22,7 @@ import grpc
 from pdorch.config import GrpcConfig
 from pdorch.worker.rpc import CallerTokens, aio_channel, client_ssl_context
 from proto.pdorch.v1 import worker_pb2, worker_pb2_grpc
+from router.errors import unavailable
 from router.fleet.circuit import CircuitBreaker
 from router.fleet.layout import KVLayout
 from router.grpc.stream import Channel
@@ -123,6 +124,8 @@ class WorkerPool:
         self._decode_pools: tuple[int, int] | None = None  # the decode workers' (smallest, largest) KV pool; None: recount
         self._health_task: asyncio.Task | None = None
         self.on_remove: list[Callable[[Worker], None]] = []  # callbacks(worker) (policies forget their index)
+        # callbacks(worker) when a request's share of a worker's load ends (`done`; the policy keeps its loads)
+        self.on_load: list[Callable[[Worker], None]] = []
 
     # ------------------------------------------------------------------ membership
     def upsert(self, role: str, address: str, worker_id: str = "", meta: dict | None = None) -> Worker:
@@ -213,10 +216,46 @@ class WorkerPool:
             out = RoutableList(w for w in out if w not in exclude)
         return out
 
+    def candidates(self, tried_p: AbstractSet[Worker], tried_d: AbstractSet[Worker],
+                   kv_tokens: int) -> tuple[RoutableList, list[Worker]]:
+        """(the prefill workers, the decode workers) a request may go to now: those not tried yet where
+        others are routable, and the decode workers whose KV pool holds `kv_tokens` where any does.
+        503 (Retry-After: one health-check interval) when a role has none."""
+        prefills = self.routable("prefill", tried_p) or self.routable("prefill")
+        decodes = self.routable("decode", tried_d) or self.routable("decode")
+        if not prefills or not decodes:
+            missing = " and ".join(r for r, ws in (("prefill", prefills), ("decode", decodes)) if not ws)
+            raise unavailable(f"no healthy {missing} worker is available; retry later",
+                              max(1, int(self.health_interval_s)))
+        # NOTE: a request only the larger decode pools hold goes to one of those
+        fits = self.decode_fits(decodes, kv_tokens) or self.decode_fits(self.routable("decode"), kv_tokens)
+        if not fits:
+            raise unavailable(f"no healthy decode worker whose KV pool holds the request's {kv_tokens} tokens "
+                              "(prompt + output) is available; retry later")
+        return prefills, fits
+
     def _set_healthy(self, w: Worker, healthy: bool) -> None:
         if w.healthy != healthy:
             w.healthy = healthy
             self._routable.clear()
+
+    # ------------------------------------------------------------------ load
+    def sent(self, p: Worker, d: Worker) -> None:
+        """A request goes out to P and D: each one's load and routed count, its circuit told. The caller
+        (the policy that routed it) updates its own view of the loads; `done` tells `on_load`."""
+        for w in (p, d):
+            w.in_flight += 1
+            w.routed += 1
+            w.breaker.on_sent()
+
+    def done(self, w: Worker, ok: bool) -> None:
+        """The request's share of `w`'s load ends (P at the first token, D at the stream's end, both
+        on a failed attempt); `ok`: the worker served it (a circuit on trial closes)."""
+        w.in_flight -= 1
+        for cb in self.on_load:
+            cb(w)
+        if ok:
+            self.record_success(w)
 
     # ------------------------------------------------------------------ outcomes
     def record_success(self, w: Worker) -> None:

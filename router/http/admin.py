@@ -18,8 +18,9 @@ from router.errors import APIError, bad_request, unavailable, upstream_error
 from router.fleet.workers import WorkerPool
 from router.http import formats
 from router.http.auth import Auth
+from router.http.body_sampling import BodySampling
 from router.http.formats import json_response
-from router.http.service import RouterService
+from router.http.service import JobSpec, RouterService
 from router.metrics import RouterMetrics
 
 STORE_FLUSH_TIMEOUT_S = 60.0
@@ -57,10 +58,10 @@ def _add_health_routes(app: FastAPI, svc: RouterService, pool: WorkerPool, metri
         t0 = time.perf_counter()
         ids = svc.encode("Hello") or [0]
         sampling = worker_pb2.SamplingParams(temperature=0.0, top_p=1.0, top_k=-1)
-        job = svc.make_job(ids, sampling, 1, 1, request)
+        spec = JobSpec(ids, BodySampling(sampling, 1, "max_tokens"), default_max_tokens=1)
         try:
-            started = await svc.start(job, "/health_generate", t0)
-            progress, run = started.progress, started.run
+            run = await svc.start(request, "/health_generate", t0, spec)
+            progress = run.progress
             try:
                 async for _ in run:
                     pass

@@ -1,7 +1,10 @@
 """From a parsed request body to the worker's SamplingParams: the ranges pydantic cannot express,
-the fields refused by name (never silently dropped), the served defaults, n."""
+the fields refused by name (never silently dropped), the served defaults, n. A handler makes its
+body's in one call: `openai_sampling` (chat, completions) or `sglang_sampling` (/generate)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 
@@ -15,7 +18,41 @@ from router.http.bodies import (
     SGLangSampling,
     _OpenAISampling,
 )
-from router.http.logprobs import MAX_TOP_LOGPROBS
+from router.http.logprobs import MAX_TOP_LOGPROBS, openai_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class BodySampling:
+    """A body's sampling as the worker takes it, and what the job's limits need of the body."""
+
+    params: worker_pb2.SamplingParams  # without max_tokens (RouterService.start sets it against the limits)
+    max_tokens: int | None  # as asked; None: the route's default
+    max_tokens_param: str  # the field that asked it (named by a limit's 400)
+    top: int | None = None  # OpenAI's top logprobs asked (None: no logprobs)
+
+
+def openai_sampling(req, chat: bool, defaults: dict, max_n: int, tokenizer) -> BodySampling:
+    """A chat or completions body's sampling, checked: the model's `defaults` where it left a field
+    unset, n within `max_n` (router.max_n), logprobs, bad_words tokenized, the request_id's form."""
+    sp, max_tokens = sampling_from_openai(with_defaults(req, defaults))
+    check_n(sp.n, max_n)
+    top = openai_logprobs(req, chat)
+    if top is not None:
+        sp.logprobs = top
+        if not chat and req.echo:  # the prompt's tokens with their logprobs: P computes them all
+            sp.prompt_logprobs = max(top, req.prompt_logprobs or 0)
+    if req.bad_words:  # NOTE: only a body with bad_words pays their tokenizing and the proto extend
+        sp.bad_words.extend(worker_pb2.TokenIds(ids=w) for w in bad_words_ids(req.bad_words, tokenizer))
+    check_request_id(req.request_id)
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return BodySampling(sp, max_tokens, param, top)
+
+
+def sglang_sampling(params: SGLangSampling, defaults: dict, max_n: int) -> BodySampling:
+    """/generate's sampling_params, checked: the model's `defaults` where unset, n within `max_n`."""
+    sp, max_tokens = sampling_from_sglang(with_defaults(params, defaults))
+    check_n(sp.n, max_n, "sampling_params.n")
+    return BodySampling(sp, max_tokens, "sampling_params.max_new_tokens")
 
 
 def _stops(stop: str | list[str] | None, param: str = "stop") -> list[str]:

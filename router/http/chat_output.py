@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from router.http import formats
 from router.http.json_calls import ToolStream, final_message
 from router.http.reasoning import ReasoningStream, start_of
 from router.http.reasoning import split as split_reasoning
@@ -73,10 +72,11 @@ class ChatShape:
             msg["reasoning_content"] = reasoning
         return msg, finish
 
-    def stream(self, continuous: bool, index: int = 0):
-        """chunk(progress, oid, created, model, delta_text, first, include_usage, logprobs=None) -> bytes
-        (b"": nothing to send yet) for a chat that is not plain; `index`: the choice it streams (n > 1);
-        `logprobs`: the chat logprobs of the tokens this call adds (router/http/logprobs.py take_chat)."""
+    def stream(self):
+        """step(progress, logprobs=None) -> (delta, finish_reason, logprobs), or None while there is
+        nothing to send yet, for a chat that is not plain: what the choice's next chunk carries (the
+        handler makes it an SSE chunk: formats.chat_delta_chunk). `logprobs`: the chat logprobs of the
+        tokens this call adds (router/http/logprobs.py take_chat); those of a chunk held back go with the next."""
         inner: OutputStream
         if self.json_forced and self.plan is not None:
             inner = ToolStream(self.plan)
@@ -87,7 +87,7 @@ class ChatShape:
         thinking = ReasoningStream(self.reasoning, self.start) if self.reasoning else None
         role_sent, held = [False], []  # held: logprobs of tokens whose chunk sent nothing yet
 
-        def chunk(p, oid, created, model, delta_text, first, include_usage, logprobs=None) -> bytes:
+        def step(p, logprobs: dict | None = None) -> tuple[dict, str | None, dict | None] | None:
             think, text = thinking.feed(p.text, final=bool(p.finish_reason)) if thinking else ("", p.text)
             if p.finish_reason:
                 delta, finish = inner.finish(text, p.finish_reason)
@@ -100,14 +100,13 @@ class ChatShape:
             if logprobs is not None:
                 held.extend(logprobs["content"])
             if not delta and not finish:
-                return b""
+                return None
             lps = None
             if logprobs is not None:
                 lps = {"content": list(held), "refusal": None}
                 held.clear()
-            return formats.chat_delta_chunk(p, oid, created, model, delta, finish, include_usage, continuous, lps,
-                                            index=index)
-        return chunk
+            return delta, finish, lps
+        return step
 
 
 class TextStream:

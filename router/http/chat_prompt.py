@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from engine.chat_prompts import ChatPrompts
+from engine.chat_template import ChatTemplateError
 from pdorch.config import ModelConfig
 from router.errors import bad_request
 from router.http.tools import template_messages
@@ -25,7 +26,6 @@ log = logging.getLogger(__name__)
 def chat_prompts(tokenizer, model: ModelConfig) -> ChatPrompts:
     """The chat templates the router renders with (engine/chat_prompts.py); a model.chat_template that
     cannot be read, compiled or rendered is a ConfigError naming the key."""
-    from engine.tokenizer import ChatTemplateError
     from pdorch.config_loader import ConfigError
 
     try:
@@ -52,12 +52,16 @@ def chat_status(chat: ChatPrompts, tool_parser: str) -> dict:
     return out
 
 
-def chat_prompt_ids(svc, req, template_kwargs: dict) -> list[int]:
-    """`svc`: the RouterService; `req`: a body with messages and the template fields; `template_kwargs`:
-    the template's extra variables (chat_template_kwargs, tools)."""
+def chat_prompt_ids(chat: ChatPrompts, req, template_kwargs: dict) -> list[int]:
+    """The prompt's token ids, rendered by `chat` (the RouterService's); `req`: a body with messages and
+    the template fields; `template_kwargs`: the template's extra variables (chat_template_kwargs, tools).
+    A template that refuses the messages is a 400 naming the field."""
     check_template_fields(req)
-    return svc.encode_chat(template_messages(req.messages), req.add_generation_prompt, req.continue_final_message,
+    try:
+        return chat.encode(template_messages(req.messages), req.add_generation_prompt, req.continue_final_message,
                            **template_kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), param=e.param or "messages") from None
 
 
 def check_template_fields(req) -> None:

@@ -2,7 +2,7 @@
 
 The decode worker streams every sequence on one Generate call, each chunk tagged with its `index`
 (decode_node/forks.py: one prefill, one KV push, the prompt's pages shared). The router folds the
-chunks into one Progress per sequence (router/http/service.py `_Run.choices`); here they become
+chunks into one Progress per sequence (router/http/service.py `Run.choices`); here they become
 `choices[i]` (non-streamed), chunks whose choice carries `index: i` (streamed, each choice with its
 own role delta, tool-call and reasoning parsers and logprobs) or, for /generate, a list of bodies
 (streamed: bodies with an `index`). Usage counts the prompt once and every choice's tokens.
@@ -109,7 +109,13 @@ class OpenAIChoices:
         if shape is None or shape.plain:
             fn = formats.chat_chunk if self.chat else formats.completion_chunk
             return functools.partial(fn, continuous_usage=continuous, index=i)
-        return shape.stream(continuous, index=i)
+        step = shape.stream()
+
+        def chunk(p, oid, created, model, _text, _first, include_usage, logprobs=None) -> bytes:
+            out = step(p, logprobs)
+            return b"" if out is None else formats.chat_delta_chunk(p, oid, created, model, out[0], out[1],
+                                                                    include_usage, continuous, out[2], index=i)
+        return chunk
 
     def _logprobs(self, i: int, delta: str) -> dict:
         """The chunk's tokens' logprobs (a shaped chat's stream holds them while it holds their text)."""

@@ -15,26 +15,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pdorch.config import Config
-from proto.pdorch.v1 import worker_pb2
-from router.dispatch.dispatch import Job, StreamFailed
+from router.dispatch.dispatch import StreamFailed
 from router.errors import APIError, stream_error_event, upstream_error
 from router.http import formats
 from router.http.auth import Auth
 from router.http.bodies import ChatCompletionRequest, CompletionRequest, GenerateRequest, parse
-from router.http.body_sampling import (
-    bad_words_ids,
-    check_n,
-    check_request_id,
-    sampling_from_openai,
-    sampling_from_sglang,
-    with_defaults,
-)
+from router.http.body_sampling import openai_sampling, sglang_sampling
 from router.http.chat_output import ChatShape
 from router.http.chat_prompt import chat_prompt_ids
 from router.http.choices import GenerateChoices, OpenAIChoices
-from router.http.logprobs import Logprobs, check_top, openai_logprobs, with_prompt_logprobs
+from router.http.logprobs import Logprobs, check_top, with_prompt_logprobs
 from router.http.reasoning import NO_THINKING, start_of
-from router.http.service import DEFAULT_GENERATE_MAX_TOKENS, RouterService
+from router.http.service import DEFAULT_GENERATE_MAX_TOKENS, JobSpec, RouterService, Run
 from router.http.sse import SSEResponse
 from router.http.structured import grammar_of
 from router.http.tool_grammar import after_thinking, answer_or_calls
@@ -68,13 +60,10 @@ async def _sse_events(run, progress, first: str, chunk, tail):
 class PreparedOpenAI:
     """An OpenAI body (chat or completions) made ready to run (`GenerationHandlers.openai_job`)."""
 
-    sampling: worker_pb2.SamplingParams  # the job's own (the handler reads n, and the job carries it)
+    spec: JobSpec  # what RouterService.start runs: the prompt's ids and the sampling
     plan: ToolPlan | None  # the chat's tools (None: completions, or a chat without tools)
     start: str  # where a reasoning model's output starts (router/http/reasoning.py start_of)
-    top: int | None  # top logprobs asked (None: none)
     echo: bool  # completions' echo: the prompt leads the text
-    ids: list[int]  # the prompt's token ids
-    job: Job  # the dispatch job
 
 
 class GenerationHandlers:
@@ -83,7 +72,7 @@ class GenerationHandlers:
         self.svc = svc
         self.auth = auth
 
-    def sse(self, events, run) -> SSEResponse:
+    def sse(self, events, run: Run) -> SSEResponse:
         """The stream of a request's `run` (router/http/service.py), closed with it, kept alive."""
         return SSEResponse(events, run.aclose, self.cfg.router.keepalive_s, run)
 
@@ -98,15 +87,16 @@ class GenerationHandlers:
         svc = self.svc
         self.auth.check_request(request)
         req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
-        svc.check_model(req.model)
-        prep = self.openai_job(req, chat, request, arrived)
-        sampling, plan, start, top, echo, ids = prep.sampling, prep.plan, prep.start, prep.top, prep.echo, prep.ids
+        svc.served.check(req.model)
+        prep = self.openai_job(req, chat, arrived)
+        plan, start, echo, ids = prep.plan, prep.start, prep.echo, prep.spec.ids
+        sampling, top = prep.spec.sampling.params, prep.spec.sampling.top
         route = "/v1/chat/completions" if chat else "/v1/completions"
-        oid = ("chatcmpl-" if chat else "cmpl-") + prep.job.request_id
+        run = await svc.start(request, route, t0, prep.spec)
+        progress, first = run.progress, run.first
+        oid = ("chatcmpl-" if chat else "cmpl-") + progress.request_id
         created = int(time.time())
         model = svc.model_name
-        started = await svc.start(prep.job, route, t0)
-        progress, first, run = started.progress, started.first, started.run
         lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
 
         def logprobs_of(p):  # one choice's
@@ -145,7 +135,12 @@ class GenerationHandlers:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
                                       continuous_usage=continuous)
         else:
-            chunk = shape.stream(continuous)
+            step = shape.stream()
+
+            def chunk(p, oid, created, model, _text, _first, include_usage, logprobs=None) -> bytes:
+                out = step(p, logprobs)  # router/http/chat_output.py: the delta; here its bytes
+                return b"" if out is None else formats.chat_delta_chunk(p, oid, created, model, out[0], out[1],
+                                                                        include_usage, continuous, out[2])
 
         def tail() -> bytes:
             return (formats.usage_chunk(progress, oid, created, model, chat) if include_usage else b"") + formats.DONE
@@ -162,22 +157,14 @@ class GenerationHandlers:
 
         return self.sse(_sse_events(run, progress, first, one, tail), run)
 
-    def openai_job(self, req, chat: bool, request: Request, arrived: float) -> PreparedOpenAI:
-        """An OpenAI body (chat or completions) checked and made into its dispatch job."""
+    def openai_job(self, req, chat: bool, arrived: float) -> PreparedOpenAI:
+        """An OpenAI body (chat or completions) checked and made into what RouterService.start runs."""
         svc = self.svc
-        sampling, max_tokens = sampling_from_openai(with_defaults(req, svc.sampling_defaults))
-        check_n(sampling.n, self.cfg.router.max_n)
+        sampling = openai_sampling(req, chat, svc.sampling_defaults, self.cfg.router.max_n, svc.tokenizer)
         plan = tool_plan(req, svc.tool_parser) if chat else None
-        top = openai_logprobs(req, chat)
-        if top is not None:
-            sampling.logprobs = top
         echo = not chat and bool(req.echo)
-        if echo and top is not None:  # the prompt's tokens with their logprobs: P computes them all
-            sampling.prompt_logprobs = max(top, req.prompt_logprobs or 0)
-        if req.bad_words:  # NOTE: only a body with bad_words pays their tokenizing and the proto extend
-            sampling.bad_words.extend(worker_pb2.TokenIds(ids=w) for w in bad_words_ids(req.bad_words, svc.tokenizer))
         if chat:
-            ids = chat_prompt_ids(svc, req, template_kwargs(req, plan))
+            ids = chat_prompt_ids(svc.chat, req, template_kwargs(req, plan))
         else:
             ids = completion_prompt(req.prompt, svc)
         # the prompt's end (the template's generation prompt) says whether the output starts in a think block
@@ -185,22 +172,20 @@ class GenerationHandlers:
         start = start_of(svc.reasoning_parser, svc.tokenizer.decode(ids[-8:])) if thinks else NO_THINKING
         grammar = constraint(req, plan, start)
         if grammar is not None:
-            sampling.grammar.CopyFrom(grammar[0])
-        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        job = svc.make_job(ids, sampling, max_tokens, None, request, check_request_id(req.request_id),
-                           max_tokens_param=param, arrived=arrived, grammar_param=grammar[1] if grammar else "",
-                           session=req.prompt_cache_key or req.session_id)
-        return PreparedOpenAI(sampling, plan, start, top, echo, ids, job)
+            sampling.params.grammar.CopyFrom(grammar[0])
+        spec = JobSpec(ids, sampling, arrived, req.request_id, grammar[1] if grammar else "",
+                       req.prompt_cache_key or req.session_id)
+        return PreparedOpenAI(spec, plan, start, echo)
 
     async def generate(self, request: Request, body: bytes):
         t0, arrived = time.perf_counter(), time.monotonic()
         svc = self.svc
         self.auth.check_request(request)
         req = parse(GenerateRequest, body)
-        sampling, start, prompt, job = self._generate_job(req, request, arrived)
-        started = await svc.start(job, "/generate", t0)
-        progress, run = started.progress, started.run
-        if sampling.n > 1:  # router/http/choices.py
+        start, prompt, spec = self._generate_job(req, arrived)
+        run = await svc.start(request, "/generate", t0, spec)
+        progress = run.progress
+        if spec.sampling.params.n > 1:  # router/http/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
             many = GenerateChoices(run, lambda p, i: formats.generate_body(
                 p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs, prompt, start)))
@@ -237,14 +222,14 @@ class GenerationHandlers:
         return self.sse(events(), run)
 
 
-    def _generate_job(self, req: GenerateRequest, request: Request, arrived: float):
-        """(sampling, logprob start, the prompt ids when its logprobs are asked, the dispatch job) of
+    def _generate_job(self, req: GenerateRequest, arrived: float) -> tuple[int, list[int] | None, JobSpec]:
+        """(logprob start, the prompt ids when its logprobs are asked, what RouterService.start runs) of
         an SGLang /generate body."""
         svc = self.svc
         if (req.text is None) == (req.input_ids is None):
             raise APIError(400, "give exactly one of `text` or `input_ids`", param="text")
-        sampling, max_tokens = sampling_from_sglang(with_defaults(req.sampling_params, svc.sampling_defaults))
-        check_n(sampling.n, self.cfg.router.max_n, "sampling_params.n")
+        body_sampling = sglang_sampling(req.sampling_params, svc.sampling_defaults, self.cfg.router.max_n)
+        sampling = body_sampling.params
         start = -1 if req.logprob_start_len is None else req.logprob_start_len  # >= 0: prompt logprobs from there
         if req.return_logprob:
             check_top(req.top_logprobs_num, "top_logprobs_num")
@@ -259,13 +244,12 @@ class GenerationHandlers:
             raise APIError(400, f"logprob_start_len {start} is past the prompt's {len(ids)} tokens",
                            param="logprob_start_len")
         prompt = ids if req.return_logprob and start >= 0 else None
-        job = svc.make_job(ids, sampling, max_tokens, DEFAULT_GENERATE_MAX_TOKENS, request, req.rid,
-                           max_tokens_param="sampling_params.max_new_tokens", arrived=arrived,
-                           grammar_param=grammar[1] if grammar else "")
-        return sampling, start, prompt, job
+        spec = JobSpec(ids, body_sampling, arrived, req.rid, grammar[1] if grammar else "",
+                       default_max_tokens=DEFAULT_GENERATE_MAX_TOKENS)
+        return start, prompt, spec
 
 
-async def drain(run) -> None:
+async def drain(run: Run) -> None:
     """Run a worker stream to its end (its chunks fold into its progress); a failure is a 502."""
     try:
         async for _ in run:

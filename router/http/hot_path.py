@@ -33,7 +33,8 @@ from pdorch.tracing.setup import NO_TRACING, Tracing
 from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
 from router.http.formats import error_response
-from router.http.sse import SSE_HEADERS, SSEResponse
+from router.http.keepalive import KeepAlive
+from router.http.sse import SSE_HEADERS, SSEResponse, is_last
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")
@@ -220,25 +221,43 @@ class HotCycle:
         self.transport.write(b"".join(parts))
         self._complete()
 
-    async def _stream(self, response) -> None:
-        """Server-sent events in chunked encoding; the stream's last event ends with `data: [DONE]`
-        and closes the body in the same write."""
-        head = [b"".join(self._head(200, _SSE_HEADERS))]  # goes out with the first event
-
-        async def write(event: bytes, last: bool) -> None:
-            data = b"%s%x\r\n%s\r\n%s" % (head[0], len(event), event, b"0\r\n\r\n" if last else b"")
-            head[0] = b""
-            if self.flow.write_paused:
-                await self.flow.drain()
-            self.transport.write(data)
-
-        def send_now(data: bytes) -> None:  # keep-alives (router/http/keepalive.py); the head is out
-            if not self.transport.is_closing():
-                self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-
-        if not await response.pump(write, send_now=send_now):
-            self.transport.write(head[0] + b"0\r\n\r\n")
+    async def _stream(self, response: SSEResponse) -> None:
+        """Server-sent events in chunked encoding, each written as the handler's events give it; the
+        stream's last event (`is_last`: `data: [DONE]`, or a `LastEvent`) closes the body in the same
+        write. Keep-alive comments while it waits (router/http/keepalive.py), from its first event on."""
+        head = b"".join(self._head(200, _SSE_HEADERS))  # goes out with the first event
+        transport, flow = self.transport, self.flow
+        alive: KeepAlive | None = None
+        try:
+            async for event in response.events:
+                if alive is not None:
+                    alive.waiting = False
+                last = is_last(event)
+                data = b"%s%x\r\n%s\r\n%s" % (head, len(event), event, b"0\r\n\r\n" if last else b"")
+                head = b""
+                if flow.write_paused:
+                    await flow.drain()
+                transport.write(data)
+                if last:
+                    break
+                if alive is None and response.keepalive_s > 0:  # the head is out: comments may follow
+                    alive = KeepAlive(response.keepalive_s, self._send_now)
+                    if response.run is not None:
+                        response.run.on_pause = alive.now
+                if alive is not None:
+                    alive.idle()
+            else:
+                transport.write(head + b"0\r\n\r\n")
+        finally:
+            if alive is not None:
+                alive.stop()
+            await response.close()
         self._complete()
+
+    def _send_now(self, data: bytes) -> None:
+        """A keep-alive comment (router/http/keepalive.py); the head is out."""
+        if not self.transport.is_closing():
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _complete(self) -> None:
         self.response_complete = True

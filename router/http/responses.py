@@ -73,7 +73,7 @@ class ResponsesHandlers:
         svc = self.svc
         self.gen.auth.check_request(request)
         req = parse(ResponsesRequest, body)
-        svc.check_model(req.model)
+        svc.served.check(req.model)
         check_served(req)
         chain = self.store.chain(req.previous_response_id) if req.previous_response_id else None
         key = f"{self._prefix}{next(self._counter):08x}"
@@ -83,11 +83,11 @@ class ResponsesHandlers:
         history = [m for turn in chain.turns for m in orjson.loads(turn)] if chain is not None else []
         try:
             chat = _chat_request(chat_body(req, conversation(req, history, new), req.prompt_cache_key or root))
-            prep = self.gen.openai_job(chat, True, request, arrived)
-            started = await svc.start(prep.job, ROUTE, t0)
+            prep = self.gen.openai_job(chat, True, arrived)
+            run = await svc.start(request, ROUTE, t0, prep.spec)
         except APIError as e:
             raise responses_param(e) from None
-        progress, first, run = started.progress, started.first, started.run
+        progress, first = run.progress, run.first
         shape = ChatShape(prep.plan, svc.tool_parser, svc.reasoning_parser, prep.start)
         turn = _Turn(base(req, rid, int(time.time()), svc.model_name), key, req.previous_response_id, root, new,
                      shape, req.store)
@@ -176,10 +176,9 @@ def output_feeder(shape: ChatShape, p, items: OutputItems):
     a shaped one's deltas are what ChatShape streams to a chat client (its chunks' `delta`s)."""
     if shape.plain:
         return lambda text, first: items.text("message", text) if text else []
-    chunk = shape.stream(False)
+    step = shape.stream()
 
     def feed(text: str, first: bool) -> list[dict]:
-        raw = chunk(p, "", 0, "", text, first, False)
-        return [event for piece in raw.split(b"\n\n") if piece.startswith(b"data: {")
-                for choice in orjson.loads(piece[6:])["choices"] for event in items.feed(choice["delta"])]
+        out = step(p)
+        return items.feed(out[0]) if out is not None else []
     return feed

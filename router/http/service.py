@@ -1,9 +1,11 @@
-"""What the HTTP handlers share: model identity, tokenization, limits, admission, job runs.
+"""What the HTTP handlers share: the model's tokenizer, chat templates and parsers, the limits, and
+the one call that runs a request (`RouterService.start`).
 
 The handlers (router/http/generation.py for the generation routes, which the router's HTTP protocol
 answers itself: router/http/hot_path.py; router/http/admin.py for the others) parse bodies and format responses
-(router/http/formats.py); everything between (token ids,
-context checks, the 429 / 503 gates, timing metrics, client-disconnect handling) is here.
+(router/http/formats.py); between them a handler makes one call, `start` (the job's checks against
+the context and the decode pools, the 429 gate, the run to its first token), and iterates the `Run`
+it returns, whose end gives everything back (the admission, D's share of the load, the metrics).
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.requests import Request
-
 from pdorch.config import ModelConfig, RouterConfig
-from proto.pdorch.v1 import worker_pb2
 from router.dispatch.dispatch import Dispatcher, Job
 from router.dispatch.policies import Policy
-from router.errors import APIError, bad_request, overloaded, unavailable
+from router.errors import bad_request, overloaded
 from router.fleet.workers import WorkerPool
-from router.http.body_sampling import DEFAULTABLE
+from router.http.body_sampling import DEFAULTABLE, BodySampling
 from router.http.chat_prompt import chat_prompts, chat_status
 from router.http.formats import Progress
 from router.http.reasoning import FAMILY_PARSER as REASONING_FORMATS
+from router.http.served_model import ServedModel
 from router.http.tool_parsers import FAMILY_PARSER as TOOL_FORMATS
 from router.metrics import RouterMetrics
 
@@ -34,16 +34,6 @@ DEFAULT_GENERATE_MAX_TOKENS = 128  # SGLang's default max_new_tokens
 # The body field that holds the prompt, per route (named by prompt errors).
 _PROMPT_PARAM = {"/v1/chat/completions": "messages", "/v1/completions": "prompt", "/generate": "input_ids"}
 _TOKEN_ID_MAX = 2**31 - 1  # worker.proto's int32 token ids
-
-
-def model_aliases(name: str, source: str, model_dir: Path | None) -> frozenset[str]:
-    """Names a client may send as `model`: the served name, the source, the prepared dir, and
-    each one's last path component (SGLang's bench_multiturn sends --model-path)."""
-    names = {name, source, "default"}
-    if model_dir is not None:
-        names.add(str(model_dir))
-    names |= {os.path.basename(os.path.normpath(n)) for n in list(names) if n}
-    return frozenset(n for n in names if n)
 
 
 def parser_of(setting: str, model_dir: Path | None, by_family: dict[str, str], template: str | None = None) -> str:
@@ -107,7 +97,7 @@ class RouterService:
         self.dispatcher = Dispatcher(pool, policy, metrics, failover=failover, tokenizer=tokenizer,
                                      page_size=model.page_size)
         self.model_name = model.served_name
-        self.aliases = model_aliases(model.served_name, model.source, model_dir)
+        self.served = ServedModel.of(model.served_name, model.source, model_dir)  # the `model` a body may name
         self._dir_context = context_from_model_dir(model_dir)
         self.chat = chat_prompts(tokenizer, model)
         self.tool_parser = parser_of(model.tool_call_parser, model_dir, TOOL_FORMATS, self.chat.setup.call_format)
@@ -124,52 +114,54 @@ class RouterService:
     def _new_request_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):016x}"
 
-    # ------------------------------------------------------------------ validation
-    def check_model(self, model: str | None) -> None:
-        if model is None:  # no `model` field: the served model
-            return
-        if model not in self.aliases and os.path.basename(os.path.normpath(model)) not in self.aliases:
-            raise APIError(404, f"model {model!r} is not served here; this router serves {self.model_name!r}",
-                           "invalid_request_error", "model", "model_not_found")
-
     def context_limit(self) -> int:
         """Longest prompt + output: config, else the workers' own limit, else the model's."""
         if self.model_cfg.max_context_tokens:
             return self.model_cfg.max_context_tokens
         return self.pool.context_tokens() or self._dir_context
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    **template_kwargs) -> list[int]:
-        """`template_kwargs`: the template's extra variables (tools, chat_template_kwargs)."""
-        from engine.tokenizer import ChatTemplateError
-
-        try:
-            return self.chat.encode(messages, add_generation_prompt, continue_final_message, **template_kwargs)
-        except ChatTemplateError as e:
-            raise bad_request(str(e), param=e.param or "messages") from None
-
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
-    def make_job(self, token_ids: list[int], sampling: worker_pb2.SamplingParams, max_tokens: int | None,
-                 default_max_tokens: int | None, request: Request, request_id: str | None = None,
-                 max_tokens_param: str = "max_tokens", arrived: float | None = None, grammar_param: str = "",
-                 session: str | None = None) -> Job:
-        """The dispatch job of a validated prompt. `arrived` (time.monotonic() when the request came
+    # ------------------------------------------------------------------ running
+    async def start(self, request, route: str, t0: float, spec: JobSpec) -> Run:
+        """Run a request to its first token: its job made and checked (400s naming the field), the
+        admission gate (429 past router.max_queued_requests; a 503 without a healthy P and D comes
+        from the dispatcher's first routing), the stream opened on a P/D pair. `request`: the HTTP
+        request (its headers, its spans); `route`: the path, for the metrics and the prompt's field.
+        Cancelling the caller (client disconnect) cancels the worker call."""
+        job = self._job(request, route, spec)
+        if self.in_flight >= self.router_cfg.max_queued_requests:
+            raise overloaded(f"the router has {self.in_flight} requests in flight "
+                             f"(router.max_queued_requests={self.router_cfg.max_queued_requests}); retry later")
+        self.in_flight += 1
+        run = Run(self, job, route, t0)
+        try:
+            await run.open()
+        except BaseException:
+            await run.aclose()
+            raise
+        return run
+
+    def _job(self, request, route: str, spec: JobSpec) -> Job:
+        """The dispatch job of a validated prompt. `spec.arrived` (time.monotonic() when the request came
         in) starts its one deadline, so tokenizing counts too; None = from now."""
+        token_ids, sampling = spec.ids, spec.sampling.params
+        max_tokens, max_tokens_param = spec.sampling.max_tokens, spec.sampling.max_tokens_param
+        prompt_param = _PROMPT_PARAM.get(route, "prompt")
         n = len(token_ids)
         if n == 0:
-            raise bad_request("the prompt is empty", param=_prompt_param(request))
+            raise bad_request("the prompt is empty", param=prompt_param)
         vocab = self._vocab_size or _TOKEN_ID_MAX + 1
         low, high = min(token_ids), max(token_ids)
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise bad_request(f"token ids must be in [0, {vocab}) (the model's vocabulary), got {bad}",
-                              param=_prompt_param(request))
+                              param=prompt_param)
         if sampling.logit_bias:  # NOTE: the proto's empty map and list cost a pass each: only bodies that set them
             biased = [t for t in sampling.logit_bias if t >= vocab]
             if biased:
-                param = "sampling_params.logit_bias" if _prompt_param(request) == "input_ids" else "logit_bias"
+                param = "sampling_params.logit_bias" if prompt_param == "input_ids" else "logit_bias"
                 raise bad_request(f"logit_bias: token id {biased[0]} is not in the model's vocabulary [0, {vocab})",
                                   param=param)
         if sampling.allowed_token_ids:
@@ -180,7 +172,7 @@ class RouterService:
         limit = self.context_limit()
         if limit and n >= limit:
             raise bad_request(f"the prompt has {n} tokens but the model's context is {limit} tokens "
-                              "(prompt + output must fit)", param=_prompt_param(request))
+                              "(prompt + output must fit)", param=prompt_param)
         # NOTE: a request no decode worker's KV pool could hold whole is refused here, not admitted to
         # wait or be preempted forever (decode_node/preemption.py); the largest pool decides, and one
         # only the larger pools hold is routed to those (Job.kv_tokens, WorkerPool.decode_fits)
@@ -188,9 +180,10 @@ class RouterService:
         if pool and n >= pool:
             raise bad_request(f"the prompt has {n} tokens but the largest decode worker's KV pool holds {pool} tokens "
                               "(decode.num_pages x model.page_size; prompt + output must fit)",
-                              param=_prompt_param(request))
+                              param=prompt_param)
         if max_tokens is None:
-            max_tokens = default_max_tokens if default_max_tokens is not None else (limit - n if limit else 16)
+            default = spec.default_max_tokens
+            max_tokens = default if default is not None else (limit - n if limit else 16)
             if limit:
                 max_tokens = min(max_tokens, limit - n)
             if pool:
@@ -209,60 +202,32 @@ class RouterService:
             if need > pool:
                 raise bad_request(f"n={sampling.n} sequences of up to {max_tokens} tokens each after the prompt's "
                                   f"{n} tokens need about {need} tokens of KV, more than the largest decode worker's pool of "
-                                  f"{pool} (decode.num_pages x model.page_size)", param=_n_param(_prompt_param(request)))
-        hashes = self.dispatcher.policy.prompt_hashes(token_ids, self.model_cfg.page_size)
+                                  f"{pool} (decode.num_pages x model.page_size)", param=_n_param(prompt_param))
+        hashes = self.policy.prompt_hashes(token_ids, self.model_cfg.page_size)
         header = self.router_cfg.session_affinity_header
-        session = (request.headers.get(header) if header else None) or session
+        session = (request.headers.get(header) if header else None) or spec.session
         timeout_s = self.router_cfg.request_timeout_s
         trace = getattr(request, "trace", None)  # the hot path's RequestTrace; None with tracing off
-        job = Job(request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
-                  deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=grammar_param,
+        arrived = spec.arrived
+        job = Job(spec.request_id or self._new_request_id(), token_ids, sampling, hashes, timeout_s, session,
+                  deadline=arrived + timeout_s if arrived is not None else 0.0, grammar_param=spec.grammar_param,
                   kv_tokens=kv_tokens if pool else 0, trace=trace)
         if trace is not None:
             trace.request(job.request_id, n)
         return job
 
-    # ------------------------------------------------------------------ admission
-    def admit(self) -> None:
-        if self.in_flight >= self.router_cfg.max_queued_requests:
-            raise overloaded(f"the router has {self.in_flight} requests in flight "
-                             f"(router.max_queued_requests={self.router_cfg.max_queued_requests}); retry later")
-        has_p, has_d = self.dispatcher.has_capacity()
-        if not (has_p and has_d):
-            missing = " and ".join(r for r, ok in (("prefill", has_p), ("decode", has_d)) if not ok)
-            raise unavailable(f"no healthy {missing} worker is available; retry later",
-                              max(1, int(self.router_cfg.health_check_interval_s)))
-        self.in_flight += 1
-
-    def release(self) -> None:
-        self.in_flight -= 1
-
-    # ------------------------------------------------------------------ running
-    async def start(self, job: Job, route: str, t0: float) -> Started:
-        """Admit, run until the first token (see `Started`).
-        Cancelling the caller (client disconnect) cancels the worker call.
-        """
-        self.admit()
-        run = _Run(self, job, route, t0)
-        try:
-            first = await run.first()
-        except BaseException:
-            await run.aclose()
-            raise
-        return Started(run.progress, first, run)
-
 
 @dataclass(frozen=True, slots=True)
-class Started:
-    """A request admitted and run to its first token (`RouterService.start`).
+class JobSpec:
+    """What a handler asks `RouterService.start` to run: the prompt and its sampling, as the body gave them."""
 
-    `run` is an async iterator of the remaining text deltas, one per batch of D's chunks (`progress`,
-    the first sequence's Progress, updates as it goes), and must be closed with `run.aclose()`
-    (idempotent); it releases the admission. `first`: the first batch's text delta."""
-
-    progress: Progress
-    first: str
-    run: _Run
+    ids: list[int]  # the prompt's token ids
+    sampling: BodySampling
+    arrived: float | None = None  # time.monotonic() when the request came in (its deadline starts there)
+    request_id: str | None = None  # the client's (vLLM's request_id, SGLang's rid); None: one is made
+    grammar_param: str = ""  # the field the sampling's grammar came from (a worker's refusal names it)
+    session: str | None = None  # the routing session (prompt_cache_key, ...); a configured header wins
+    default_max_tokens: int | None = None  # when the body gives none (None: what the context leaves)
 
 
 def _paused_only(batch: list) -> bool:
@@ -272,18 +237,18 @@ def _paused_only(batch: list) -> bool:
     return all(m.paused and not m.token_ids and not m.finish_reason for m in batch)
 
 
-def _prompt_param(request: Request) -> str:
-    """The body field that holds the request's prompt (named by prompt errors)."""
-    return _PROMPT_PARAM.get(request.scope.get("path", ""), "prompt")
-
-
 def _n_param(prompt_param: str) -> str:
     return "sampling_params.n" if prompt_param == "input_ids" else "n"
 
 
-class _Run:
-    """One admitted request's stream of text deltas, with timing metrics and cleanup.
+class Run:
+    """One admitted request's stream of text deltas, with timing metrics and cleanup (`RouterService.start`).
 
+    `first`: the first batch's text delta; iterating gives the rest, one per batch of D's chunks
+    (`progress`, the first sequence's Progress, updates as it goes). The batch that ends the request
+    ends the run: the dispatcher's stream has given D back, and the run gives back its place in the
+    admission gate and records the request's metrics, before that batch's text is returned. `aclose()`
+    (idempotent) does the same for a run stopped early (a client gone, a failure).
     n > 1: `choices` holds one Progress per sequence (`progress` is the first's); each batch's
     deltas per sequence are in `deltas`, [(index, text)] (the text returned joins them)."""
 
@@ -294,43 +259,55 @@ class _Run:
         self.trace = job.trace
         self.choices = [Progress(job.request_id, len(job.token_ids)) for _ in range(max(job.sampling.n, 1))]
         self.progress = self.choices[0]
+        self.first = ""
         self.deltas: list[tuple[int, str]] = []
         self._agen = svc.dispatcher.stream(job)
         self._closed = False
         self._last = t0
         self.on_pause = None  # the stream's keep-alive, told when D pauses the request (router/http/keepalive.py)
 
-    async def first(self) -> str:
+    async def open(self) -> None:
+        """Wait for the first batch (`first`)."""
         batch = await self._agen.__anext__()
         now = time.perf_counter()
         m = self.svc.metrics
         m.ttft.labels(self.route).observe(now - self.t0)
         self._last = now
-        text = self._fold(batch)
+        self.first = self._fold(batch)
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
         for tier, child in m.cached_tokens_by_tier:
             child.inc(getattr(p, tier))
-        return text
+        if self._ended():
+            await self._end()
 
     # NOTE: an async iterator class, not an async generator: a consumer that stops early (the
     # handlers stop at finish_reason) would leave a generator for the GC, whose finalizer makes
     # the loop schedule its aclose() through call_soon_threadsafe: a task and an eventfd wake-up
     # per request.
-    def __aiter__(self) -> _Run:
+    def __aiter__(self) -> Run:
         return self
 
     async def __anext__(self) -> str:
-        batch = await self._agen.__anext__()  # StopAsyncIteration ends this iterator too
-        while _paused_only(batch):  # D preempted the request: counted, the client kept, no event
-            self._fold(batch)
-            if self.on_pause is not None:
-                self.on_pause()
+        if self._closed:
+            raise StopAsyncIteration
+        try:
             batch = await self._agen.__anext__()
+            while _paused_only(batch):  # D preempted the request: counted, the client kept, no event
+                self._fold(batch)
+                if self.on_pause is not None:
+                    self.on_pause()
+                batch = await self._agen.__anext__()
+        except StopAsyncIteration:  # D ended the stream without a finish reason: a clean end all the same
+            await self.aclose()
+            raise
         now = time.perf_counter()
         self.svc.metrics.itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
         self._last = now
-        return self._fold(batch)
+        text = self._fold(batch)
+        if self._ended():
+            await self._end()
+        return text
 
     def _fold(self, batch: list) -> str:
         """Fold D's chunks into the Progress; returns their text delta."""
@@ -340,6 +317,21 @@ class _Run:
         if len(batch) == 1:
             return self.progress.add(batch[0])
         return "".join([self.progress.add(msg) for msg in batch])
+
+    def _ended(self) -> bool:
+        """Every sequence has its finish reason: D's last chunk is in."""
+        if len(self.choices) == 1:
+            return bool(self.progress.finish_reason)
+        return all(p.finish_reason for p in self.choices)
+
+    async def _end(self) -> None:
+        """The request is complete: the dispatcher's stream ends (it closed D's attempt with the last
+        chunk) and everything is given back."""
+        try:
+            await self._agen.__anext__()
+        except StopAsyncIteration:
+            pass
+        await self.aclose()  # NOTE: a stream that went on after the last chunk (none does) is closed here
 
     async def aclose(self) -> None:
         if self._closed:
@@ -355,6 +347,6 @@ class _Run:
             if self.progress.preemptions:
                 m.preemptions.inc(self.progress.preemptions)
             m.e2e.labels(self.route).observe(time.perf_counter() - self.t0)
-            self.svc.release()
+            self.svc.in_flight -= 1
             if self.trace is not None:
                 self.trace.finished(self.choices)

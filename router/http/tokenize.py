@@ -37,14 +37,14 @@ def add_routes(app, svc, auth) -> None:
     async def tokenize(request: Request):
         auth.check_client(request.headers.get("authorization"))
         req = parse(TokenizeRequest, await request.body())
-        svc.check_model(req.model)
+        svc.served.check(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise bad_request("give exactly one of `prompt` or `messages`", param="prompt")
         if req.messages is not None:
             kwargs = dict(req.chat_template_kwargs or {})
             if req.tools:
                 kwargs["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
-            ids = chat_prompt_ids(svc, req, kwargs)
+            ids = chat_prompt_ids(svc.chat, req, kwargs)
         else:
             ids = svc.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
         strs = [svc.tokenizer.id_to_token(t) for t in ids] if req.return_token_strs else None
@@ -55,7 +55,7 @@ def add_routes(app, svc, auth) -> None:
     async def detokenize(request: Request):
         auth.check_client(request.headers.get("authorization"))
         req = parse(DetokenizeRequest, await request.body())
-        svc.check_model(req.model)
+        svc.served.check(req.model)
         vocab = svc.tokenizer.vocab_size
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:

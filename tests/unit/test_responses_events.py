@@ -194,11 +194,11 @@ def test_a_failed_response_carries_its_error():
 
 
 def test_the_last_event_ends_the_body_in_its_own_write_before_the_runs_cleanup():
-    """No [DONE] in a Responses stream: the terminal event is a LastEvent, which SSEResponse.pump writes
-    as the body's last (the chunked terminator in the same write) before `finalize` runs."""
+    """No [DONE] in a Responses stream: the terminal event is a LastEvent, which the SSE writer sends
+    as the body's last (no empty end message after it) before `finalize` runs."""
     import asyncio
 
-    from router.http.sse import LastEvent, SSEResponse
+    from router.http.sse import LastEvent, SSEResponse, is_last
 
     log = []
 
@@ -210,8 +210,10 @@ def test_the_last_event_ends_the_body_in_its_own_write_before_the_runs_cleanup()
     async def finalize():
         log.append("finalize")
 
-    async def write(chunk: bytes, last: bool):
-        log.append((chunk, last))
+    async def send(message: dict):
+        if message["type"] == "http.response.body":
+            log.append((message["body"], not message["more_body"]))
 
-    assert asyncio.run(SSEResponse(events(), finalize).pump(write)) is True
+    asyncio.run(SSEResponse(events(), finalize)({"type": "http"}, None, send))
     assert log == [(b"event: a\n\n", False), (b"event: b\n\n", True), "finalize"]
+    assert is_last(LastEvent(b"x")) and is_last(b"data: [DONE]\n\n") and not is_last(b"event: a\n\n")

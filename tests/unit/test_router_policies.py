@@ -209,3 +209,31 @@ def test_the_pool_keeps_the_smallest_context_until_a_worker_or_its_info_changes(
         assert pool.context_tokens() == 4096
 
     asyncio.run(scenario())
+
+
+def test_route_decides_and_records_an_attempt_in_one_call():
+    """Policy.route: the pool's candidates (the tried ones left out while others are routable), the
+    session's pin, both workers' load counted; the pool tells the policy when a share ends."""
+    from router.dispatch.policies import LeastLoad
+    from router.fleet.workers import WorkerPool
+
+    pool = WorkerPool(failure_threshold=1, cooldown_s=0.0, health_interval_s=7.0)
+    ps = [Worker("prefill", f"p{i}:1", f"p{i}", CircuitBreaker(1, 0.0), healthy=True) for i in range(2)]
+    ds = [Worker("decode", f"d{i}:1", f"d{i}", CircuitBreaker(1, 0.0), healthy=True) for i in range(2)]
+    for w in ps + ds:
+        pool._workers[(w.role, w.address)] = w
+    policy = LeastLoad()
+    told: list[str] = []
+    pool.on_load.append(lambda w: told.append(w.address))
+    first = policy.route(pool, [], "s1", 0, set(), set())
+    assert (first.p.in_flight, first.d.in_flight, first.p.routed) == (1, 1, 1) and first.decision == "least_load"
+    again = policy.route(pool, [], "s1", 0, set(), {first.d})  # the session keeps its P; the tried D is left out
+    assert again.p is first.p and again.decision == "session" and again.d is not first.d
+    assert policy.route(pool, [], None, 0, {ps[0], ps[1]}, set()).p in ps  # all tried: any routable one
+    pool.done(first.p, ok=True)
+    assert first.p.in_flight == 1 and told == [first.p.address]  # routed twice, one share ended
+    for w in ps:
+        pool._set_healthy(w, False)
+    with pytest.raises(APIError) as e:
+        policy.route(pool, [], None, 0, set(), set())
+    assert e.value.status == 503 and "prefill" in e.value.message and e.value.headers == {"Retry-After": "7"}
