@@ -9,8 +9,7 @@ def uses_store(dc) -> bool:
 
 
 def build(cfg, worker_id: str):
-    from decode_node.servicer import add_to_server
-    from decode_node.worker import DecodeWorker
+    from decode_node.worker import DecodeWorker, add_to_server
     from pdorch.worker.metrics import WorkerRecorder
     from pdorch.worker.runtime import build_runtime
 

@@ -1,4 +1,7 @@
-"""DecodeWorker: runs one Generate request end to end on a handler thread, decoding on the scheduler.
+"""The decode worker's gRPC handler side: the Generate RPC (`DecodeServicer`, a gRPC handler thread; thin
+transport, errors mapped by pdorch.worker.errors) over `DecodeWorker`, which runs one request end to end
+on that thread, decoding on the scheduler. Abort, Flush, Info, Stats come from WorkerServicer
+(pdorch/worker/rpc.py).
 
     create(job)  validate, register the request (Abort finds it from now on)
     run(req)     admit (pages for the prompt + 1 spare, waiting under the watermark with the deadline;
@@ -8,7 +11,7 @@
                  first token into the request's queue, join the continuous batch and stream the
                  queue's events until the final one
 Failures before the batch (admission, P failing or dying, cancellation) are raised from run() as
-WorkerErrors; the servicer maps them to gRPC status codes. Any exception before the scheduler owns
+WorkerErrors; `DecodeServicer` maps them to gRPC status codes. Any exception before the scheduler owns
 the request gives its pages back: at once, or through the PageFence when P may still write into
 them (decode_node/fence.py).
 
@@ -31,7 +34,7 @@ import time
 
 from opentelemetry.context import Context
 
-from decode_node import spans
+from decode_node import convert, spans
 from decode_node.drain_writeback import pages_pending, submit_write_back
 from decode_node.fence import PageFence
 from decode_node.first_token import continue_generator, take_first_token
@@ -46,16 +49,19 @@ from engine.page_allocator import pages_for
 from engine.tokenizer import Tokenizer
 from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
 from pdorch.tracing import now_ns
+from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.tracing.worker_spans import request_span
-from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError
+from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError, grpc_errors
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
 from pdorch.worker.metrics import WorkerRecorder
 from pdorch.worker.prompt_pages import reusable_pages
+from pdorch.worker.rpc import WorkerServicer
 from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import WorkerLoad, worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
 from proto.pdorch.v1 import worker_pb2 as pb
+from proto.pdorch.v1 import worker_pb2_grpc as pb_grpc
 from store_client.page_hash import page_hashes
 
 log = logging.getLogger(__name__)
@@ -335,3 +341,20 @@ class DecodeWorker:
         return worker_stats(self.recorder, self.info(), integrity, self.load().active_pages)
 
 
+class DecodeServicer(WorkerServicer):
+    """Generate here; Abort, Flush, Info, Stats from WorkerServicer."""
+
+    def Generate(self, request, context):
+        with grpc_errors(context, "Generate"):
+            job = convert.job_from_proto(request)
+            req = self._worker.create(job, current_trace_ctx())
+            # Client cancellation (router gone): abort here, which also cancels the call to P.
+            context.add_callback(lambda: self._worker.abort(job.request_id))
+            for event in self._worker.run(req, is_active=context.is_active):
+                if event.error is not None:
+                    raise event.error
+                yield convert.event_to_proto(job.request_id, event, req.prompt_len, req.cached)
+
+
+def add_to_server(worker: DecodeWorker, server) -> None:
+    pb_grpc.add_DecodeServiceServicer_to_server(DecodeServicer(worker), server)
