@@ -8,7 +8,7 @@ import json
 import pytest
 
 from router.http.chat_output import ChatShape
-from router.http.formats import Progress
+from router.http.formats import Progress, chat_delta_chunk
 from router.http.reasoning import INSIDE, MAY_OPEN, NO_THINKING, ReasoningStream, split, start_of
 
 THOUGHT = "<think>\nThe user wants Oslo's weather.\nI should say it is cold.\n</think>\n\nIt is cold in Oslo."
@@ -78,14 +78,15 @@ def test_streamed_cut_at_every_position_gives_what_the_whole_output_gives(parser
 
 def run_stream(shape: ChatShape, text: str, finish: str = "stop", step: int = 3) -> list[dict]:
     """The chunks' (delta, finish_reason) as a client reads them."""
-    chunk = shape.stream(False)
+    next_chunk = shape.stream()
     p, out = Progress("r", 5), []
     for end in range(step, len(text) + step, step):
         p.text = text[:end]
         if end >= len(text):
             p.finish_reason = finish
-        body = chunk(p, "id", 0, "m", "", end == step, False)
-        if body:
+        got = next_chunk(p)
+        if got is not None:
+            body = chat_delta_chunk(p, "id", 0, "m", got[0], got[1], False)
             choice = json.loads(body[len(b"data: "):])["choices"][0]
             out.append((choice["delta"], choice["finish_reason"]))
     return out
