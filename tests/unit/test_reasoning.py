@@ -126,15 +126,15 @@ def test_a_shaped_stream_carries_every_tokens_logprobs_with_its_text_or_the_next
     (a held tag) keeps them for the next chunk; together they are every token's, in order."""
     tokens = ["<think>", "\nNeed", " it", ".\n", "</", "think", ">\n\n", "Yes", "."]
     shape = ChatShape(None, "none", "qwen3")
-    chunk, p, sent = shape.stream(False), Progress("r", 5), []
+    next_chunk, p, sent = shape.stream(), Progress("r", 5), []
     for i, tok in enumerate(tokens):
         p.text += tok
         p.finish_reason = "stop" if i == len(tokens) - 1 else None
         lp = {"content": [{"token": tok, "logprob": -0.5}], "refusal": None}
-        body = chunk(p, "id", 0, "m", tok, i == 0, False, logprobs=lp)
-        if body:
-            choice = json.loads(body[len(b"data: "):])["choices"][0]
-            sent.append((choice["delta"], [t["token"] for t in choice["logprobs"]["content"]]))
+        got = next_chunk(p, lp)
+        if got is not None:
+            delta, _finish, logprobs = got
+            sent.append((delta, [t["token"] for t in logprobs["content"]]))
     assert [t for _, toks in sent for t in toks] == tokens
     held = next(toks for d, toks in sent if "</" in toks)  # "</" was held: it went with a later chunk
     assert held[0] == "</" and len(held) > 1
