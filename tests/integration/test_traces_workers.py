@@ -26,7 +26,10 @@ PAGE_SIZE = 16  # pdorch/local_stack/workers.py
 PURE_CLIENT = {"store": {"global_segment_size_mb": 0}}
 STORE_PAGES = f"{names.PAGES}.store"
 DECODE_PAGES = 48
-PREEMPT_STREAMS, PREEMPT_TOKENS = 4, 360  # 40-token prompts: 25 pages each; any two outgrow a pool
+# 40-token prompts and 600 tokens: 40 pages each at their end, and two streams outgrow the 48-page pool
+# once they hold 49 between them, so they collide even when one started well after the other (a loaded
+# machine staggers them; at 360 tokens, 25 pages each, only their last pages collided: seen unpreempted once).
+PREEMPT_STREAMS, PREEMPT_TOKENS = 4, 600
 
 
 def pages(span, *tiers: str) -> dict[str, int]:
