@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     # for router.drain_timeout_s, then cancels the rest (the chart's preStop hook runs first, so
     # Kubernetes has stopped sending new connections by then: docs/operations.md).
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, proxy_headers=False,
-                            timeout_graceful_shutdown=rc.drain_timeout_s, http=RouterHttpProtocol)
+                            # uvicorn annotates an int but waits with asyncio.wait_for: a float works
+                            timeout_graceful_shutdown=rc.drain_timeout_s,  # type: ignore[arg-type]
+                            http=RouterHttpProtocol)
     # NOTE: everything loaded so far (tokenizer, FastAPI, pydantic schemas, protobuf) lives as long as
     # the process; frozen, the collector no longer walks it each time the requests' short-lived
     # objects trigger a collection of the older generations (~4% of the router's CPU under load).

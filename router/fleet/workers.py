@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -62,7 +63,7 @@ class Worker:
     worker_id: str
     breaker: CircuitBreaker
     channel: grpc.aio.Channel | None = None  # Info / Flush / health checks
-    stub: object = None
+    stub: Any = None
     calls: Channel | None = None  # the Generate streams (router/grpc/stream.py: the hot path)
     healthy: bool = False
     checked: bool = False  # at least one health check finished

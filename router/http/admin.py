@@ -128,7 +128,7 @@ def _add_admin_routes(app: FastAPI, cfg: Config, svc: RouterService, auth: Auth,
             raise unavailable("no workers are known; nothing to flush")
         results = await asyncio.gather(*(_flush(w) for w in ws))
         failed = [r for r in results if "error" in r]
-        body = {"workers": results}
+        body: dict = {"workers": results}
         if store:
             body["store"] = await clear_store(cfg)
         if failed:

@@ -8,6 +8,7 @@ refused by name, and the mapping to the worker's SamplingParams are in `router/h
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -316,7 +317,7 @@ def _is_type_tag(part) -> bool:
     return isinstance(part, str) and (part in _TYPE_NAMES or "[" in part or part[:1].isupper())
 
 
-def explain(errors: list[dict]) -> tuple[str, str]:
+def explain(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """(field path, message) for the first error. A value that fits no member of a union gets one
     message listing the accepted types, unless exactly one member got past the type check (then
     its own deeper error says more)."""
@@ -325,7 +326,7 @@ def explain(errors: list[dict]) -> tuple[str, str]:
     if tag_at is None:
         return ".".join(str(x) for x in first["loc"]), first["msg"]
     base = first["loc"][:tag_at]
-    branches: dict[str, list[dict]] = {}
+    branches: dict[str, list[Mapping[str, Any]]] = {}
     for err in errors:
         loc = err["loc"]
         if len(loc) > tag_at and loc[:tag_at] == base and _is_type_tag(loc[tag_at]):

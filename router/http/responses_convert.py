@@ -121,7 +121,7 @@ def chat_body(req: ResponsesRequest, messages: list[dict], session: str) -> dict
                                                                        "function": {"name": choice.name}}
     fmt = req.text.format if req.text is not None else None
     if fmt is not None and fmt.type == "json_schema":
-        spec = {"name": fmt.name, "schema": fmt.schema_}
+        spec: dict = {"name": fmt.name, "schema": fmt.schema_}
         if fmt.strict is not None:
             spec["strict"] = fmt.strict
         body["response_format"] = {"type": "json_schema", "json_schema": spec}

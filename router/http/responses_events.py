@@ -67,7 +67,7 @@ class OutputItems:
             if kind == "reasoning":
                 item = {"type": "reasoning", "id": self._item_id("rs"), "summary": [], "content": [],
                         "status": "in_progress"}
-                part = {"type": "reasoning_text", "text": ""}
+                part: dict = {"type": "reasoning_text", "text": ""}
             else:
                 item = {"type": "message", "id": self._item_id("msg"), "role": "assistant", "content": [],
                         "status": "in_progress"}
