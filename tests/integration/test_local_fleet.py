@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import re
+import threading
 import time
 
 import httpx
@@ -38,8 +40,11 @@ from pdorch.ports import port_answers
 from pdorch.store_memory import MEMORY_NODE_BINARY, memory_node_argv
 from store_client.master import MasterProcess, find_mooncake_binary
 
-MAX_TOKENS = 400  # long enough to be mid-stream when the decode worker leaves (~2 ms a token here)
+# long enough to be mid-stream when the decode worker leaves: ~2 ms a token here, several times that under CI
+# load, and SIGTERM reaches the drain up to ~1 s later (the main thread's signal poll, leaving etcd)
+MAX_TOKENS = 800
 STREAMS = 6
+ATTEMPTS = 3
 CONVERSATIONS = 4
 
 
@@ -50,7 +55,8 @@ def stack(tmp_path_factory, tiny_model_dir):
     master = MasterProcess(log_dir=str(tmp)).start()
     cfg = make_config(tmp, tiny_model_dir, master, decode={"offload_generated_kv": True, "drain_timeout_s": 0.0,
                                                            "drain_writeback_s": 5.0, "prefix_cache": False,
-                                                           "max_local_prefill_tokens": 0},
+                                                           "max_local_prefill_tokens": 0,
+                                                           "num_pages": 512},  # every stream on one worker
                       prefill={"drain_timeout_s": 5.0, "drain_writeback_s": 5.0})
     cfg = dataclasses.replace(
         cfg, store=dataclasses.replace(cfg.store, global_segment_size_mb=0, memory_node_segment_mb=256,
@@ -107,6 +113,35 @@ def generate(router, input_ids: list[int], max_tokens: int = 8) -> dict:
     return r.json()
 
 
+def stream_generate(router, input_ids: list[int], max_tokens: int, first_token: threading.Event) -> dict:
+    """A streamed greedy /generate: sets `first_token` at its first token; the last event (cumulative ids)."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0, "ignore_eos": True}}
+    last: dict = {}
+    with httpx.stream("POST", router.url + "/generate", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                last = json.loads(line[6:])
+                assert "error" not in last, last
+                first_token.set()
+    assert last.get("meta_info", {}).get("finish_reason"), f"the stream ended without a finish reason: {last}"
+    return last
+
+
+def wait_mid_stream_on(router, address: str, first_tokens: list[threading.Event],
+                       futures: list[concurrent.futures.Future]) -> bool:
+    """True once every stream has its first token and the router counts one on `address`; False once a
+    stream ended before that."""
+    deadline = time.monotonic() + 60
+    while not any(f.done() for f in futures):
+        if all(e.is_set() for e in first_tokens) and routed_workers(router).get(address, {}).get("in_flight", 0):
+            return True
+        assert time.monotonic() < deadline, f"first tokens after 60 s: {[e.is_set() for e in first_tokens]}"
+        time.sleep(0.02)
+    return False
+
+
 def failovers(router, outcome: str) -> float:
     text = httpx.get(router.url + "/metrics", timeout=30).text
     m = re.search(rf'^pdorch_router_failovers_total{{outcome="{outcome}"}} (\S+)$', text, re.MULTILINE)
@@ -144,15 +179,23 @@ def test_scale_down_while_greedy_streams_run_loses_no_request_and_no_token(stack
     moved_before = failovers(router, "resumed")
     leaving = [w for w in fleet.workers if w.role == "decode"][-1]
     with concurrent.futures.ThreadPoolExecutor(STREAMS) as pool:
-        futures = [pool.submit(generate, router, p, MAX_TOKENS) for p in prompts]
-        deadline = time.monotonic() + 60
-        while routed_workers(router).get(leaving.address, {}).get("in_flight", 0) == 0:
-            assert time.monotonic() < deadline and not all(f.done() for f in futures), "no stream on the leaver"
-            time.sleep(0.02)
+        # the scale-down starts once every stream is past its first token with some on the leaver: mid-stream
+        # there, not waiting for a prefill its drain would refuse (a retry, not a hand-on). Under CPU load a
+        # batch can miss that moment (health checks time out and every stream goes to the other worker, or
+        # streams run one after another): each such batch must still be whole, then the next one tries.
+        for attempt in range(ATTEMPTS):
+            first_tokens = [threading.Event() for _ in prompts]
+            futures = [pool.submit(stream_generate, router, p, MAX_TOKENS, e) for p, e in zip(prompts, first_tokens)]
+            if wait_mid_stream_on(router, leaving.address, first_tokens, futures):
+                break
+            for f in futures:
+                f.result(timeout=180)
+        else:
+            pytest.fail(f"in {ATTEMPTS} batches the streams never all ran with some on the leaver")
         t0 = time.monotonic()
         fleet.apply({"prefill": 1, "decode": 1})
         fleet.tick()  # SIGTERM to the newest of each role: they drain
-        results = [f.result(timeout=180) for f in futures]  # AssertionError on any non-200
+        results = [f.result(timeout=180) for f in futures]  # AssertionError on any non-200 or error event
         took = time.monotonic() - t0
     fleet.converge(120)
     wait_routable(router, 1, 1)
