@@ -93,7 +93,7 @@ class Dispatcher:
         self.page_size = page_size
         self._probes: set[asyncio.Task] = set()  # blame probes running after a request was answered
         pool.on_remove.append(policy.forget)
-        pool.on_load.append(policy.load_changed)  # a request's share of a worker's load ended
+        pool.on_load.append(policy.load_changed)  # every load change: a share sent (WorkerPool.sent) or ended (done)
 
     async def _blame(self, p: Worker, d: Worker, error: str) -> None:
         """Probe both workers; charge the failure to whichever does not answer (D if both do)."""

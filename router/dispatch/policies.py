@@ -107,7 +107,7 @@ class Policy:
         """One attempt's P and D, decided and recorded in one call: the pool's candidates (those not
         tried yet; 503 without one of each role), P by the session's pin or the policy, D by the
         policy among the decode pools that hold `kv_tokens`; the routing remembered (the index, the
-        session's pin) and both workers' load counted (`WorkerPool.sent`)."""
+        session's pin) and both workers' load counted (`WorkerPool.sent`, which tells `load_changed`)."""
         prefills, decodes = pool.candidates(tried_p, tried_d, kv_tokens)
         ctx = RouteContext(page_hashes, session)
         p = self.affinity.lookup(session, prefills) if session else None
@@ -119,9 +119,7 @@ class Policy:
                 self.affinity.remember(session, p)
         self.on_routed(p, ctx)
         d = self.choose_decode(decodes, ctx)
-        pool.sent(p, d)
-        self.load_changed(p)
-        self.load_changed(d)
+        pool.sent(p, d)  # the pool tells load_changed (its on_load, router/dispatch/dispatch.py)
         return Route(p, d, decision, prefills)
 
     def choose(self, workers: list[Worker], ctx: RouteContext) -> Worker:

@@ -242,12 +242,14 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ load
     def sent(self, p: Worker, d: Worker) -> None:
-        """A request goes out to P and D: each one's load and routed count, its circuit told. The caller
-        (the policy that routed it) updates its own view of the loads; `done` tells `on_load`."""
+        """A request goes out to P and D: each one's load and routed count, its circuit told, `on_load`
+        told (as `done` tells it: every load change reaches the policy one way)."""
         for w in (p, d):
             w.in_flight += 1
             w.routed += 1
             w.breaker.on_sent()
+            for cb in self.on_load:
+                cb(w)
 
     def done(self, w: Worker, ok: bool) -> None:
         """The request's share of `w`'s load ends (P at the first token, D at the stream's end, both

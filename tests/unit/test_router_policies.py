@@ -213,7 +213,8 @@ def test_the_pool_keeps_the_smallest_context_until_a_worker_or_its_info_changes(
 
 def test_route_decides_and_records_an_attempt_in_one_call():
     """Policy.route: the pool's candidates (the tried ones left out while others are routable), the
-    session's pin, both workers' load counted; the pool tells the policy when a share ends."""
+    session's pin, both workers' load counted; the pool tells the policy of every load change, the
+    shares sent as the shares ended."""
     from router.dispatch.policies import LeastLoad
     from router.fleet.workers import WorkerPool
 
@@ -227,9 +228,11 @@ def test_route_decides_and_records_an_attempt_in_one_call():
     pool.on_load.append(lambda w: told.append(w.address))
     first = policy.route(pool, [], "s1", 0, set(), set())
     assert (first.p.in_flight, first.d.in_flight, first.p.routed) == (1, 1, 1) and first.decision == "least_load"
+    assert told == [first.p.address, first.d.address]
     again = policy.route(pool, [], "s1", 0, set(), {first.d})  # the session keeps its P; the tried D is left out
     assert again.p is first.p and again.decision == "session" and again.d is not first.d
     assert policy.route(pool, [], None, 0, {ps[0], ps[1]}, set()).p in ps  # all tried: any routable one
+    told.clear()
     pool.done(first.p, ok=True)
     assert first.p.in_flight == 1 and told == [first.p.address]  # routed twice, one share ended
     for w in ps:
