@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from starlette.datastructures import Headers
@@ -34,7 +34,7 @@ from router.dispatch.request_trace import RequestTrace
 from router.errors import APIError
 from router.http.formats import error_response
 from router.http.keepalive import KeepAlive
-from router.http.sse import SSE_HEADERS, SSEResponse, is_last
+from router.http.sse import SSE_HEADERS, SSEResponse
 from router.metrics import RouterMetrics
 
 log = logging.getLogger("pdorch.router")
@@ -222,42 +222,9 @@ class HotCycle:
         self._complete()
 
     async def _stream(self, response: SSEResponse) -> None:
-        """Server-sent events in chunked encoding, each written as the handler's events give it; the
-        stream's last event (`is_last`: `data: [DONE]`, or a `LastEvent`) closes the body in the same
-        write. Keep-alive comments while it waits (router/http/keepalive.py), from its first event on."""
-        head = b"".join(self._head(200, _SSE_HEADERS))  # goes out with the first event
-        transport, flow = self.transport, self.flow
-        alive: KeepAlive | None = None
-        try:
-            async for event in response.events:
-                if alive is not None:
-                    alive.waiting = False
-                last = is_last(event)
-                data = b"%s%x\r\n%s\r\n%s" % (head, len(event), event, b"0\r\n\r\n" if last else b"")
-                head = b""
-                if flow.write_paused:
-                    await flow.drain()
-                transport.write(data)
-                if last:
-                    break
-                if alive is None and response.keepalive_s > 0:  # the head is out: comments may follow
-                    alive = KeepAlive(response.keepalive_s, self._send_now)
-                    if response.run is not None:
-                        response.run.on_pause = alive.now
-                if alive is not None:
-                    alive.idle()
-            else:
-                transport.write(head + b"0\r\n\r\n")
-        finally:
-            if alive is not None:
-                alive.stop()
-            await response.close()
+        """Server-sent events in chunked encoding (`ChunkedSSE`), by the response's one loop."""
+        await response.write_to(ChunkedSSE(self, response))
         self._complete()
-
-    def _send_now(self, data: bytes) -> None:
-        """A keep-alive comment (router/http/keepalive.py); the head is out."""
-        if not self.transport.is_closing():
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _complete(self) -> None:
         self.response_complete = True
@@ -267,6 +234,63 @@ class HotCycle:
 
 
 _SSE_HEADERS = (*SSE_HEADERS, (b"transfer-encoding", b"chunked"))
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class ChunkedSSE:
+    """A stream's events as HTTP/1.1 chunks on the cycle's transport (an SSEWriter, router/http/sse.py):
+    the response head in the same write as the first event, the chunked terminator in the same write
+    as the last. Keep-alive comments while the stream waits (router/http/keepalive.py), from its first
+    event on, until `stop`."""
+
+    __slots__ = ("_alive", "_flow", "_head", "_keepalive_s", "_run", "_transport")
+
+    def __init__(self, cycle: HotCycle, response: SSEResponse):
+        self._head = b"".join(cycle._head(200, _SSE_HEADERS))
+        self._transport, self._flow = cycle.transport, cycle.flow
+        self._keepalive_s, self._run = response.keepalive_s, response.run
+        self._alive: KeepAlive | None = None
+
+    def event(self, data: bytes, last: bool) -> Awaitable[None] | None:
+        alive = self._alive
+        if alive is not None:
+            alive.waiting = False
+        chunk = b"%s%x\r\n%s\r\n%s" % (self._head, len(data), data, _LAST_CHUNK if last else b"")
+        self._head = b""
+        if self._flow.write_paused:
+            return self._write_when_drained(chunk, last)
+        self._transport.write(chunk)
+        if not last:
+            self._idle()
+        return None
+
+    def end(self) -> None:
+        self._transport.write(self._head + _LAST_CHUNK)
+        self._head = b""
+
+    def stop(self) -> None:
+        if self._alive is not None:
+            self._alive.stop()
+
+    async def _write_when_drained(self, chunk: bytes, last: bool) -> None:
+        await self._flow.drain()
+        self._transport.write(chunk)
+        if not last:
+            self._idle()
+
+    def _idle(self) -> None:
+        alive = self._alive
+        if alive is None and self._keepalive_s > 0:  # the head is out: comments may follow
+            alive = self._alive = KeepAlive(self._keepalive_s, self._send_now)
+            if self._run is not None:
+                self._run.on_pause = alive.now
+        if alive is not None:
+            alive.idle()
+
+    def _send_now(self, data: bytes) -> None:
+        """A keep-alive comment; the head is out."""
+        if not self._transport.is_closing():
+            self._transport.write(b"%x\r\n%s\r\n" % (len(data), data))
 
 
 def _trace_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None]:
