@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from pdorch.worker.prefill_rpc import (
     CACHE_TIERS,  # device, host, store, ssd: one definition for P, D and router
@@ -57,19 +59,22 @@ class _HistogramChild:
         self.sum += amount
 
 
-class _Family:
+Child = TypeVar("Child")  # a family's child: _CounterChild, _HistogramChild
+
+
+class _Family(Generic[Child]):
     """A labelled metric: `labels(*values)` returns the (cached) child; an unlabelled one is
     used directly (`inc` / `observe` go to its only child)."""
 
-    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...], new_child: Callable):
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...], new_child: Callable[[], Child]):
         self.name, self.doc, self.labelnames = name, doc, labelnames
         self._new_child = new_child
-        self.children: dict[tuple[str, ...], object] = {}
+        self.children: dict[tuple[str, ...], Child] = {}
         # an unlabelled family's only child, exported as 0 from the start like prometheus_client's own
         # (its inc / observe go straight to it); None for a labelled family
         self._only = self.labels() if not labelnames else None
 
-    def labels(self, *values):
+    def labels(self, *values) -> Child:
         child = self.children.get(values)
         if child is None:  # a new child, or values that are not all str (an int HTTP status)
             if len(values) != len(self.labelnames):
@@ -80,8 +85,11 @@ class _Family:
                 child = self.children[key] = self._new_child()
         return child
 
+    def collect(self) -> Metric:
+        raise NotImplementedError
 
-class LoopCounter(_Family):
+
+class LoopCounter(_Family[_CounterChild]):
     def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] = ()):
         super().__init__(name, doc, labelnames, _CounterChild)
 
@@ -95,7 +103,7 @@ class LoopCounter(_Family):
         return family
 
 
-class LoopHistogram(_Family):
+class LoopHistogram(_Family[_HistogramChild]):
     def __init__(self, name: str, doc: str, buckets: tuple[float, ...], labelnames: tuple[str, ...] = ()):
         super().__init__(name, doc, labelnames, lambda: _HistogramChild(buckets))
         self.buckets = buckets
@@ -150,7 +158,7 @@ class RouterMetrics:
         self.cached_tokens_by_tier = [(tier, self.cached_tokens.labels(tier)) for tier in CACHE_TIERS]
         self._routed: dict[tuple[str, str], _CounterChild] = {}
         self._answered: dict[tuple[str, int], _CounterChild] = {}
-        self._families = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
+        self._families: list[LoopCounter | LoopHistogram] = [self.requests, self.ttft, self.itl, self.e2e, self.prompt_tokens, self.cached_tokens,
                           self.completion_tokens, self.preemptions, self.worker_routed, self.worker_errors, self.retries,
                           self.failovers, self.failover_gap, self.failover_cached_tokens,
                           self.failover_computed_tokens]

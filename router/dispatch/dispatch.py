@@ -213,7 +213,7 @@ class Dispatcher:
         hashes = job.page_hashes if resumption is None else resumption.page_hashes
         for attempt in range(self.max_attempts):
             remaining = job.remaining_s()
-            if attempt:
+            if last_error is not None:  # a retry (attempt > 0)
                 if remaining <= 0 or last_error.type == "timeout":
                     break  # NOTE: a retry never gets a fresh deadline (issue 14, hazard 3)
                 self.metrics.retries.inc()
@@ -239,7 +239,9 @@ class Dispatcher:
             self.metrics.routed_to(d.role, d.address)
             call: StreamCall | None = None
             try:
-                call = await d.calls.call(GENERATE_PATH, req.SerializeToString(),
+                calls = d.calls
+                assert calls is not None  # a pooled worker has its channel (WorkerPool.upsert)
+                call = await calls.call(GENERATE_PATH, req.SerializeToString(),
                                           worker_pb2.GenerateResponse.FromString, remaining, metadata)
                 first = await _until_first_token(call)
             except BaseException as e:  # NOTE: also a client gone (cancelled) while waiting
@@ -261,7 +263,8 @@ class Dispatcher:
         assert last_error is not None
         raise last_error
 
-    async def _first_token_failure(self, e: Exception, p: Worker, d: Worker, job: Job, final: bool) -> APIError:
+    async def _first_token_failure(self, e: RpcError | _EarlyEOF, p: Worker, d: Worker, job: Job,
+                                   final: bool) -> APIError:
         if isinstance(e, _EarlyEOF):
             msg = f"decode worker {d.address} ended the stream before the first token"
             await self._charge(p, d, msg, job, final)

@@ -312,7 +312,7 @@ class _Published:
     def __init__(self, worker: Worker):
         self.worker, self.address, self.load = worker, worker.address, 0
 
-    def refresh(self, kv: KVIndex) -> _Published:
+    def refresh(self, kv: KVIndex | None) -> _Published:
         self.load = _choice_load(self.worker, kv)
         return self
 

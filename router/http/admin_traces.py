@@ -59,6 +59,7 @@ def add_routes(app: FastAPI, cfg: ObservabilityConfig, auth: Auth, pool: WorkerP
             if not request_id:
                 raise bad_request("request_id is empty", param="request_id")
             return json_response(await gather.trace("", request_id))
+        assert slowest is not None  # exactly one of the two is given (checked above)
         if not slowest.isdigit() or not 1 <= int(slowest) <= MAX_SLOWEST:
             raise bad_request(f"slowest must be an integer in [1, {MAX_SLOWEST}], got {slowest[:32]!r}",
                               param="slowest")
@@ -100,8 +101,9 @@ class TraceGatherer:
         answers, unreachable = [], {}
         for w, reply in zip(workers, replies, strict=True):
             if isinstance(reply, BaseException):
-                code = getattr(reply, "code", None)
-                unreachable[w.address] = f"{code().name}: {reply.details()}" if callable(code) else repr(reply)
+                code, details = getattr(reply, "code", None), getattr(reply, "details", None)  # a gRPC error's
+                unreachable[w.address] = (f"{code().name}: {details()}" if callable(code) and callable(details)
+                                          else repr(reply))
             else:
                 answers.append(list(reply.spans))
         return answers, unreachable

@@ -242,7 +242,8 @@ class ChatCompletionRequest(_OpenAISampling):
 class CompletionRequest(_OpenAISampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
-    logprobs: int | None = None  # completions use an int here
+    # completions use an int here (the base's is chat's bool): a pydantic field, redeclared on purpose
+    logprobs: int | None = None  # type: ignore[assignment]
     prompt_embeds: Any = None  # vLLM's: refused (COMPLETION_REFUSED)
 
 

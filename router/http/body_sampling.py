@@ -5,6 +5,7 @@ body's in one call: `openai_sampling` (chat, completions) or `sglang_sampling` (
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -19,6 +20,8 @@ from router.http.bodies import (
     _OpenAISampling,
 )
 from router.http.logprobs import MAX_TOP_LOGPROBS, openai_logprobs
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +186,7 @@ def sampling_from_openai(req: _OpenAISampling) -> tuple[worker_pb2.SamplingParam
     """(params without max_tokens, requested max_tokens or None)."""
     chat = isinstance(req, ChatCompletionRequest)
     refuse_unserved(req, CHAT_REFUSED if chat else COMPLETION_REFUSED)
-    if chat:
+    if isinstance(req, ChatCompletionRequest):  # (chat, as the type checker narrows it)
         for i, message in enumerate(req.messages):
             refuse_unserved(message, MESSAGE_REFUSED, f"messages.{i}.")
     if req.stream_options is not None and req.stream_options.include_obfuscation:
@@ -296,7 +299,7 @@ def _controls(sp: worker_pb2.SamplingParams, presence: float | None, frequency: 
 DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def with_defaults(req: BaseModel, defaults: dict) -> BaseModel:
+def with_defaults(req: Body, defaults: dict) -> Body:
     """`req` with the model's sampling `defaults` where it left a field unset (absent or null)."""
     unset = {k: v for k, v in defaults.items() if k not in req.model_fields_set or getattr(req, k) is None}
     return req.model_copy(update=unset) if unset else req

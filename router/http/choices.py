@@ -77,7 +77,8 @@ class OpenAIChoices:
         items = []
         for i, (p, shape, lp) in enumerate(zip(self.run.choices, self.shapes, self.lps)):
             if self.chat:
-                body = formats.chat_final(p, self.oid, self.created, self.model, *shape.message(p.text, p.finish_reason),
+                message, finish = shape.message(p.text, p.finish_reason)
+                body = formats.chat_final(p, self.oid, self.created, self.model, message, finish,
                                           logprobs=lp and lp.chat(p.output_ids, p.logprobs))
             else:
                 body = formats.completion_final(p, self.oid, self.created, self.model,

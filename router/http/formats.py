@@ -8,6 +8,7 @@ and streams end with `data: [DONE]`.
 from __future__ import annotations
 
 import json
+from typing import Protocol
 
 from starlette.responses import Response
 
@@ -148,7 +149,13 @@ def completion_chunk(p: Progress, oid: str, created: int, model: str, delta_text
     return sse(body)
 
 
-def usage_chunk(p: Progress, oid: str, created: int, model: str, chat: bool) -> bytes:
+class HasUsage(Protocol):
+    """A request's usage so far: one choice's `Progress`, or all of them (router/http/choices.py `Total`)."""
+
+    def usage(self) -> dict: ...
+
+
+def usage_chunk(p: HasUsage, oid: str, created: int, model: str, chat: bool) -> bytes:
     return sse({"id": oid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created, "model": model, "choices": [], "usage": p.usage()})
 

@@ -135,7 +135,8 @@ class HotCycle:
         """The request's task (named as uvicorn's protocol calls it; `app` is not used)."""
         if self.disconnected:  # a pipelined request whose client left before its turn
             return
-        self._task = asyncio.current_task()
+        self._task = task = asyncio.current_task()
+        assert task is not None  # run as the protocol's task
         token = None
         if self.routes.tracing.enabled:
             traceparent, tracestate = _trace_headers(self.headers)
@@ -146,7 +147,7 @@ class HotCycle:
             await self._serve()
         except asyncio.CancelledError:
             if self._gone:
-                self._task.uncancel()  # the client left: nothing to answer, not an error
+                task.uncancel()  # the client left: nothing to answer, not an error
                 return
             raise
         except Exception:
@@ -158,7 +159,8 @@ class HotCycle:
                                                              "internal_error")))
         finally:
             if self._trace is not None:
-                self._end_trace()
+                self._end_trace(self._trace)
+            if token is not None:
                 REQUEST_TRACE_ID.reset(token)
 
     async def _serve(self) -> None:
@@ -184,19 +186,19 @@ class HotCycle:
             self._expect_100_continue = False
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.flow.resume_reading()  # the protocol pauses reading past its high-water mark
-        waiter = self.message_event.waiter = self._task.get_loop().create_future()
+        waiter = self.message_event.waiter = asyncio.get_running_loop().create_future()
         try:
             await waiter
         finally:
             self.message_event.waiter = None
 
-    def _end_trace(self) -> None:
+    def _end_trace(self, trace: RequestTrace) -> None:
         if self._gone:  # NOTE: 499, as proxies log it: the client closed the connection first
-            self._trace.end(499, "client_closed", "the client closed the connection")
+            trace.end(499, "client_closed", "the client closed the connection")
         elif self._error is not None:
-            self._trace.end(self._status, str(self._error.code), self._error.message)
+            trace.end(self._status, str(self._error.code), self._error.message)
         else:
-            self._trace.end(self._status or 500)
+            trace.end(self._status or 500)
 
     def _head(self, status: int, headers) -> list[bytes]:
         self.response_started = True

@@ -48,7 +48,7 @@ GRAMMAR_FIELDS = frozenset(("response_format", "structured_outputs", *(name for 
 
 def _fields(req) -> list[tuple[str, str, object]]:
     """(param, what it asks for, value) of every grammar field the body sets."""
-    out = []
+    out: list[tuple[str, str, object]] = []
     rf = getattr(req, "response_format", None)
     if rf is not None and rf.type == "json_object":
         out.append(("response_format", "json_object", ""))

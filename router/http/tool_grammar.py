@@ -158,7 +158,9 @@ def hoisted_definitions(schemas: list[tuple[str, dict]]) -> tuple[list[dict], di
     find `$defs` at the combined root, so the definitions move there (vLLM's get_tool_schema_defs;
     pydantic puts every nested model in `$defs`). One name defined differently by two tools cannot
     be hoisted: 400 naming both."""
-    out, defs, owner = [], {}, {}
+    out: list[dict] = []
+    defs: dict[str, dict] = {}  # $defs / definitions -> name -> schema
+    owner: dict[tuple[str, str], str] = {}  # (key, name) -> the tool that defined it first
     for name, schema in schemas:
         if not isinstance(schema, dict):
             raise bad_request(f"tools: {name}'s parameters must be a JSON schema (an object)", param="tools")

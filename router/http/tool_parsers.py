@@ -75,7 +75,8 @@ class Reading:
 
 
 def _skip_ws(text: str, i: int) -> int:
-    return _WS.match(text, i).end()
+    m = _WS.match(text, i)  # always matches (zero or more)
+    return i if m is None else m.end()
 
 
 def _header(text: str, i: int) -> tuple[str | None, int | None] | None:
@@ -146,6 +147,7 @@ def _object_call(text: str, i: int, names, final: bool):
         return None  # not a call, as soon as the name is read
     if a is None:
         return None if final else (None, _MORE)
+    assert name is not None  # the arguments come after the name: it was read
     try:
         obj, end = _DECODER.raw_decode(text, i)
     except ValueError:

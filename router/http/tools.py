@@ -113,9 +113,9 @@ def tool_plan(req, parser: str = "none") -> ToolPlan | None:
     if choice == "required":
         if parser == "none":
             return replace(plan, mode="required", grammar=tool_grammar.required_grammar(tools, plan.one_call))
-        tags = [tool_grammar.call_tag(parser, n, schemas[n]) for n in plan.names]
+        required = [tool_grammar.call_tag(parser, n, schemas[n]) for n in plan.names]
         return replace(plan, mode="required",
-                       grammar=tool_grammar.structural_tag(tool_grammar.calls_format(parser, tags, plan.one_call)))
+                       grammar=tool_grammar.structural_tag(tool_grammar.calls_format(parser, required, plan.one_call)))
     name = choice.function.name
     if name not in names:
         raise bad_request(f"tool_choice.function.name: no tool named {name!r} (tools: {', '.join(names)})",

@@ -34,8 +34,11 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from hashlib import blake2b
 from operator import add, attrgetter
+from typing import TypeVar
 
 from router.kv.candidates import stable_key
+
+Candidate = TypeVar("Candidate")  # what the caller weighs (objects with .address and .load): one of them comes back
 
 REASONS = ("no_prefix", "no_match", "prefix_match", "inflight", "imbalance", "store_covered", "stale", "no_room")
 
@@ -103,8 +106,8 @@ def _least_of(workers: list, seed: int, board=None):
     return pick([w for w, n in zip(workers, loads) if n == low], seed)
 
 
-def choose_prefill(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
-                   seed: int | None = None, board=None) -> tuple[object, str]:
+def choose_prefill(index, candidates: list[Candidate], hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
+                   seed: int | None = None, board=None) -> tuple[Candidate, str]:
     """(worker, reason) among `candidates` (objects with .address and .load), for a prompt's page
     hashes. `seed`: the tie-break seed (default: from the first page hash). `board`: the
     candidates' loads (a LoadBoard), if the caller keeps one."""
@@ -120,8 +123,8 @@ def choose_prefill(index, candidates: list, hashes: list[str], weights: ChoiceWe
     return top, reason
 
 
-def choose_decode(index, candidates: list, hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
-                  seed: int | None = None, board=None) -> tuple[object, str]:
+def choose_decode(index, candidates: list[Candidate], hashes: list[str], weights: ChoiceWeights = ChoiceWeights(),
+                  seed: int | None = None, board=None) -> tuple[Candidate, str]:
     """As choose_prefill, for decode workers: their own prefix caches, and room for the rest of the
     prompt (free pages of their last batch; unknown counts as room)."""
     seed = seed_of(hashes) if seed is None else seed
