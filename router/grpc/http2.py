@@ -7,6 +7,8 @@ with the `hpack` package.
 
 from __future__ import annotations
 
+from typing import cast
+
 from hpack import Decoder
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -60,13 +62,14 @@ class HeaderDecoder:
     def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """The block's (name, value) pairs; ValueError if it is not valid HPACK. Callers must not
         modify the returned list (it may be shared)."""
-        headers = self._known.get(block)
-        if headers is not None:
-            return headers
+        known = self._known.get(block)
+        if known is not None:
+            return known
         table = self._decoder.header_table.dynamic_entries
         before = tuple(table)
         try:
-            headers = self._decoder.decode(block, raw=True)
+            # hpack's raw=True: a list of (name, value) bytes pairs (typed as its HeaderTuples)
+            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
         except Exception as e:  # noqa: BLE001 - hpack raises several error types
             raise ValueError(f"bad header block: {e}") from None
         if tuple(table) != before:

@@ -9,13 +9,14 @@ refused by name, and the mapping to the worker's SamplingParams are in `router/h
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from router.errors import bad_request
 
 _CFG = ConfigDict(strict=True, extra="ignore")
+Model = TypeVar("Model", bound=BaseModel)  # the body's type: what parse() validates into
 # The worker protocol's integer widths (worker.proto): JSON numbers beyond them are the client's
 # mistake, answered 400 here (protobuf would raise ValueError, a 500).
 INT32_MAX = 2**31 - 1
@@ -288,7 +289,7 @@ class GenerateRequest(BaseModel):
     return_text_in_logprobs: bool = False
 
 
-def parse(model_cls: type[BaseModel], body: bytes) -> BaseModel:
+def parse(model_cls: type[Model], body: bytes) -> Model:
     """Validate a JSON body; any problem is a 400 naming the field."""
     if not body.strip():
         raise bad_request("request body is empty; expected a JSON object")

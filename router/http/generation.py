@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -97,7 +98,8 @@ class GenerationHandlers:
         oid = ("chatcmpl-" if chat else "cmpl-") + progress.request_id
         created = int(time.time())
         model = svc.model_name
-        lead = echo_text(req.prompt, ids, svc) if echo else ""  # completions echo: the prompt leads the text
+        # completions echo: the prompt leads the text
+        lead = echo_text(req.prompt, ids, svc) if echo and isinstance(req, CompletionRequest) else ""
 
         def logprobs_of(p):  # one choice's
             return None if top is None else Logprobs(svc.tokenizer, p, (ids, lead) if echo else None, top)
@@ -105,8 +107,9 @@ class GenerationHandlers:
         def shape_of():  # one choice's
             return ChatShape(plan, svc.tool_parser, svc.reasoning_parser, start) if chat else None
 
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and req.stream_options.continuous_usage_stats
+        so = req.stream_options
+        include_usage = bool(so is not None and so.include_usage)
+        continuous = bool(so is not None and so.include_usage and so.continuous_usage_stats)
 
         def answer(body: dict) -> dict:  # vLLM's prompt_logprobs (never streamed: check_prompt_logprobs)
             if req.prompt_logprobs is None:
@@ -127,10 +130,12 @@ class GenerationHandlers:
                     return answer(formats.completion_final(
                         progress, oid, created, model, lp and lp.completion(progress.output_ids, progress.logprobs, 0),
                         lead))
-                return answer(formats.chat_final(progress, oid, created, model,
-                                                 *shape.message(progress.text, progress.finish_reason),
+                assert shape is not None  # a chat's
+                message, finish = shape.message(progress.text, progress.finish_reason)
+                return answer(formats.chat_final(progress, oid, created, model, message, finish,
                                                  logprobs=lp and lp.chat(progress.output_ids, progress.logprobs)))
             return await _collect(run, final)
+        chunk: Callable[..., bytes]
         if plain:
             chunk = functools.partial(formats.chat_chunk if chat else formats.completion_chunk,
                                       continuous_usage=continuous)
@@ -187,22 +192,26 @@ class GenerationHandlers:
         progress = run.progress
         if spec.sampling.params.n > 1:  # router/http/choices.py
             lps = [Logprobs(svc.tokenizer, p) if req.return_logprob else None for p in run.choices]
-            many = GenerateChoices(run, lambda p, i: formats.generate_body(
-                p, time.perf_counter() - t0, lps[i] and lps[i].sglang(req.return_text_in_logprobs, prompt, start)))
+            def choice_body(p, i: int) -> dict:
+                lp_i = lps[i]
+                return formats.generate_body(p, time.perf_counter() - t0, None if lp_i is None else
+                                             lp_i.sglang(req.return_text_in_logprobs, prompt, start))
+
+            many = GenerateChoices(run, choice_body)
             if not req.stream:
                 return await _collect(run, many.final)
             return self.sse(many.events(), run)
         lp = Logprobs(svc.tokenizer, progress) if req.return_logprob else None
 
-        def body() -> dict:
+        def answer() -> dict:
             return formats.generate_body(progress, time.perf_counter() - t0,
-                                         lp and lp.sglang(req.return_text_in_logprobs, prompt, start))
+                                         None if lp is None else lp.sglang(req.return_text_in_logprobs, prompt, start))
 
         if not req.stream:
-            return await _collect(run, body)
+            return await _collect(run, answer)
 
         def event() -> bytes:
-            out = formats.sse(body())
+            out = formats.sse(answer())
             return out + formats.DONE if progress.finish_reason else out  # last chunk ends the body
 
         async def events():
@@ -239,7 +248,7 @@ class GenerationHandlers:
         grammar = grammar_of(req.sampling_params, "sampling_params.")
         if grammar is not None:
             sampling.grammar.CopyFrom(grammar[0])
-        ids = svc.encode(req.text) if req.text is not None else list(req.input_ids)
+        ids = svc.encode(req.text) if req.text is not None else list(req.input_ids or ())  # one of them (above)
         if req.return_logprob and start >= max(len(ids), 1):
             raise APIError(400, f"logprob_start_len {start} is past the prompt's {len(ids)} tokens",
                            param="logprob_start_len")

@@ -307,7 +307,7 @@ class KVIndex:
         cur = holders.get(hashes[0])
         if cur is None:
             return {}
-        if type(cur) is str:  # one holder: walk its own sets
+        if isinstance(cur, str):  # one holder: walk its own sets
             if addresses is not None and not (self._mask(addresses) >> self._slot[cur]) & 1:
                 return {}
             return {cur: self._walk_one(cur, hashes, 1)}
@@ -356,7 +356,7 @@ class KVIndex:
             nxt = holders.get(hashes[i])
             if nxt is None:
                 break
-            if type(nxt) is str:  # one holder left at most: walk its own sets
+            if isinstance(nxt, str):  # one holder left at most: walk its own sets
                 bit = 1 << self._slot[nxt]
                 if not alive & bit:
                     break
