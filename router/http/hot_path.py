@@ -261,9 +261,7 @@ class ChunkedSSE:
         self._head = b""
         if self._flow.write_paused:
             return self._write_when_drained(chunk, last)
-        self._transport.write(chunk)
-        if not last:
-            self._idle()
+        self._write(chunk, last)
         return None
 
     def end(self) -> None:
@@ -276,11 +274,13 @@ class ChunkedSSE:
 
     async def _write_when_drained(self, chunk: bytes, last: bool) -> None:
         await self._flow.drain()
-        self._transport.write(chunk)
-        if not last:
-            self._idle()
+        self._write(chunk, last)
 
-    def _idle(self) -> None:
+    def _write(self, chunk: bytes, last: bool) -> None:
+        """The chunk out; after any but the last the stream waits: keep-alives may follow."""
+        self._transport.write(chunk)
+        if last:
+            return
         alive = self._alive
         if alive is None and self._keepalive_s > 0:  # the head is out: comments may follow
             alive = self._alive = KeepAlive(self._keepalive_s, self._send_now)
