@@ -1,6 +1,6 @@
 """The real router's per-request worker choice at fleet scale: what admission reads of the pool (the
 workers' smallest context, whether each role has a routable worker) and what `Policy.route`
-runs (the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
+runs (the prompt's page hashes, the pool's routable lists, `CacheAware.choose`, `on_routed`, `choose_decode`) on the KV-event
 index, with N prefill and N decode workers, no network. The fleet simulation (bench/routing_sim.py,
 removed after aa2abdb) timed the decision core (router/kv/choice.py); this times the router's own
 wrapper around it.
@@ -28,8 +28,9 @@ from router.fleet.circuit import CircuitBreaker
 from router.fleet.workers import Worker, WorkerPool
 from router.kv.choice import ChoiceWeights
 from router.kv.index import KVIndex
+from store_client.page_hash import page_hashes
 
-STEPS = ("admit", "routable", "choose", "on_routed", "choose_decode", "load_changed")
+STEPS = ("hashes", "admit", "routable", "choose", "on_routed", "choose_decode", "load_changed")
 
 
 def _snapshot(l1: list[str], load: int):
@@ -56,6 +57,9 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
     in_flight: list[Worker] = []
     for n in range(warmup + decisions):
         hashes = rng.choice(conversations)[:rng.choice((4, 16, 64))]
+        prompt = [rng.randrange(50_000) for _ in range(16 * len(hashes))]
+        th = time.perf_counter()
+        page_hashes(prompt, 16)  # the prompt's own pages (Policy.prompt_hashes); the conversations' stand in for the index
         ta = time.perf_counter()
         # RouterService._job's context limit and the first routing's capacity check
         if not (pool.context_tokens() and pool.routable("prefill") and pool.routable("decode")):
@@ -82,7 +86,7 @@ def run(workers: int, decisions: int, warmup: int, seed: int = 1) -> dict:
             w.in_flight -= 1
             policy.load_changed(w)
         if n >= warmup:
-            for step, dt in zip(STEPS, (t0 - ta, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+            for step, dt in zip(STEPS, (ta - th, t0 - ta, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 times[step].append(dt * 1e6)
     times["total"] = [sum(x) for x in zip(*(times[s] for s in STEPS))]
 
