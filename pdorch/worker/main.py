@@ -20,6 +20,7 @@ import concurrent.futures
 import faulthandler
 import logging
 import signal
+import threading
 
 import grpc
 from prometheus_client import Counter
@@ -135,9 +136,14 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     worker.kv_events.end_streams()  # WatchKV streams never end by themselves: the grace would run out
     server.stop(grace=grace).wait(grace + 5.0)
     drain.write_back(section.drain_writeback_s)  # after the work: its pages are written back too
-    if metrics_server is not None:
-        metrics_server.shutdown()
+    # NOTE: the metrics server's stop waits out its poll interval (0.5 s), the store client's close
+    # about 2 s (Mooncake unmounts the segment): side by side, a worker's exit is that much sooner.
+    metrics_stop = threading.Thread(target=metrics_server.shutdown, name="metrics-stop") if metrics_server else None
+    if metrics_stop is not None:
+        metrics_stop.start()
     worker.close()
+    if metrics_stop is not None:
+        metrics_stop.join(timeout=5.0)
     tracing.shutdown()  # the last spans exported, within observability.shutdown_timeout_s
 
 
