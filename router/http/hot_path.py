@@ -81,25 +81,6 @@ class HotRequest:
         return self._headers
 
 
-class _Wake:
-    """The cycle's `message_event`: the protocol sets it when body arrives, the message is complete,
-    or the connection is lost (then, before the response is complete, the request is cancelled)."""
-
-    __slots__ = ("cycle", "waiter")
-
-    def __init__(self, cycle: HotCycle):
-        self.cycle = cycle
-        self.waiter: asyncio.Future | None = None
-
-    def set(self) -> None:
-        cycle = self.cycle
-        if cycle.disconnected and not cycle.response_complete:
-            cycle.client_left()
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
 class HotCycle:
     def __init__(self, protocol, routes: HotRoutes, handler: Callable, path: str, headers: list,
                  keep_alive: bool, expect_100_continue: bool, declared_length: int):
@@ -115,7 +96,7 @@ class HotCycle:
         self.declared_length = declared_length
         self.body = bytearray()
         self.more_body = True
-        self.message_event = _Wake(self)
+        self._waiter: asyncio.Future | None = None
         self.response_started = False
         self.response_complete = False
         self.disconnected = False
@@ -125,6 +106,22 @@ class HotCycle:
         self._trace: RequestTrace | None = None
         self._status = 0  # the response's, once its head is out
         self._error: APIError | None = None
+
+    @property
+    def message_event(self) -> HotCycle:
+        """What uvicorn's protocol sets (`message_event.set()`) when body arrives, the message is
+        complete, or the connection is lost: the cycle itself. NOTE: not an object that points back at
+        the cycle: that was a reference cycle per request, left for the garbage collector."""
+        return self
+
+    def set(self) -> None:
+        """The protocol has news: wake the body's reader; a connection lost before the response is
+        complete cancels the request."""
+        if self.disconnected and not self.response_complete:
+            self.client_left()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def client_left(self) -> None:
         if self._task is not None and not self._gone:
@@ -186,11 +183,11 @@ class HotCycle:
             self._expect_100_continue = False
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self.flow.resume_reading()  # the protocol pauses reading past its high-water mark
-        waiter = self.message_event.waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
             await waiter
         finally:
-            self.message_event.waiter = None
+            self._waiter = None
 
     def _end_trace(self, trace: RequestTrace) -> None:
         if self._gone:  # NOTE: 499, as proxies log it: the client closed the connection first
@@ -269,8 +266,14 @@ class ChunkedSSE:
         self._head = b""
 
     def stop(self) -> None:
-        if self._alive is not None:
-            self._alive.stop()
+        alive = self._alive
+        if alive is not None:
+            alive.stop()
+            # NOTE: keep-alive, writer and run point at each other (its send, the run's on_pause): let go
+            # here, or the three stay in a reference cycle for the garbage collector after every stream.
+            self._alive = None
+            if self._run is not None:
+                self._run.on_pause = None
 
     async def _write_when_drained(self, chunk: bytes, last: bool) -> None:
         await self._flow.drain()

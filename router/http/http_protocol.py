@@ -95,6 +95,14 @@ class RouterHttpProtocol(HttpToolsProtocol):
         on_metrics_port = self._metrics_port and self.server is not None and self.server[1] == self._metrics_port
         self.hot_routes = None if on_metrics_port else self._all_hot_routes  # that port serves /metrics only
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        # NOTE: the last request's cycle (which holds this protocol's callbacks) and the pipeline let go:
+        # otherwise protocol, cycle, transport and flow control stay in reference cycles, a dozen objects
+        # per connection for the garbage collector (its passes were ~7 % of the router's CPU under load).
+        self.cycle = None
+        self.pipeline.clear()
+
     def on_headers_complete(self) -> None:
         routes = self.hot_routes
         if routes is not None and self.limit_concurrency is None and self.parser.get_method() == b"POST":

@@ -3,6 +3,7 @@ on raw sockets against the real router (keep-alive, pipelining, 100-continue, a 
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import time
@@ -91,6 +92,44 @@ def test_a_lost_client_between_headers_and_body_costs_nothing(pd_router):
     time.sleep(0.2)
     assert len(d.behavior.calls) == before and r.app.state.service.in_flight == 0
     assert httpx.post(r.url + "/generate", json=dict(_GEN, stream=False), timeout=10).status_code == 200
+
+
+def test_served_requests_leave_nothing_in_reference_cycles(standins, make_router):
+    """Streams of several events (a keep-alive armed after each), on connections closed after each
+    answer and on one kept alive, and a client gone mid-stream: once they are over, none of the
+    router's request objects waits for the garbage collector; reference counting freed them all.
+    (Each connection used to leave its protocol, cycle, transport, writer, keep-alive and run in
+    cycles: the collector's passes were ~7 % of the router's CPU under load.)"""
+    p, d = standins("prefill"), standins("decode", token_delay_s=0.01)
+    r = make_router([p.address], [d.address], policy="round_robin")
+    body = dict(_GEN, sampling_params={"max_new_tokens": 4})
+    httpx.post(r.url + "/generate", json=body, timeout=10)  # the first request's one-time objects
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+                s.sendall(_post("/generate", body, b"Connection: close\r\n"))
+                assert _read_until(s, lambda b: b.endswith(_END)).endswith(_END)
+                s.recv(1)  # the router closed the connection
+        with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:
+            for _ in range(3):
+                s.sendall(_post("/generate", body))
+                assert _read_until(s, lambda b: b.endswith(_END)).endswith(_END)
+        with socket.create_connection(("127.0.0.1", r.port), timeout=10) as s:  # gone after the first event
+            s.sendall(_post("/generate", dict(body, sampling_params={"max_new_tokens": 50})))
+            _read_until(s, lambda b: b"data: {" in b)
+        deadline = time.monotonic() + 10
+        while r.app.state.service.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the protocols' connection_lost
+        gc.collect()
+        left = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("router.")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert r.app.state.service.in_flight == 0
+    assert left == [], f"request objects left in reference cycles: {left}"
 
 
 def test_addresses_come_from_the_event_loop():
