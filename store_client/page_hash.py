@@ -33,7 +33,7 @@ HASH_SCHEME = "sha256-chain"
 _KV_DTYPES = ("float32", "bfloat16", "float16")
 _MAX_TOKEN_ID = 2**32 - 1
 # NOTE: the pages' bytes from one C conversion of the whole prompt (an array of uint32, its machine
-# order made little-endian), not a struct.pack(*page) per page: 1.6x faster at 4k tokens.
+# order made little-endian), not a struct.pack(*page) per page: 1.2-1.4x faster (docs/benchmarks.md).
 _U32 = next(code for code in ("I", "L") if array(code).itemsize == 4)
 _BIG_ENDIAN = sys.byteorder == "big"
 
