@@ -138,8 +138,9 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
     drain.write_back(section.drain_writeback_s)  # after the work: its pages are written back too
     # NOTE: the metrics server's stop waits out its poll interval (0.5 s), the store client's close
     # about 2 s (Mooncake unmounts the segment): side by side, a worker's exit is that much sooner.
-    metrics_stop = threading.Thread(target=metrics_server.shutdown, name="metrics-stop") if metrics_server else None
-    if metrics_stop is not None:
+    metrics_stop = None
+    if metrics_server is not None:
+        metrics_stop = threading.Thread(target=metrics_server.shutdown, name="metrics-stop")
         metrics_stop.start()
     worker.close()
     if metrics_stop is not None:
