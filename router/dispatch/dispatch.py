@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 
@@ -57,25 +57,23 @@ class StreamFailed(Exception):
     """The request failed after tokens were already streamed to the client."""
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """One request as the router dispatches it: fixed once made (a retry or a failover reads it,
-    never changes it; what changes per attempt lives in `_Attempt`)."""
+    never changes it; what changes per attempt lives in `_Attempt`).
+    NOTE: a NamedTuple, as the other records made per request (JobSpec, Route, BodySampling): as
+    immutable as a frozen dataclass, whose __init__ sets each field through object.__setattr__
+    (~0.5 µs for six fields against ~0.19 µs)."""
 
     request_id: str
     token_ids: list[int]
     sampling: worker_pb2.SamplingParams
     page_hashes: list[str]
     timeout_s: float  # the whole request's budget
+    deadline: float  # time.monotonic() by which the request must be done
     session: str | None = None
-    deadline: float = 0.0  # time.monotonic() by which the request must be done; 0 = timeout_s from now
     grammar_param: str = ""  # the body field its grammar came from: a worker's refusal of it names that field
     kv_tokens: int = 0  # KV the request may need on its decode worker (prompt + output): D is one whose pool holds it
     trace: RequestTrace | None = None  # its spans (router/dispatch/request_trace.py); None = tracing off
-
-    def __post_init__(self):
-        if not self.deadline:
-            object.__setattr__(self, "deadline", time.monotonic() + self.timeout_s)
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()

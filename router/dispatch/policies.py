@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from router.fleet.workers import RoutableList, Worker, WorkerPool
 from router.kv.choice import ChoiceWeights, choose_decode, choose_prefill
@@ -45,8 +46,7 @@ class RouteContext:
     session: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Route(NamedTuple):  # NOTE: made per request: immutable as a frozen dataclass, 3x cheaper to make
     """Where one attempt goes (`Policy.route`): P, D, why P (the policy's reason, or "session"), and
     the prefill workers P was chosen from (a traced request records them)."""
 

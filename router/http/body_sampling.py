@@ -4,8 +4,7 @@ body's in one call: `openai_sampling` (chat, completions) or `sglang_sampling` (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel
 
@@ -24,8 +23,7 @@ from router.http.logprobs import MAX_TOP_LOGPROBS, openai_logprobs
 Body = TypeVar("Body", bound=BaseModel)
 
 
-@dataclass(frozen=True, slots=True)
-class BodySampling:
+class BodySampling(NamedTuple):  # NOTE: made per request: immutable as a frozen dataclass, 3x cheaper to make
     """A body's sampling as the worker takes it, and what the job's limits need of the body."""
 
     params: worker_pb2.SamplingParams  # without max_tokens (RouterService.start sets it against the limits)
