@@ -9,13 +9,14 @@ other studies of the same question are its sub-commands, each with its own flags
     python -m bench.router_overhead responses [--json] [...]   /v1/responses against chat (responses.py)
     python -m bench.router_overhead tracing [--json] [...]     what tracing adds to TTFT (tracing.py)
     python -m bench.router_overhead profile [--json] [...]     where the router's CPU per request goes (profile.py)
+    python -m bench.router_overhead cold [--json] [...]        the steps before the call, caches evicted (cold_steps.py)
 """
 
 import importlib
 import sys
 
 STUDIES = {"ttft-path": "ttft_path", "pick": "pick", "http-layer": "http_layer", "responses": "responses", "tracing": "tracing",
-           "profile": "profile"}
+           "profile": "profile", "cold": "cold_steps"}
 
 
 def main(argv: list[str]) -> int:

@@ -49,7 +49,8 @@ STUDIES = """the other studies of the same question, each with its own flags (--
   ttft-path   where the added TTFT goes, step by step, ours against the control (ttft_path.py)
   pick        the router's own per-request worker choice at fleet scale, no network (pick.py)
   http-layer  the router's HTTP layer alone, CPU per request (http_layer.py)
-  responses   what /v1/responses adds over /v1/chat/completions at the router (responses.py)"""
+  responses   what /v1/responses adds over /v1/chat/completions at the router (responses.py)
+  cold        the steps before the gRPC call with the caches evicted, as the latency phase finds them (cold_steps.py)"""
 
 
 def run_phase(name: str, token_delay_s: float, tokens: int, think_s: float, args, model_dir: Path) -> dict:

@@ -40,7 +40,8 @@ STEPS = ("conn", "head", "task", "call", "sent", "data", "resume", "write")
 # (module, attribute) of what the router's handler does before the Generate call, timed per request
 HANDLER_STEPS = (
     ("router.http.hot_path", "HotRequest.__init__"), ("router.http.auth", "Auth.check_client"),
-    ("router.http.generation", "parse"), ("router.http.generation", "sglang_sampling"),
+    ("router.http.generation", "GenerationHandlers.generate_job"), ("router.http.generation", "parse"),
+    ("router.http.generation", "sglang_sampling"),
     ("router.http.service", "RouterService._job"), ("router.dispatch.policies", "page_hashes"),
     ("router.http.service", "Progress.__init__"),
     ("router.dispatch.policies", "Policy.route"), ("router.dispatch.policies", "CacheAware.choose"),

@@ -222,19 +222,23 @@ class GenerationHandlers:
         if not ask.stream:
             return await _collect(run, answer)
 
-        def event() -> bytes:
-            out = formats.sse(answer())
-            return out + formats.DONE if progress.finish_reason else out  # last chunk ends the body
-
         async def events():
+            # NOTE: each event made here, not by a helper: this runs per token, where each call is a cold
+            # one in the bench's latency phase (docs/benchmarks.md, "The router runs cold")
+            generate_body, sse, done = formats.generate_body, formats.sse, formats.DONE
             try:
-                yield event()
+                out = sse(answer())
                 if progress.finish_reason:
+                    yield out + done  # the last chunk ends the body
                     return
+                yield out
                 async for _ in run:
-                    yield event()
+                    out = sse(generate_body(progress, time.perf_counter() - t0, None if lp is None else
+                                            lp.sglang(ask.text_in_logprobs, prompt, start)))
                     if progress.finish_reason:
+                        yield out + done
                         return
+                    yield out
             except StreamFailed as e:
                 yield formats.sse(stream_error_event(str(e))) + formats.DONE
                 return

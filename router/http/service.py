@@ -257,6 +257,7 @@ class Run:
         self.trace = job.trace
         self.choices = [Progress(job.request_id, len(job.token_ids)) for _ in range(max(job.sampling.n, 1))]
         self.progress = self.choices[0]
+        self._one = len(self.choices) == 1
         self.first = ""
         self.deltas: list[tuple[int, str]] = []
         self._agen = svc.dispatcher.stream(job)
@@ -291,7 +292,7 @@ class Run:
             raise StopAsyncIteration
         try:
             batch = await self._agen.__anext__()
-            while _paused_only(batch):  # D preempted the request: counted, the client kept, no event
+            while batch[0].paused and _paused_only(batch):  # D preempted the request: counted, the client kept, no event
                 self._fold(batch)
                 if self.on_pause is not None:
                     self.on_pause()
@@ -302,6 +303,15 @@ class Run:
         now = time.perf_counter()
         self.svc.metrics.itl.observe(now - self._last)  # NOTE: per chunk; tokens that arrive together share one
         self._last = now
+        # NOTE: one sequence folded here, not through _fold and _ended: this runs per token, and in the
+        # latency phase of bench/router_overhead each call on it is a cold one, microseconds each
+        # (docs/benchmarks.md, "The router runs cold")
+        if self._one:
+            progress = self.progress
+            text = progress.add(batch[0]) if len(batch) == 1 else "".join([progress.add(m) for m in batch])
+            if progress.finish_reason:
+                await self._end()
+            return text
         text = self._fold(batch)
         if self._ended():
             await self._end()

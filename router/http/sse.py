@@ -8,7 +8,7 @@ from typing import Protocol
 
 from starlette.responses import Response
 
-from router.http import formats
+from router.http.formats import DONE
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]
@@ -58,7 +58,7 @@ class SSEResponse(Response):
     async def write_to(self, out: SSEWriter) -> None:
         try:
             async for event in self.events:
-                last = is_last(event)
+                last = event.endswith(DONE) or event.__class__ is LastEvent  # is_last, inline: per event
                 pending = out.event(event, last)
                 if pending is not None:
                     await pending
@@ -108,4 +108,4 @@ class _AsgiWriter:
 
 def is_last(event: bytes) -> bool:
     """The stream's last event: the body ends with it (one write less per request)."""
-    return event.endswith(formats.DONE) or event.__class__ is LastEvent
+    return event.endswith(DONE) or event.__class__ is LastEvent
