@@ -3,7 +3,7 @@ sampling from a memo.
 
 Clients of /generate send the same few `sampling_params` request after request (a benchmark's, an
 application's); the prompt and max_new_tokens change. The full path (parse: pydantic, router/http/bodies.py;
-the ranges, refusals and defaults: router/http/body_sampling.py) cost ~8 µs a request warm and
+the ranges, refusals and defaults: router/http/body_sampling.py) cost ~9 µs a request warm and
 ~45 µs on the bench's latency phase (docs/benchmarks.md). A *plain* body (input_ids or text;
 sampling_params of scalar values; stream, rid; none of the logprob fields) is read with orjson and
 its sampling_params, less max_new_tokens, looked up in a memo. Only the full path fills the memo:
