@@ -6,10 +6,12 @@ store full, because the decode worker's evictor removes its lowest pages before 
 control: the same traffic with `store.eviction: master` makes the master evict.
 
     store: two 16 MiB segments (the prefill and the decode worker's) = 45 SmolLM2 pages;
-    5 conversations x 4 turns, each later turn ~30 new tokens + a 32-token answer
+    5 conversations x 4 turns (a turn's five at once), each later turn ~30 new tokens + a 32-token answer
 """
 
 from __future__ import annotations
+
+import concurrent.futures
 
 import pytest
 
@@ -29,13 +31,18 @@ def run_traffic(tmp, smollm2_dir, tok, eviction: str) -> dict:
                               "max_local_prefill_tokens": 256, "prefill_timeout_s": 240.0})
     try:
         histories = [[{"role": "user", "content": f"Tell me about {t} in two sentences."}] for t in TOPICS]
-        for turn in range(TURNS):
-            for h in histories:
-                if turn:
-                    h.append({"role": "user", "content": f"Now add detail number {turn} about the weather, the "
-                              "people and the food there, in one long sentence."})
-                got = c.generate(tok.encode_chat(h), max_tokens=ANSWER, ignore_eos=True)
-                h.append({"role": "assistant", "content": got.text})
+        # NOTE: a turn's conversations at once (the decode worker batches them): the same pages written
+        # and evicted as one after another, in half the time
+        with concurrent.futures.ThreadPoolExecutor(len(TOPICS)) as pool:
+            for turn in range(TURNS):
+                for h in histories:
+                    if turn:
+                        h.append({"role": "user", "content": f"Now add detail number {turn} about the weather, "
+                                  "the people and the food there, in one long sentence."})
+                answers = list(pool.map(lambda h: c.generate(tok.encode_chat(h), max_tokens=ANSWER, ignore_eos=True),
+                                        histories))
+                for h, got in zip(histories, answers):
+                    h.append({"role": "assistant", "content": got.text})
         c.wait_idle("decode")
         c.wait_idle("prefill")
         local = worker_metric(c.decode, "pdorch_decode_prompt_plans_total", where="local")
