@@ -1,2 +1,3 @@
 """bench/reliability: the stack under faults and pressure: worker and master failover, decode preemption,
-overload, a soak (soak/). Each runs as `python -m bench.reliability.<name>`."""
+overload, a soak (soak/), a worker's exit (worker_exit.py). Each runs as
+`python -m bench.reliability.<name>`."""
