@@ -148,8 +148,8 @@ def run_worker(role: str, build, argv: list[str] | None = None) -> None:
         metrics_stop.join(timeout=5.0)
     tracing.shutdown()  # the last spans exported, within observability.shutdown_timeout_s
     # NOTE: everything is closed; what is left goes with the process. The interpreter's last garbage
-    # collection would walk every object torch and the model made, 0.7-2.5 s of a worker's exit (70 % of it
-    # in gc_collect_main, py-spy --native): frozen, it skips them, and atexit and the modules' teardown still run.
+    # collection would walk every object torch and the model made (on busy cores 70 % of a worker's exit
+    # was in it: docs/benchmarks.md, "The suite's time"): frozen, it skips them; atexit still runs.
     gc.freeze()
 
 
