@@ -71,6 +71,8 @@ class Child:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
                                          preexec_fn=preexec)  # noqa: PLW1509
+        if preexec is None:
+            _until_past_setpriv(self.proc)
         self.started_at = time.monotonic()
         self.starts += 1
 
@@ -106,6 +108,21 @@ class Child:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _until_past_setpriv(proc: subprocess.Popen, timeout_s: float = 2.0) -> None:
+    """Until setpriv has set the death signal and exec'd the command (or the child is gone), at most
+    `timeout_s`. NOTE: Popen returns once setpriv itself runs, before its prctl: a parent killed in
+    that window (seen once in a whole-suite run) left the child behind. Milliseconds per start."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/comm") as f:
+                if f.read().strip() != "setpriv":
+                    return
+        except OSError:  # gone already, or no procfs
+            return
+        time.sleep(0.001)
 
 
 def _group_has_live_process(pgid: int) -> bool:
