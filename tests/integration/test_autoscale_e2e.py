@@ -48,17 +48,20 @@ INTERVAL_S = 2.0
 DOWN_COOLDOWN_S = 4.0
 HIGH_CLIENTS = 6
 KEEPER_CLIENTS = 4
-LONG_TOKENS = 600  # a long stream's mean context (8 + 600 / 2) is past the profile's 128: many per replica
+LONG_TOKENS = 600  # a long stream's mean context (8 + 600 / 2) is past the profile's 64: many per replica
 CONVERSATIONS = 6
 FIRST_TURN = 48  # prompt tokens of a first turn: 3 full pages
 DRAIN_OFF = False
 
 # A prefill replica takes ~190 uncached prompt tokens/s (200 at utilisation ~0.95 within the TTFT target); a
-# decode replica 1 stream at short contexts (p90 ITL 0.1 s), up to 64 from 128 tokens on (ITL 0.001 s). NOTE: the
-# planner takes no batch larger than the contexts around a stream's mean context measured, so between 64 and 128
-# tokens a replica holds 1. The long streams' mean context (8 + 600 / 2) must stay clear of that step, or a
-# steady load of them scales decode up (with the step at 256, a predicted mean output of 488 tokens did).
-# HIGH_CLIENTS short requests (48 + 16 tokens) run at 25-55 req/s here (> 6.3 req/s holds 3 of each); the long
+# decode replica 1 stream at short contexts (p90 ITL 0.1 s), up to 64 from 64 tokens on (ITL 0.001 s). NOTE: the
+# planner takes no batch larger than the contexts around a stream's mean context measured, so below 64 tokens a
+# replica holds 1. Only the short requests (48 + 16 tokens: mean context 56) and the first turns (48 + 17) may sit
+# below that step. Every load after the scale-down must stay above it, mixes included: the planner's context is a
+# moving average over intervals, so a window with the long streams (8 + 600: 308) and the next turns (68 + 4: 70)
+# lands anywhere between 70 and 308 (with the step at 64..128 such a mix at 120 tokens scaled decode up again
+# after the scale-down; with it at 256, a predicted mean output of 488 tokens did).
+# HIGH_CLIENTS short requests run at 25-55 req/s here (> 6.3 req/s holds 3 of each); the long
 # streams (8 + 600 tokens) at ~2 req/s need 1 of each. NOTE: the planner sizes for an upper bound that remembers
 # the high phase's forecast errors for planner.error_window intervals (~12 req/s after the drop, 100 tok/s of
 # 8-token prompts): the prefill capacity keeps that under 1 replica's 90%, or prefill goes 1 -> 2 -> 1.
@@ -66,9 +69,9 @@ PROFILE = {
     "version": 1, "model": "tiny", "device": "cpu", "created": "2026-01-01T00:00:00Z",
     "prefill": [{"prompt_tokens": 8, "tokens_per_s": 200.0, "ttft_s": 0.01},
                 {"prompt_tokens": 512, "tokens_per_s": 200.0, "ttft_s": 0.01}],
-    "decode": [{"batch": 1, "context_tokens": 64, "tokens_per_s": 10.0, "itl_s": 0.1},
-               {"batch": 1, "context_tokens": 128, "tokens_per_s": 1000.0, "itl_s": 0.001},
-               {"batch": 64, "context_tokens": 128, "tokens_per_s": 64000.0, "itl_s": 0.001},
+    "decode": [{"batch": 1, "context_tokens": 60, "tokens_per_s": 10.0, "itl_s": 0.1},
+               {"batch": 1, "context_tokens": 64, "tokens_per_s": 1000.0, "itl_s": 0.001},
+               {"batch": 64, "context_tokens": 64, "tokens_per_s": 64000.0, "itl_s": 0.001},
                {"batch": 64, "context_tokens": 1024, "tokens_per_s": 64000.0, "itl_s": 0.001}],
 }
 
