@@ -33,7 +33,7 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	@touch $@
 
 test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py), as CI runs it
-	$(PY) -m pytest -q tests bench
+	$(PY) -m pytest -q --durations=30 tests bench
 
 test-bench:  ## the benchmarks' own logic (bench/*/test_*.py)
 	$(PY) -m pytest -q bench
