@@ -5,5 +5,5 @@ pytest_plugins = [
     "tests.fixtures.model",
     "tests.fixtures.store",
     "tests.fixtures.router",
-    "tests.fixtures.type_check",
+    "tests.fixtures.early_children",
 ]

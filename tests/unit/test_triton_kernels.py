@@ -1,28 +1,23 @@
-"""The Triton kernels on the CPU, run by Triton's interpreter in a child process (tests/unit/triton_cases.py):
-the paged backend's each equal float64 attention over the same pages; the fused elementwise ones equal
-the torch ops they replace."""
+"""The Triton kernels on the CPU, run by Triton's interpreter in a child process (tests/unit/triton_cases.py,
+started as the tests are collected): the paged backend's each equal float64 attention over the same pages;
+the fused elementwise ones equal the torch ops they replace."""
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from engine.attention.triton_kernels import num_splits
+from tests.fixtures.early_children import early_child
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOLERANCE = {"bf16": 1e-5}  # a bf16 pool read into fp32 math; everything fp32 with ieee dot products
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "unit" / "triton_cases.py")], check=False, env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """The cases' results, from the child started when the tests were collected (tests/fixtures/early_children.py)."""
+    code, out, err = early_child("triton_cases").result()
+    assert code == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("case", ["decode_p4_fp32_1split", "decode_p16_fp32_4splits", "decode_p8_bf16_pool_mha_d24",
