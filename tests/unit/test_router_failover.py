@@ -78,7 +78,11 @@ def test_a_stop_string_spanning_the_join_ends_the_stream(standins, make_router, 
     stop = full[join - 1:join + 1]  # the last character before the join and the first after it
     assert full.find(stop) == join - 1, "pick other stand-in tokens: the stop string occurs earlier"
     r, d1, d2 = _cluster(standins, make_router, "on")
-    d2.behavior.token_delay_s = 0.3  # d2 is still streaming when the router has what it needs
+    # d2 is still streaming when the router has what it needs: its first token completes the stop string, and
+    # its stream would end by itself 2 x token_delay_s later, taking the cancel with it. NOTE: 0.3 s was too
+    # short a window on a loaded machine (a whole-suite run: no cancel seen); a cancel that never comes still
+    # fails (the stream ends, unrecorded, before the wait's 5 s).
+    d2.behavior.token_delay_s = 1.5
     last = _on_d1(r, d1, stop=[stop])[-1]
     assert last["output_ids"] == [1003, 1004, 1005]  # ended by the token that completed the stop string
     assert last["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
