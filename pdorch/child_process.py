@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pdorch.launch_plan import redact_argv
@@ -38,11 +38,14 @@ def die_with_parent() -> None:  # runs in the child between fork and exec (a Pop
 _SETPRIV = shutil.which("setpriv")
 
 
-def dying_with_parent(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
-    """(argv, preexec_fn) for a Popen whose child gets SIGTERM when this thread's process dies."""
-    if _SETPRIV is not None:
-        return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv], None
-    return list(argv), die_with_parent
+def popen_dying_with_parent(argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+    """subprocess.Popen(argv, **popen_kwargs) for a child that gets SIGTERM when this process dies, returned
+    once its death signal is set (through setpriv; else a preexec_fn)."""
+    if _SETPRIV is None:
+        return subprocess.Popen(list(argv), preexec_fn=die_with_parent, **popen_kwargs)  # noqa: PLW1509
+    proc = subprocess.Popen([_SETPRIV, "--pdeathsig", "TERM", "--", *argv], **popen_kwargs)
+    _until_past_setpriv(proc)
+    return proc
 
 
 class Child:
@@ -67,12 +70,8 @@ class Child:
             log.flush()
             if shutil.which(self.argv[0]) is None:  # as Popen says it; setpriv's exec would fail inside the child
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.argv[0])
-            argv, preexec = dying_with_parent(self.argv)
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
-                                         preexec_fn=preexec)  # noqa: PLW1509
-        if preexec is None:
-            _until_past_setpriv(self.proc)
+            self.proc = popen_dying_with_parent(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         self.started_at = time.monotonic()
         self.starts += 1
 

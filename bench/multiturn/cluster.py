@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pdorch.child_process import dying_with_parent, pid_alive, proc_stat
+from pdorch.child_process import pid_alive, popen_dying_with_parent, proc_stat
 from pdorch.config import Config
 from pdorch.config_loader import (
     ConfigError,
@@ -115,11 +115,9 @@ class ServeCluster:
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         with open(self.out_path, "wb") as out:
-            # NOTE: die_with_parent: a benchmark killed outright must not leave its cluster running.
-            argv, preexec = dying_with_parent(argv)
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT, env=env, start_new_session=True,
-                                         preexec_fn=preexec)  # noqa: PLW1509
+            # NOTE: dying with its parent: a benchmark killed outright must not leave its cluster running.
+            self.proc = popen_dying_with_parent(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                cwd=ROOT, env=env, start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
