@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -143,15 +145,46 @@ class TPGroup:
             self.pg = self.cpu_pg = None
 
 
-def init_tp_group(rank: int, size: int, init_method: str, backend: str = "gloo",
-                  timeout_s: float = 60.0) -> TPGroup:
+# A rank's start (importing torch, reading its config) may take far longer than a collective is allowed to
+# (model.tp_timeout_s, seconds at the least) on a loaded machine: the rendezvous has this bound of its own.
+JOIN_TIMEOUT_S = 120.0
+_JOIN_POLL_S = 0.5  # how often a rank waiting for the others runs its `check`
+
+
+def init_tp_group(rank: int, size: int, init_method: str, backend: str = "gloo", timeout_s: float = 60.0,
+                  join_timeout_s: float = JOIN_TIMEOUT_S, check: Callable[[], None] | None = None) -> TPGroup:
     """Join the group of `size` ranks at `init_method` (tcp://host:port or file://path); gloo on CPU,
-    nccl on CUDA. Every collective, and the rendezvous itself, fails after timeout_s instead of hanging."""
+    nccl on CUDA. The ranks first meet in the store, each waiting up to max(join_timeout_s, timeout_s) for
+    the others and calling `check` (which raises to give up: rank 0's "a follower has exited") every
+    half second meanwhile; then every collective fails after timeout_s instead of hanging."""
     if size == 1:
         return TPGroup()
+    store = _meet(rank, size, init_method, max(join_timeout_s, timeout_s), check)
     timeout = datetime.timedelta(seconds=timeout_s)
-    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
+    store.set_timeout(timeout)
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     world = torch.distributed.group.WORLD
     # NOTE: every rank creates the CPU group at the same point (new_group is itself a collective)
     cpu = world if backend == "gloo" else torch.distributed.new_group(backend="gloo", timeout=timeout)
     return TPGroup(rank, size, world, cpu)
+
+
+def _meet(rank: int, size: int, init_method: str, join_timeout_s: float,
+          check: Callable[[], None] | None) -> torch.distributed.Store:
+    """The group's store, once every rank has reached it (its own key set, all keys seen)."""
+    store, _, _ = next(torch.distributed.rendezvous(init_method, rank, size,
+                                                    timeout=datetime.timedelta(seconds=join_timeout_s)))
+    store.set(f"pdorch/joined/{rank}", "1")
+    keys = [f"pdorch/joined/{r}" for r in range(size)]
+    deadline = time.monotonic() + join_timeout_s
+    while True:
+        try:
+            store.wait(keys, datetime.timedelta(seconds=_JOIN_POLL_S))
+            return store
+        except RuntimeError:  # torch.distributed.DistStoreError: not all there yet
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                missing = [r for r in range(size) if not store.check([f"pdorch/joined/{r}"])]
+                raise TimeoutError(f"tensor-parallel rank {rank}: ranks {missing} did not join within "
+                                   f"{join_timeout_s:.0f} s") from None

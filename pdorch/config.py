@@ -72,7 +72,8 @@ class ModelConfig:
                                "between a worker's ranks (each step's broadcast over the CPU group, the model's all-reduces "
                                "and logits gather) that takes "
                                "longer fails, and the worker exits to be restarted as a group; idle ranks exchange a "
-                               "heartbeat every tp_timeout_s / 4", min=2.0, max=3600.0)
+                               "heartbeat every tp_timeout_s / 4. Forming the group at start has a bound of its own (120 s, or this "
+                               "if longer): a rank's start may take longer than a collective", min=2.0, max=3600.0)
     local_devices: tuple[str, ...] = _key((), "pdorch serve: the devices its local workers take in turn "
                                           "(prefill-0, prefill-1, ..., decode-0, ...); empty = with device cuda, "
                                           "one visible GPU each (shared round-robin when there are fewer)",

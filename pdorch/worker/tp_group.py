@@ -79,12 +79,19 @@ class FollowerProcesses:
         log.info("TP: started %d follower ranks (pids %s)", size - 1, [p.pid for p in self.procs])
 
     def join(self, device: str, timeout_s: float) -> TPGroup:
-        """Rank 0 joins the group (blocks until every follower has, or timeout_s: model.tp_timeout_s)."""
+        """Rank 0 joins the group: blocks until every follower has (engine/tensor_parallel.py JOIN_TIMEOUT_S, or
+        at once when one has exited); then a collective fails after timeout_s (model.tp_timeout_s)."""
         try:
-            return init_tp_group(0, self.size, self.init_method, backend_for(device), timeout_s)
+            return init_tp_group(0, self.size, self.init_method, backend_for(device), timeout_s,
+                                 check=self._all_alive)
         except BaseException:
             self.kill()
             raise
+
+    def _all_alive(self) -> None:
+        """While the group forms: a follower that has exited (bad config, out of memory) fails the join at once."""
+        if dead := self.dead():
+            raise RuntimeError(f"tensor-parallel follower ranks {dead} exited before the group formed")
 
     def dead(self) -> list[int]:
         """Ranks whose process has exited."""
