@@ -32,8 +32,10 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PIP) install -q --no-deps -e .
 	@touch $@
 
+# Two test files at a time (pytest-xdist, a file's tests on one worker: its module fixtures start once): most
+# integration tests wait on their servers more than they compute, ~0.65 of a core run alone.
 test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py), as CI runs it
-	$(PY) -m pytest -q --durations=30 tests bench
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests bench
 
 test-bench:  ## the benchmarks' own logic (bench/*/test_*.py)
 	$(PY) -m pytest -q bench
