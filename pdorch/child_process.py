@@ -43,6 +43,8 @@ def popen_dying_with_parent(argv: Sequence[str], **popen_kwargs) -> subprocess.P
     once its death signal is set (through setpriv; else a preexec_fn)."""
     if _SETPRIV is None:
         return subprocess.Popen(list(argv), preexec_fn=die_with_parent, **popen_kwargs)  # noqa: PLW1509
+    if shutil.which(argv[0]) is None:  # as Popen says it; setpriv's exec would fail inside the child
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     proc = subprocess.Popen([_SETPRIV, "--pdeathsig", "TERM", "--", *argv], **popen_kwargs)
     _until_past_setpriv(proc)
     return proc
@@ -68,8 +70,6 @@ class Child:
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())  # NOTE: never a secret in a log
             log.flush()
-            if shutil.which(self.argv[0]) is None:  # as Popen says it; setpriv's exec would fail inside the child
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.argv[0])
             self.proc = popen_dying_with_parent(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         self.started_at = time.monotonic()
