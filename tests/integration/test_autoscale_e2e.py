@@ -52,6 +52,9 @@ LONG_TOKENS = 600  # a long stream's mean context (8 + 600 / 2) is past the prof
 CONVERSATIONS = 6
 FIRST_TURN = 48  # prompt tokens of a first turn: 3 full pages
 DRAIN_OFF = False
+# a leaving prefill worker's drain: prefill.drain_timeout_s + prefill.drain_writeback_s + the server's shutdown
+# (pdorch/worker/drain.py drain_budget_s: 20 s), with room for a loaded machine
+DRAIN_EXIT_S = 60.0
 
 # A prefill replica takes ~190 uncached prompt tokens/s (200 at utilisation ~0.95 within the TTFT target); a
 # decode replica 1 stream at short contexts (p90 ITL 0.1 s), up to 64 from 64 tokens on (ITL 0.001 s). NOTE: the
@@ -104,7 +107,7 @@ def serve(tmp_path, tiny_model_dir):
             f"model.cache_dir={tmp_path / 'models'}", "model.torch_threads=1", "discovery.lease_ttl_s=5",
             "decode.offload_generated_kv=true", "decode.drain_timeout_s=0", "decode.drain_writeback_s=5",
             "decode.prefix_cache=false", "decode.max_local_prefill_tokens=0",
-            "prefill.drain_timeout_s=5", "prefill.drain_writeback_s=5",
+            "prefill.drain_timeout_s=5", "prefill.drain_writeback_s=10",
             "planner.mode=act", f"planner.interval_s={INTERVAL_S}", f"planner.profile_path={profile}",
             "planner.min_prefill=1", "planner.max_prefill=3", "planner.min_decode=1", "planner.max_decode=3",
             "planner.up_cooldown_s=0", f"planner.down_cooldown_s={DOWN_COOLDOWN_S}", "planner.replica_startup_s=0",
@@ -146,6 +149,17 @@ def wait_fleet(url: str, planner: str, want: tuple[int, int], timeout_s: float, 
         assert not any(not r.ok for r in during.results), [r.error for r in during.results if not r.ok][:3]
         assert time.monotonic() - t0 < timeout_s, (
             f"fleet {serving(url)}, want {want} within {timeout_s:.0f} s; planner {planner_status(planner)}\n"
+            + out_path.read_text(errors="replace")[-3000:])
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def wait_exited(serve_pid: int, module: str, want: int, timeout_s: float, out_path) -> float:
+    """Seconds until `serve_pid` has exactly `want` live children running `-m module`."""
+    t0 = time.monotonic()
+    while (n := sum(f"-m {module} " in cmd for cmd in children_of(serve_pid).values())) != want:
+        assert time.monotonic() - t0 < timeout_s, (
+            f"{n} {module} processes, want {want} within {timeout_s:.0f} s\n"
             + out_path.read_text(errors="replace")[-3000:])
         time.sleep(0.2)
     return time.monotonic() - t0
@@ -213,6 +227,10 @@ def test_the_fleet_follows_a_load_step_up_and_down_and_its_scale_down_loses_noth
         timings["down_decided"] = wait_planner(planner, "desired", (1, 1), DOWN_COOLDOWN_S + 8 * INTERVAL_S,
                                                out_path, low)
         timings["down_serving"] = wait_fleet(url, planner, (1, 1), 30, out_path, low) + timings["down_decided"]
+        # a leaving prefill worker writes its L1 back as its drain's last step, after the router dropped it:
+        # the next turns below read the store once the leaving ones exited (a whole-suite run two files at a
+        # time once read 16 of 48 tokens: the write-back was still going)
+        timings["down_exited"] = wait_exited(proc.pid, "prefill_node", 1, DRAIN_EXIT_S, out_path)
     moved = failovers(url, "resumed") - resumed_before
     failed = [r for r in high_results + low.results if not r.ok]
     assert not failed, [r.error for r in failed][:5]
