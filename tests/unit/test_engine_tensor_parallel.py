@@ -17,7 +17,6 @@ have a vocabulary of 2051, not a multiple of 2 or 4: the last rank holds padding
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import traceback
 
 import pytest
@@ -29,6 +28,7 @@ from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
 from engine.tensor_parallel import NO_TP, TPGroup, TPShard, init_tp_group
 from pdorch.local_stack.hf_checkpoints import build_checkpoint
+from tests.fixtures.ranks import run_ranks
 
 TIMEOUT_S = 60
 PAGE = 4
@@ -161,27 +161,10 @@ def rank_main(rank: int, size: int, store: str, dirs: dict, out_dir, results: mp
 
 def run_tp(size: int, dirs: dict, tmp) -> list[dict]:
     """Every rank's runs of every model, from `size` spawned processes; each wait has a deadline."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, size, str(tmp / "store"), dirs, tmp, results), daemon=True)
-             for r in range(size)]
-    try:
-        for p in procs:
-            p.start()
-        for _ in procs:
-            try:
-                rank, error = results.get(timeout=TIMEOUT_S)
-            except queue.Empty:
-                pytest.fail(f"TP {size}: no answer from a rank within {TIMEOUT_S} s")
-            assert error is None, f"TP {size} rank {rank} failed:\n{error}"
-        for p in procs:
-            p.join(timeout=TIMEOUT_S)
-            assert p.exitcode == 0, f"TP {size}: rank exit code {p.exitcode}"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+    answers = run_ranks(rank_main, lambda r: (r, size, str(tmp / "store"), dirs, tmp), size, TIMEOUT_S,
+                        what=f"TP {size}", check_exit=True)
+    for rank, error in sorted(answers.items()):
+        assert error is None, f"TP {size} rank {rank} failed:\n{error}"
     return [torch.load(tmp / f"rank{r}.pt") for r in range(size)]
 
 

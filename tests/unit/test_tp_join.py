@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.tensor_parallel import init_tp_group
+from tests.fixtures.ranks import run_ranks
 
 COLLECTIVE_TIMEOUT_S = 2.0
 LATE_S = 4.0  # the second rank's start, past the collectives' bound
@@ -30,19 +31,7 @@ def rank_main(rank: int, init: str, results: mp.Queue) -> None:
 
 
 def test_a_rank_later_than_the_collective_timeout_still_joins(tmp_path):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, f"file://{tmp_path / 'rendezvous'}", results), daemon=True)
-             for r in range(2)]
-    try:
-        for p in procs:
-            p.start()
-        got = dict(results.get(timeout=120) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(rank_main, lambda r: (r, f"file://{tmp_path / 'rendezvous'}"), 2, 120)
     assert got == {0: 3.0, 1: 3.0}  # both joined and summed 1 + 2
 
 

@@ -8,7 +8,6 @@ that rebuilt any table wrong would write or read other KV and change rank 0's lo
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import traceback
 
 import pytest
@@ -19,6 +18,7 @@ from engine.loader import load_model
 from engine.model_runner import Chunk, ModelRunner
 from engine.tensor_parallel import NO_TP, TPShard, init_tp_group
 from pdorch.local_stack.hf_checkpoints import build_checkpoint
+from tests.fixtures.ranks import run_ranks
 
 TIMEOUT_S = 90
 PAGE = 4
@@ -100,24 +100,9 @@ def test_tp2_steps_with_a_changing_batch_equal_one_process(model_dir, tmp_path):
     ref = Schedule(ModelRunner(whole, whole.local_arch, KVPool(whole.local_arch, 64, PAGE))).run()
     assert len({t for step in ref["tokens"] for t in step}) > 3  # varied tokens: the check has teeth
 
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, str(model_dir), str(tmp_path / "store"), tmp_path, results),
-                         daemon=True) for r in range(2)]
-    try:
-        for p in procs:
-            p.start()
-        for _ in procs:
-            try:
-                rank, error = results.get(timeout=TIMEOUT_S)
-            except queue.Empty:
-                pytest.fail(f"no answer from a rank within {TIMEOUT_S} s")
-            assert error is None, f"rank {rank} failed:\n{error}"
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    answers = run_ranks(rank_main, lambda r: (r, str(model_dir), str(tmp_path / "store"), tmp_path), 2, TIMEOUT_S)
+    for rank, error in sorted(answers.items()):
+        assert error is None, f"rank {rank} failed:\n{error}"
     got = torch.load(tmp_path / "rank0.pt")
     assert got["tokens"] == ref["tokens"]
     assert (got["logits"] - ref["logits"]).abs().max() < 1e-5
