@@ -10,8 +10,10 @@ import asyncio
 import dataclasses
 import shutil
 import subprocess
+import sys
 import threading
 import time
+import traceback
 
 import uvicorn
 
@@ -52,10 +54,13 @@ class RouterThread:
         wait_for_port(self.port, timeout_s)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 15.0) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=15)
-        assert not self.thread.is_alive(), "router thread did not stop"
+        self.thread.join(timeout=timeout_s)
+        if self.thread.is_alive():  # where it hangs goes into the failure (a shutdown that never ends is a bug)
+            frame = sys._current_frames().get(self.thread.ident or 0)
+            where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)"
+            raise AssertionError(f"router thread did not stop within {timeout_s:g} s; it is at:\n{where}")
 
 
 def router_config(prefill: list[str], decode: list[str], **router_keys) -> Config:

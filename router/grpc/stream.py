@@ -109,7 +109,10 @@ class Channel:
             self._connecting.add_done_callback(_retrieve)  # a timed-out attempt may fail unobserved
         connecting = self._connecting
         try:
-            conn = await asyncio.wait_for(asyncio.shield(connecting), max(0.0, deadline - loop.time()))
+            # NOTE: asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel (a client gone)
+            # that comes in the same loop pass as the connection
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                conn = await asyncio.shield(connecting)
         except TimeoutError:
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, f"connecting to {self.address} timed out") from None
         except OSError as e:
@@ -127,7 +130,8 @@ class Channel:
         try:
             # NOTE: the worker's SETTINGS first: its stream limit holds from the first call. Bounded,
             # so a frozen worker or a black-holed path does not hold every later call's connect.
-            await asyncio.wait_for(conn.ready, self.keepalive_s)
+            async with asyncio.timeout(self.keepalive_s):  # NOTE: not wait_for (see _connect)
+                await conn.ready
         except TimeoutError:
             conn.close()
             raise ConnectionError(f"no HTTP/2 SETTINGS within {self.keepalive_s:g} s") from None

@@ -174,7 +174,8 @@ async def clear_store(cfg: Config) -> dict:
         sys.executable, "-m", "store_client.clear_all", s.master_address, s.metadata_server, s.protocol,
         s.device_name, s.local_hostname, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), STORE_FLUSH_TIMEOUT_S)
+        async with asyncio.timeout(STORE_FLUSH_TIMEOUT_S):  # NOTE: not wait_for, which drops a cancel on 3.11
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

@@ -39,6 +39,7 @@ from store_client.page_hash import HASH_SCHEME, KV_LAYOUT_VERSION
 log = logging.getLogger("pdorch.router.kv.watch")
 
 _BACKOFF_S, _BACKOFF_MAX_S, _REFUSED_RETRY_S = 0.2, 5.0, 30.0
+STOP_TIMEOUT_S = 5.0  # stop(): how long the cancelled watch tasks get to end
 
 
 @dataclass
@@ -75,11 +76,15 @@ class KVWatcher:
         self._reconcile()
         self._reconciler = asyncio.get_running_loop().create_task(self._reconcile_loop())
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         tasks = [t for t in [self._reconciler, *self._tasks.values()] if t is not None]
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, left = await asyncio.wait(tasks, timeout=timeout_s)
+            if left:  # a shutdown goes on without them (the event loop's end cancels them again)
+                log.error("KV watch: %d task(s) did not end within %.0f s of their cancel: %s", len(left),
+                          timeout_s, ", ".join(t.get_name() for t in left))
         self._tasks.clear()
         self._reconciler = None
 
@@ -130,7 +135,11 @@ class KVWatcher:
         try:
             while True:
                 try:
-                    batch = await asyncio.wait_for(batches.__anext__(), timeout=self.stale_after_s)
+                    # NOTE: asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for returns a batch that
+                    # arrived in the same loop pass as a cancel and drops the cancel, and this loop then
+                    # went on for ever (stop() never returned: a router's shutdown hung)
+                    async with asyncio.timeout(self.stale_after_s):
+                        batch = await batches.__anext__()
                 except StopAsyncIteration:
                     st.disconnects += 1
                     return "ended"

@@ -85,3 +85,53 @@ def test_a_silent_stream_goes_stale_and_is_subscribed_again():
         _run(s, check)
     finally:
         s.stop()
+
+
+class _HeldStream:
+    """A WatchKV call whose batches the test hands over one at a time (`arrive`)."""
+
+    def __init__(self):
+        self.waiting: asyncio.Future | None = None
+        self.cancelled = False
+
+    def WatchKV(self, request):  # the worker's stub: the call itself
+        return self
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        self.waiting = asyncio.get_running_loop().create_future()
+        return await self.waiting
+
+    def arrive(self, batch) -> None:
+        self.waiting.set_result(batch)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_stop_ends_a_watch_whose_batch_arrives_in_the_same_loop_pass_as_the_cancel():
+    """Python 3.11's asyncio.wait_for returns a result that completed in the loop pass that also
+    delivered a cancel, and drops the cancel: the watch loop then went on for ever, stop() never
+    returned, and a router's shutdown hung (seen once in a whole-suite run: a router that did not
+    stop within 15 s). The batch and the cancel here come in exactly that order."""
+    async def main():
+        pool = WorkerPool(3, 1.0, 10.0)
+        worker = pool.upsert("prefill", f"127.0.0.1:{free_port()}")
+        stream = worker.stub = _HeldStream()
+        watcher = KVWatcher(pool, KVIndex(), page_size=16, stale_after_s=30.0)
+        await watcher.start()
+        try:
+            await _until(lambda: stream.waiting is not None)
+            stream.arrive(_batch(1, snapshot=True, stored=["a"]))  # the batch is in, its reader not yet woken
+            t0 = asyncio.get_running_loop().time()
+            await watcher.stop(timeout_s=5.0)
+            took = asyncio.get_running_loop().time() - t0
+            assert not any(not t.done() for t in asyncio.all_tasks() if t.get_name().startswith("kv-watch")), \
+                f"the watch went on after stop() ({took:.1f} s)"
+            assert took < 1.0, f"stop() waited out its bound ({took:.1f} s): a cancelled watch did not end"
+            assert stream.cancelled
+        finally:
+            await pool.close()
+    asyncio.run(main())
