@@ -216,6 +216,9 @@ def test_the_fleet_follows_a_load_step_up_and_down_and_its_scale_down_loses_noth
         ran_on = [a for a in after if after[a] > before.get(a, 0)]
         assert len(ran_on) == 1, (before, after)
         turns.append((c, turn, ran_on[0]))
+    # round_robin spreads them (two per worker, unless a health check or a retry moved the rotation on): at least
+    # two workers got some, so whichever stays after the scale-down, a removed one ran some first turns
+    assert len({ran_on for _, _, ran_on in turns}) >= 2, turns
 
     # down: the long streams start under the high load (so every decode worker runs some), then the high
     # load stops: the fleet shrinks to 1 + 1 while the long streams run
@@ -248,7 +251,7 @@ def test_the_fleet_follows_a_load_step_up_and_down_and_its_scale_down_loses_noth
     # the next turns of the conversations whose first turn ran on a removed prefill worker read the store
     staying = {a for a, w in routed(url).items() if w["role"] == "prefill"}
     removed = [(c, turn) for c, turn, ran_on in turns if ran_on not in staying]
-    assert len(removed) == CONVERSATIONS * 2 // 3, turns  # round_robin: two of three prefill workers left
+    assert removed, turns  # two of three prefill workers left
     for c, turn in removed:
         second = generate(url, first_turn(c) + turn["output_ids"] + [7, 8, 9], 4)
         details = second["meta_info"]["cached_tokens_details"]
