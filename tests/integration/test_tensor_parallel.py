@@ -75,9 +75,11 @@ def tpc(request, tmp_path_factory):
         tpc = TPCluster(cluster, prefill, decode, Tokenizer.from_dir(model_dir), hf, model_dir)
         yield tpc
     finally:
-        for r in tpc.routers.values() if tpc is not None else ():
-            r.stop()
-        cluster.stop()
+        try:
+            for r in tpc.routers.values() if tpc is not None else ():
+                r.stop()
+        finally:  # NOTE: a router that does not stop fails the test, and must not leave the workers running
+            cluster.stop()
 
 
 def transformers_greedy(hf, ids: list[int]) -> list[int]:
