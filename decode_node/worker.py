@@ -35,7 +35,7 @@ import time
 from opentelemetry.context import Context
 
 from decode_node import convert, spans
-from decode_node.drain_writeback import pages_pending, submit_write_back
+from decode_node.drain_writeback import submit_write_back
 from decode_node.fence import PageFence
 from decode_node.first_token import continue_generator, take_first_token
 from decode_node.forks import fork_sequences, shared_pages
@@ -51,6 +51,7 @@ from pdorch.config import DecodeConfig, GrpcConfig, StoreConfig
 from pdorch.tracing import now_ns
 from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.tracing.worker_spans import request_span
+from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress
 from pdorch.worker.errors import InvalidRequest, PeerFailed, ShuttingDown, WorkerError, grpc_errors
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -95,6 +96,7 @@ class DecodeWorker:
         self._lock = threading.Lock()
         self._requests: dict[str, DecodeRequest] = {}
         self._draining = False
+        self._drain_writes: DrainWrites | None = None  # the drain's write-back (scheduler thread)
         self.recorder.bind_load(self.load, rt.allocator.num_total)
         # the evictor's removals go to the scheduler too: the prefix cache keeps what the store dropped
         self.kv_events = worker_journal(rt, store.evict_index_pages, worker_id, self.load, self.recorder.registry,
@@ -301,12 +303,16 @@ class DecodeWorker:
         with self._lock:
             return len(self._requests)
 
-    def start_write_back(self) -> list[int]:
-        """The drain's write-back of the prefix cache's pages the store lacks; the pages submitted."""
-        return self.scheduler.call(lambda: submit_write_back(self.rt))
+    def start_write_back(self) -> int:
+        """The drain's write-back of the prefix cache's pages the store lacks (a few chunks at a time): how many."""
+        def start() -> int:
+            self._drain_writes = submit_write_back(self.rt, self.store_cfg.max_pending_save_pages)
+            return 0 if self._drain_writes is None else self._drain_writes.total
+        return self.scheduler.call(start)
 
-    def write_back_left(self, pages: list[int]) -> int:
-        return self.scheduler.call(lambda: pages_pending(self.rt.allocator, pages))
+    def write_back_progress(self) -> WriteBackProgress:
+        return self.scheduler.call(
+            lambda: WriteBackProgress(0) if self._drain_writes is None else self._drain_writes.progress())
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

@@ -33,6 +33,7 @@ from prometheus_client import Counter, Gauge
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
 from engine.page_allocator import UNWRITTEN
 from pdorch.config import PrefillConfig
+from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress, chunk_pages_for
 from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
 from prefill_node import spans
 from prefill_node.leases import STORE_SAVE
@@ -106,6 +107,8 @@ class Persister:
         # evictor ranks written pages by it). Entries of pages L1 no longer holds are pruned.
         self._deferred_depths: dict[str, int] = {}
         self._restore = RestoreBacklog()  # pages a leader switch lost, written again a few chunks at a time
+        self._drain: DrainWrites | None = None  # the drain's write-back, a few chunks at a time
+        self._drain_chunk_pages = chunk_pages_for(store.max_pending_save_pages)
 
     @property
     def usable(self) -> bool:
@@ -213,19 +216,33 @@ class Persister:
         self.metrics.written.labels("restore").inc(len(pages))
         return self._submit(EvictSaved, pages, [None] * len(pages), ["restore"] * len(pages))
 
-    def write_back_unstored(self) -> list[int]:
+    def write_back_unstored(self) -> int:
         """The worker drains: write every L1 page the store lacks (whatever the write policy held back;
-        not the pages the store dropped on purpose, nor those being written), retained until written,
-        so the next turns of its conversations read them from the store. Returns the pages submitted."""
+        not the pages the store dropped on purpose, nor those being written), a few chunks at a time
+        (pdorch/worker/drain_writes.py), each retained until written, so the next turns of its
+        conversations read them from the store. Returns the pages to write (drain_progress() follows them)."""
         alloc = self._rt.allocator
         pages = [p for p in alloc.unstored_pages() if alloc.unpersisted_reason(p) != PENDING]
         if not (self.usable and pages):
-            return []
+            return 0
+        self._drain = DrainWrites([alloc.page_hash(p) for p in pages], self._drain_chunk, self._drain_chunk_pages)
+        self._drain.start()
+        return self._drain.total
+
+    def drain_progress(self) -> WriteBackProgress:
+        return WriteBackProgress(0) if self._drain is None else self._drain.progress()
+
+    def _drain_chunk(self, hashes: list[str]) -> int:
+        alloc = self._rt.allocator
+        pages = [p for p in alloc.pages_of(hashes) if not alloc.is_persisted(p)
+                 and alloc.unpersisted_reason(p) not in (PENDING, STORE_EVICTED)]
+        if not (self.usable and pages):
+            return 0
         alloc.retain(pages)
         self.metrics.written.labels("drain").inc(len(pages))
         depths = [self._deferred_depths.pop(alloc.page_hash(p), None) for p in pages]
         self._submit(EvictSaved, pages, depths, ["drain"] * len(pages))
-        return pages
+        return len(pages)
 
     def on_saved(self, done: IOCompletion) -> None:
         """Apply a save completion: which pages the store now holds, and why the others are not; a
@@ -238,6 +255,8 @@ class Persister:
         self._rec.count_store_written(done.pages_ok, kind="writeback")
         if isinstance(tag, EvictSaved):  # write-before-evict retained the pages: now they may go
             alloc.release(tag.pages)
+            if tag.why[:1] == ["drain"] and self._drain is not None:  # the drain's next chunk
+                self._drain.landed(done.pages_ok, len(tag.pages))
         else:
             tag.task.io.give_back(STORE_SAVE)
             spans.written(tag.task, done, self._rt.pool.page_nbytes)

@@ -26,6 +26,7 @@ from pdorch.config import PrefillConfig
 from pdorch.tracing.grpc_server import current_trace_ctx
 from pdorch.tracing.worker_spans import request_span
 from pdorch.worker import convert
+from pdorch.worker.drain_writes import WriteBackProgress
 from pdorch.worker.errors import DeadlineExceeded, InvalidRequest, Overloaded, grpc_errors
 from pdorch.worker.grammar import request_grammar
 from pdorch.worker.kv_events import worker_journal
@@ -37,7 +38,6 @@ from pdorch.worker.runtime import WorkerRuntime, check_integrity
 from pdorch.worker.status import worker_info, worker_stats
 from pdorch.worker.validate import check_prompt, require
 from prefill_node.messages import Abort, Cancel, Submit
-from prefill_node.persistence import PENDING
 from prefill_node.pusher import KVPusher
 from prefill_node.scheduler import PrefillScheduler
 from prefill_node.task import PrefillTask
@@ -174,14 +174,12 @@ class PrefillWorker:
         load = self._scheduler.load
         return load.queued + load.running
 
-    def start_write_back(self) -> list[int]:
-        """The drain's write-back of the L1 pages the store lacks (Persister.write_back_unstored)."""
+    def start_write_back(self) -> int:
+        """The drain's write-back of the L1 pages the store lacks (Persister.write_back_unstored): how many."""
         return self._scheduler.call(self._scheduler.persister.write_back_unstored)
 
-    def write_back_left(self, pages: list[int]) -> int:
-        """Of the pages start_write_back submitted, those whose write has not completed yet."""
-        alloc = self.rt.allocator
-        return self._scheduler.call(lambda: sum(1 for p in pages if alloc.unpersisted_reason(p) == PENDING))
+    def write_back_progress(self) -> WriteBackProgress:
+        return self._scheduler.call(self._scheduler.persister.drain_progress)
 
     # ------------------------------------------------------------------------------------ status
     def info(self) -> pb.WorkerInfo:

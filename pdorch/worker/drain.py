@@ -24,13 +24,15 @@ import logging
 import time
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pdorch.config import Config
+from pdorch.worker.drain_writes import WriteBackProgress
 
 log = logging.getLogger(__name__)
 
 KINDS = ("streams", "prefills", "writeback_pages")
+OUTCOMES = ("written", "failed", "skipped", "late")
 # Past its two deadlines: the decode hand-off waits up to store.op_timeout_s + 5 s for the handed-on
 # streams' pages, then the server's 2 s grace and the shutdown; the prefill server's shutdown.
 SHUTDOWN_MARGIN_S = {"prefill": 5.0, "decode": 20.0}
@@ -49,11 +51,11 @@ class Drainable(Protocol):
     def in_flight(self) -> int:
         """The work a drain waits for: streams (decode) or prefills."""
 
-    def start_write_back(self) -> list[int]:
-        """Submit the write of the L1 pages the store lacks; the pages submitted."""
+    def start_write_back(self) -> int:
+        """Start writing the L1 pages the store lacks (pdorch/worker/drain_writes.py); how many."""
 
-    def write_back_left(self, pages: list[int]) -> int:
-        """Of `pages`, those whose write has not completed yet."""
+    def write_back_progress(self) -> WriteBackProgress:
+        """The write-back start_write_back started, so far."""
 
 
 class WorkerDrain:
@@ -70,6 +72,12 @@ class WorkerDrain:
                           ["kind"], registry=registry)
         for kind in KINDS:
             remaining.labels(kind).set_function(functools.partial(self.remaining, kind))
+        self._written = Counter("pdorch_worker_drain_writeback_pages", "The drain's write-back of the L1 pages "
+                                "the store lacked, by outcome: written, failed (dropped, timed out, no space), "
+                                "skipped (written by another write or gone from L1 meanwhile), late (not landed "
+                                "within {role}.drain_writeback_s)", ["outcome"], registry=registry)
+        for outcome in OUTCOMES:
+            self._written.labels(outcome)
 
     def remaining(self, kind: str) -> int:
         if not self.draining:
@@ -83,21 +91,25 @@ class WorkerDrain:
     def begin(self) -> None:
         self.draining = True
 
-    def write_back(self, timeout_s: float) -> tuple[int, int]:
-        """Write the L1 pages the store lacks, waiting up to timeout_s: (pages submitted, pages not
-        written in time)."""
+    def write_back(self, timeout_s: float) -> WriteBackProgress:
+        """Write the L1 pages the store lacks, waiting up to timeout_s: what landed by then (`left`: the
+        pages not written in time)."""
         if timeout_s <= 0:
-            return 0, 0
+            return WriteBackProgress(0)
         deadline = time.monotonic() + timeout_s
         try:
-            pages = self.worker.start_write_back()
-            self.writeback_left = len(pages)
+            progress = WriteBackProgress(self.worker.start_write_back())
+            self.writeback_left = progress.left
             while self.writeback_left and time.monotonic() < deadline:
                 time.sleep(POLL_S)
-                self.writeback_left = self.worker.write_back_left(pages)
+                progress = self.worker.write_back_progress()
+                self.writeback_left = progress.left
         except Exception as e:  # noqa: BLE001 - the scheduler stopped or hangs: exit without the write-back
             log.warning("drain: L1 write-back failed: %s", e)
-            return 0, 0
-        log.info("drain: wrote %d L1 pages the store lacked back (%d not in time)",
-                 len(pages) - self.writeback_left, self.writeback_left)
-        return len(pages), self.writeback_left
+            return WriteBackProgress(0)
+        for outcome, n in zip(OUTCOMES, (progress.written, progress.failed, progress.skipped, progress.left)):
+            self._written.labels(outcome).inc(n)
+        log.log(logging.WARNING if progress.failed or progress.left else logging.INFO,
+                "drain: wrote %d of the %d L1 pages the store lacked back (%d failed, %d skipped, %d not in time)",
+                progress.written, progress.total, progress.failed, progress.skipped, progress.left)
+        return progress
