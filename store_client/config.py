@@ -57,8 +57,9 @@ class StoreConfig:
                                      "hit one more) at which it is written", min=1)
     save_chunk_pages: int = _key(16, "Pages per store write call; a queued load waits at most one chunk",
                                  min=1, max=4096)
-    max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages); beyond "
-                                       "this new saves are dropped, never blocking requests", min=0)
+    max_pending_save_pages: int = _key(256, "Pages of queued store writes (each pins its pages): while the "
+                                       "queue holds this many, new saves are dropped, never blocking requests "
+                                       "(one save may take it past; 0 = no store writes)", min=0)
     master_rpc_port: int = _key(50151, "Masters in HA mode: the RPC port each master listens on (the clients "
                                 "find the leader's address in etcd)", min=1, max=65535)
     master_cluster_id: str = _key("mooncake_cluster", "Masters in HA mode: their --cluster_id, which names "

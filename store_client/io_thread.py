@@ -16,9 +16,11 @@ Why saves never delay loads nor hold pages a later request needs:
   (16 SmolLM2 pages = 11.8 MB, ~5 ms at 2 GB/s), never a whole request's write-back.
 - The caller retains a save's pages until its completion (they must not be overwritten while
   Mooncake reads them). To bound what that pins, queued save pages are capped at
-  `max_pending_save_pages`: a save that would exceed it completes at once as "dropped"
-  (the pages stay valid in L1, marked unpersisted with that reason, so the caller can write them
-  again later). Past a bounded wait under page pressure the scheduler calls `cancel_saves()`:
+  `max_pending_save_pages`: a save submitted while the queue holds that many completes at once as
+  "dropped" (the pages stay valid in L1, marked unpersisted with that reason, so the caller can write
+  them again later). Below it a save is taken whole, even one that takes the queue past it: NOTE: a
+  save larger than the cap was dropped even on an empty queue before, so a prompt of more pages than
+  the cap (4096 tokens at the defaults) never reached the store by its write-through. Past a bounded wait under page pressure the scheduler calls `cancel_saves()`:
   queued saves complete as "cancelled" and their pages come back within one poll.
   `cancel_owner()` drops one owner's queued pages from shared saves (a decode step's batch).
 - Loads and saves carry a deadline; a load still queued when it passes completes as "timeout"
@@ -152,7 +154,7 @@ class StoreIO:
                    owners=None if owners is None else list(owners), page_ok=[False] * len(keys))
         with self._cv:
             reason = DISABLED if self._closed else None
-            if reason is None and self._pending_save_pages + len(keys) > self._max_save_pages:
+            if reason is None and self._pending_save_pages >= self._max_save_pages:
                 reason = DROPPED
             if reason is None:
                 self._pending_save_pages += len(keys)

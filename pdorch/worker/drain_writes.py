@@ -2,11 +2,11 @@
 (pdorch/worker/drain.py waits for it; prefill_node/persistence.py and decode_node/drain_writeback.py
 submit its chunks and report each one landed).
 
-Why chunks: the store I/O queue holds at most `store.max_pending_save_pages` pages (256 by default)
-and completes a save beyond that at once as "dropped", whole (store_client/io_thread.py). A drain
-that submitted its whole L1 in one save (a full prefill L1 is 512 pages by default, thousands on a
-GPU) was dropped at once and wrote nothing, while the drain's log said it wrote them all. So the
-pages wait here by hash (RestoreBacklog: `chunk_pages` at a time, at most two chunks queued, the next
+Why chunks: the store I/O queue's budget is `store.max_pending_save_pages` pages (256 by default;
+store_client/io_thread.py). A drain that submitted its whole L1 in one save (a full prefill L1 is 512
+pages by default, thousands on a GPU) was dropped whole when it came while the queue held its budget
+(before, whenever it was larger than the budget) and wrote nothing, while the drain's log said it
+wrote them all; taken, it holds the queue far past its budget. So the pages wait here by hash (RestoreBacklog: `chunk_pages` at a time, at most two chunks queued, the next
 as each lands), and the drain counts what each landed chunk did: written, or failed (dropped, timed
 out, no space). A page that left L1 or was written by someone else meanwhile is skipped.
 

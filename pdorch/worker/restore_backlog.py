@@ -2,8 +2,9 @@
 
 After a switch the store client's audit may hand a worker thousands of lost pages at once (a master
 restarted at its own address lost everything; store_client/recent_writes.py). The store I/O queue
-holds at most `store.max_pending_save_pages` pages and drops a save beyond that, so one submission
-of them all would be dropped whole. Both workers (prefill_node/persistence.py, decode_node/restore.py)
+drops the saves that come while it holds `store.max_pending_save_pages` pages, so one submission of
+them all would hold it far past that (every page pinned until the last is written) and drop the
+saves behind it. Both workers (prefill_node/persistence.py, decode_node/restore.py)
 keep the lost page hashes here instead and submit `chunk_pages` at a time, at most `in_flight`
 chunks queued, the next one as each lands: the rewrite leaves room for the step and write-back
 saves beside it and never drops itself.

@@ -234,7 +234,7 @@ def test_the_fleet_follows_a_load_step_up_and_down_and_its_scale_down_loses_noth
         # the next turns below read the store once the leaving ones exited. NOTE: runs where the up phase
         # lasted long enough to fill the leaving workers' L1 (CI) read 16 of 48 tokens: the drain wrote its
         # ~500 pages in one save, past the I/O queue's budget (256), which dropped it whole (now in chunks,
-        # pdorch/worker/drain_writes.py; tests/integration/test_drain_writeback.py)
+        # pdorch/worker/drain_writes.py; tests/integration/test_write_budget.py)
         timings["down_exited"] = wait_exited(proc.pid, "prefill_node", 1, DRAIN_EXIT_S, out_path)
     moved = failovers(url, "resumed") - resumed_before
     failed = [r for r in high_results + low.results if not r.ok]

@@ -117,18 +117,35 @@ def test_with_two_threads_a_load_never_waits_for_a_save(make_io):
     assert _wait(io, 1)[0].tag == "save"
 
 
-def test_saves_beyond_the_pinning_bound_are_dropped_not_queued(make_io):
+def test_saves_that_come_while_the_queue_holds_its_pinning_bound_are_dropped_not_queued(make_io):
     store = FakeStore(max_pending_save_pages=6, save_chunk_pages=16)
     io = make_io(store)
     store.gate.clear()
     assert io.submit_save("a", _keys("a", 4), list(range(4)))
-    assert not io.submit_save("b", _keys("b", 4), list(range(4)))  # 4 + 4 > 6
+    assert io.submit_save("b", _keys("b", 4), list(range(4)))  # 4 < 6: taken whole, the queue at 8
+    assert not io.submit_save("c", _keys("c", 1), [0])  # 8 >= 6
     dropped = _wait(io, 1)[0]
-    assert (dropped.tag, dropped.pages_ok, dropped.reason) == ("b", 0, "dropped")
-    assert store.registry.get_sample_value("pdorch_store_save_dropped_pages_total", {"reason": "dropped"}) == 4
-    assert io.submit_save("c", _keys("c", 2), list(range(2)))  # 4 + 2 fits
+    assert (dropped.tag, dropped.pages_ok, dropped.reason) == ("c", 0, "dropped")
+    assert store.registry.get_sample_value("pdorch_store_save_dropped_pages_total", {"reason": "dropped"}) == 1
     store.gate.set()
-    assert {d.tag for d in _wait(io, 2)} == {"a", "c"}
+    assert {d.tag for d in _wait(io, 2)} == {"a", "b"}
+    assert io.submit_save("d", _keys("d", 2), list(range(2)))  # the queue drained: room again
+    assert [d.tag for d in _wait(io, 1)] == ["d"]
+
+
+def test_a_save_larger_than_the_whole_bound_is_written(make_io):
+    # NOTE: dropped even on an empty queue before: a prompt of more pages than the bound never reached the store
+    store = FakeStore(max_pending_save_pages=6, save_chunk_pages=4)
+    io = make_io(store)
+    assert io.submit_save("long", _keys("l", 10), list(range(10)))
+    done = _wait(io, 1)[0]
+    assert (done.tag, done.pages_ok, done.reason) == ("long", 10, "ok")
+
+
+def test_a_bound_of_zero_writes_nothing(make_io):
+    io = make_io(FakeStore(max_pending_save_pages=0))
+    assert not io.submit_save("a", _keys("a", 1), [0])
+    assert _wait(io, 1)[0].reason == "dropped"
 
 
 def test_cancel_saves_returns_queued_pages_at_once(make_io):

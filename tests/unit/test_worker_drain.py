@@ -1,6 +1,6 @@
 """WorkerDrain (pdorch/worker/drain.py): its gauges and the bounded write-back wait, with a small fake
 worker (the steps themselves run on the real stack: tests/integration/test_local_fleet.py and
-tests/integration/test_drain_writeback.py); DrainWrites (pdorch/worker/drain_writes.py): the chunks it
+tests/integration/test_write_budget.py); DrainWrites (pdorch/worker/drain_writes.py): the chunks it
 submits, how many at once, and what it counts."""
 
 from __future__ import annotations
