@@ -164,7 +164,9 @@ class StandinDecode(worker_pb2_grpc.DecodeServiceServicer):
                     request_id=request.request_id, token_ids=[token], text=f" w{token - 1000}",
                     prompt_tokens=len(request.token_ids), cached=cached,
                     finish_reason="length" if i == n - 1 else "", paused_s=0.5 if i in b.preempted_at else 0.0)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            # NOTE: GeneratorExit too: a cancel that comes while grpc still writes the last message yielded
+            # cancels grpc's write, not this generator, which grpc then closes at its `yield`
             b.cancelled.append(request.request_id)
             raise
 
