@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decode_node.prefix_cache import PENDING
-from engine.page_allocator import LEFT_STORE
-from pdorch.worker.drain_writes import DrainWrites, chunk_pages_for
+from engine.page_allocator import PENDING
+from pdorch.worker.drain_writes import DrainWrites, chunk_pages_for, still_unstored
 from store_client.page_hash import store_key
 
 
@@ -43,8 +42,7 @@ def submit_write_back(rt, max_pending_save_pages: int) -> DrainWrites | None:
 
 def _submit_chunk(rt, writes: DrainWrites, hashes: list[str]) -> int:
     alloc = rt.allocator
-    pages = [p for p in alloc.pages_of(hashes) if not alloc.is_persisted(p)
-             and alloc.unpersisted_reason(p) not in (PENDING, LEFT_STORE)]
+    pages = still_unstored(alloc, hashes)
     if not (pages and rt.store.enabled):
         return 0
     alloc.retain(pages)

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from engine.page_allocator import LEFT_STORE
-
-PENDING = "pending"  # a write of the page is queued or running
+from engine.page_allocator import LEFT_STORE, PENDING
 
 
 class DecodePrefixCache:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from decode_node.prefix_cache import PENDING
+from engine.page_allocator import PENDING
 from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
 from store_client.page_hash import store_key
 

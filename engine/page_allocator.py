@@ -40,6 +40,7 @@ from collections.abc import Callable
 UNKNOWN = "not_written"  # the reason of an unpersisted page nobody tried to write (e.g. write-back off)
 LEFT_STORE = "store_evicted"  # the store's (chain) eviction removed it: a loss by policy, not by accident
 UNWRITTEN = "selective"  # the write policy writes it only once it is used more: a loss by policy too
+PENDING = "pending"  # a write of the page is queued or running (either worker's)
 
 
 def pages_for(num_tokens: int, page_size: int) -> int:

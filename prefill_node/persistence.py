@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import Counter, Gauge
 
 from engine.page_allocator import LEFT_STORE as STORE_EVICTED  # the store dropped it on purpose
-from engine.page_allocator import UNWRITTEN
+from engine.page_allocator import PENDING, UNWRITTEN
 from pdorch.config import PrefillConfig
-from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress, chunk_pages_for
+from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress, chunk_pages_for, still_unstored
 from pdorch.worker.restore_backlog import LOST, RestoreBacklog, still_lost
 from prefill_node import spans
 from prefill_node.leases import STORE_SAVE
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from pdorch.worker.metrics import WorkerRecorder
     from store_client.io_thread import IOCompletion
 
-PENDING = "pending"  # a write of the page is queued or running
 
 
 def needs_write(alloc, page: int) -> bool:
@@ -234,8 +233,7 @@ class Persister:
 
     def _drain_chunk(self, hashes: list[str]) -> int:
         alloc = self._rt.allocator
-        pages = [p for p in alloc.pages_of(hashes) if not alloc.is_persisted(p)
-                 and alloc.unpersisted_reason(p) not in (PENDING, STORE_EVICTED)]
+        pages = still_unstored(alloc, hashes)
         if not (self.usable and pages):
             return 0
         alloc.retain(pages)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from engine.page_allocator import LEFT_STORE, PENDING
 from pdorch.worker.restore_backlog import CHUNK_PAGES, IN_FLIGHT_CHUNKS, RestoreBacklog
 
 
@@ -71,3 +72,12 @@ class DrainWrites:
         submitted = self._submit(hashes)
         self.skipped += len(hashes) - submitted
         return submitted > 0
+
+
+def still_unstored(alloc, hashes: list[str]) -> list[int]:
+    """The pages that still hold `hashes` and that the store still lacks, but those being written
+    (PENDING) and those the store dropped on purpose (LEFT_STORE: its eviction; writing them back
+    would undo it): what a drain chunk writes (a page may have left L1, or been written, while its
+    hash waited)."""
+    return [p for p in alloc.pages_of(hashes) if not alloc.is_persisted(p)
+            and alloc.unpersisted_reason(p) not in (PENDING, LEFT_STORE)]

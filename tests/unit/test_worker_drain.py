@@ -9,9 +9,10 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from engine.page_allocator import LEFT_STORE, PENDING, PageAllocator
 from pdorch.config_loader import load_config
 from pdorch.worker.drain import WorkerDrain, drain_budget_s
-from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress, chunk_pages_for
+from pdorch.worker.drain_writes import DrainWrites, WriteBackProgress, chunk_pages_for, still_unstored
 
 
 class FakeWorker:
@@ -108,3 +109,19 @@ def test_chunks_leave_half_of_a_small_budget_to_the_other_writes():
     assert chunk_pages_for(256) == 64
     assert chunk_pages_for(8) == 2  # two chunks queued: 4 of 8 pages
     assert chunk_pages_for(1) == 1
+
+
+def test_a_drain_chunk_writes_only_the_pages_the_store_lacks_and_nobody_is_writing():
+    """still_unstored: of the chunk's hashes, the cached pages neither stored, nor being written, nor
+    dropped by the store's eviction on purpose; a hash no longer in L1 is skipped."""
+    alloc = PageAllocator(8)
+    pages = alloc.allocate(6)
+    for i, p in enumerate(pages):
+        alloc.cache(f"h{i}", p)
+    alloc.mark_persisted([pages[0]])
+    alloc.mark_unpersisted([pages[1]], PENDING)
+    alloc.mark_left_store([pages[2]], LEFT_STORE)
+    alloc.mark_unpersisted([pages[3]], "timeout")  # a failed write: the drain writes it again
+    # pages[4]: never written (write-back off); pages[5]: written by another write while it waited
+    alloc.mark_persisted([pages[5]])
+    assert still_unstored(alloc, [f"h{i}" for i in range(6)] + ["gone"]) == [pages[3], pages[4]]
