@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: setup system-deps venv test test-parallel test-unit test-integration test-bench proto lint bench chart-test
+.PHONY: setup system-deps venv test test-serial test-unit test-integration test-bench proto lint bench chart-test
 
 setup: system-deps venv  ## install everything on a fresh Debian machine (idempotent)
 
@@ -32,15 +32,15 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PIP) install -q --no-deps -e .
 	@touch $@
 
-test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py), as CI runs it
-	$(PY) -m pytest -q --durations=30 tests bench
+test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py) two files at a time, as CI runs it
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30 tests bench
 
 # Two test files at a time (pytest-xdist; a file's tests on one worker, so its module fixtures start once): on 2
-# cores ~1300-1670 s against ~2100 s one file at a time. NOT what CI runs yet: each whole-suite run under the
-# doubled load has brought out a timing race of its own (fixed each time; docs/benchmarks.md "The suite's time
-# (issue 55)").
-test-parallel:  ## the whole suite two files at a time (faster; not CI's command)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30 tests bench
+# cores ~1300-1520 s against ~2200-2400 s one file at a time. Files go out in collection order, the integration
+# files (few tests, long ones) first: xdist's default order (most tests first) left the longest files for the end,
+# one worker running them while the other idled (docs/benchmarks.md "The suite's time (issue 55)").
+test-serial:  ## the whole suite one file at a time (slower; for a failure that may come from the other worker's load)
+	$(PY) -m pytest -q --durations=30 tests bench
 
 test-bench:  ## the benchmarks' own logic (bench/*/test_*.py)
 	$(PY) -m pytest -q bench
