@@ -184,6 +184,11 @@ class CacheAware(Policy):
         self.decisions = dict.fromkeys(self.REASONS, 0)
         self._published: dict[str, _Published] = {}  # address -> its wrapper for the KV choice
         self._steady: dict[str, _Steady] = {}  # role -> its steady routable list, wrappers and loads
+        # NOTE: a load change only marks its worker (a C call, no Python frame: four per request, P and D
+        # sent and done); the next decision moves the marked workers on the boards (`_settle`), once
+        # each however often it moved since. The boards then hold every load a decision reads.
+        self._moved: set[Worker] = set()
+        self.load_changed = self._moved.add  # type: ignore[method-assign, assignment]
 
     def matched_pages(self, worker: Worker, hashes: list[str]) -> int:
         idx = self.index.get(worker.address)
@@ -222,6 +227,8 @@ class CacheAware(Policy):
         weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
         its wrappers' loads refreshed here, one pass."""
         kv = self.kv_index
+        if self._moved:
+            self._settle()
         if getattr(workers, "steady", False) and workers:
             st = self._steady.get(workers[0].role)
             if st is None or st.workers is not workers:
@@ -241,10 +248,14 @@ class CacheAware(Policy):
             p = pubs[w.address] = _Published(w)
         return p
 
-    def load_changed(self, worker: Worker) -> None:
-        st = self._steady.get(worker.role)
-        if st is not None and worker.address in st.board:
-            st.board.set(worker.address, _choice_load(worker, self.kv_index))
+    def _settle(self) -> None:
+        """The loads of the workers whose load moved since the last decision, onto their role's board."""
+        kv, steady = self.kv_index, self._steady
+        for worker in self._moved:
+            st = steady.get(worker.role)
+            if st is not None and worker.address in st.board:
+                st.board.set(worker.address, _choice_load(worker, kv))
+        self._moved.clear()
 
     def _choose(self, workers, ctx) -> tuple[Worker, str]:
         least = _least_loaded(workers, self._rr)

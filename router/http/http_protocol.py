@@ -103,6 +103,19 @@ class RouterHttpProtocol(HttpToolsProtocol):
         self.cycle = None
         self.pipeline.clear()
 
+    def on_message_begin(self) -> None:
+        # NOTE: uvicorn's without the ASGI scope (two dicts and a copy of the app state per request), which
+        # a hot route never reads: the ASGI path makes it in on_headers_complete (`asgi_scope`).
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def asgi_scope(self) -> dict:
+        """The scope uvicorn's on_message_begin makes (tests/unit/test_http_protocol.py compares them)."""
+        return {"type": "http", "asgi": {"version": self.asgi_version, "spec_version": "2.3"}, "http_version": "1.1",
+                "server": self.server, "client": self.client, "scheme": self.scheme, "root_path": self.root_path,
+                "headers": self.headers, "state": self.app_state.copy()}
+
     def on_headers_complete(self) -> None:
         routes = self.hot_routes
         if routes is not None and self.limit_concurrency is None and self.parser.get_method() == b"POST":
@@ -110,6 +123,7 @@ class RouterHttpProtocol(HttpToolsProtocol):
             handler = routes.handlers.get(raw_path)
             if handler is not None and not self.parser.should_upgrade():
                 return self._start_hot(routes, handler, raw_path.decode("ascii"))
+        self.scope = self.asgi_scope()
         super().on_headers_complete()
 
     def _start_hot(self, routes: HotRoutes, handler, path: str) -> None:

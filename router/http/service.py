@@ -276,7 +276,8 @@ class Run:
         p = self.progress
         m.prompt_tokens.inc(p.prompt_tokens)
         for tier, child in m.cached_tokens_by_tier:
-            child.inc(getattr(p, tier))
+            if cached := getattr(p, tier):  # most requests read from one tier or none
+                child.inc(cached)
         if self._ended():
             await self._end()
 

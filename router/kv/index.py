@@ -273,8 +273,10 @@ class KVIndex:
         (self._claim_q if claim else self._spec_q).append(guess)
 
     def _expire(self, now: float) -> None:
+        # NOTE: the head's expiry checked here: most calls (three a request) find nothing due
         for q in (self._spec_q, self._claim_q):
-            self._expire_queue(q, now)
+            if q and q[0].exp <= now:
+                self._expire_queue(q, now)
 
     def _expire_queue(self, q: deque[Guess], now: float) -> None:
         while q and q[0].exp <= now:

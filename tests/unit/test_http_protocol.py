@@ -176,3 +176,31 @@ def test_an_unusual_spelling_of_the_path_is_served_by_fastapi_with_the_same_hand
     assert b"\"output_ids\":[1000,1001]" in body and body.endswith(b"data: [DONE]\n\n")
     too_large = httpx.post(r.url + "/gen%65rate", content=b"x" * (9 << 20), timeout=10)
     assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "request_too_large"
+
+
+def test_the_asgi_scope_is_the_one_uvicorn_makes_and_a_hot_request_makes_none():
+    """RouterHttpProtocol.on_message_begin leaves the ASGI scope out (a hot route never reads it) and the
+    ASGI path makes it with `asgi_scope`: it must equal uvicorn's own on_message_begin's, key for key."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from router.http.app import RouterApp
+    from router.http.http_protocol import RouterHttpProtocol
+
+    config = uvicorn.Config(RouterApp(), http=RouterHttpProtocol, log_level="warning", access_log=False)
+    loop = asyncio.new_event_loop()
+    try:
+        ours = RouterHttpProtocol(config, ServerState(), {"k": 1}, loop)
+        ours.server, ours.client, ours.scheme = ("127.0.0.1", 8000), ("127.0.0.1", 5000), "http"
+        ours.on_message_begin()
+        assert ours.scope is None and ours.headers == [] and ours.url == b""
+        HttpToolsProtocol.on_message_begin(ours)  # uvicorn's own, on the same protocol
+        theirs = ours.scope
+        ours.on_message_begin()
+        assert ours.asgi_scope() == theirs
+        assert ours.asgi_scope()["state"] is not ours.app_state  # a copy per request, as uvicorn's
+    finally:
+        loop.close()
