@@ -223,8 +223,8 @@ class CacheAware(Policy):
         """The workers as the KV choice sees them, and a LoadBoard of their loads where one is kept.
         NOTE: the pool's steady routable list (router/fleet/workers.py RoutableList) is the same object
         until a worker joins, leaves or changes health: its wrappers and board are built once and the
-        board follows each load change (`load_changed`), so a decision reads no worker it does not
-        weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
+        board follows the load changes (`load_changed` marks, `_settle` moves them here first), so a
+        decision reads no worker it does not weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
         its wrappers' loads refreshed here, one pass."""
         kv = self.kv_index
         if self._moved:
