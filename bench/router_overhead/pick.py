@@ -8,7 +8,8 @@ wrapper around it.
 Every worker has published a snapshot (a few conversations' pages in its L1, a load) and stays
 live; prompts are 4-64 pages of 40 conversations; loads move as requests are routed and finish,
 told to the policy as dispatch tells it (`load_changed`, timed for the two chosen workers; dispatch
-tells it three more times per request, at the first token and at the end). Reported: per-step and
+tells it two more times per request, at the first token and at the end). `load_changed` only marks
+the worker since dc949d4: the next decision moves the marked loads onto its boards, inside `choose`. Reported: per-step and
 total p50/p99 in µs.
 
     python -m bench.router_overhead pick [--workers 500] [--json]
