@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from store_client.io_thread import IOCompletion
 
 
-
 def needs_write(alloc, page: int) -> bool:
     """A cached page the store lacks that nobody is writing, that the store did not drop on purpose,
     and whose write the write policy does not put off (to its eviction, or to its next uses)."""

@@ -224,8 +224,8 @@ class CacheAware(Policy):
         NOTE: the pool's steady routable list (router/fleet/workers.py RoutableList) is the same object
         until a worker joins, leaves or changes health: its wrappers and board are built once and the
         board follows the load changes (`load_changed` marks, `_settle` moves them here first), so a
-        decision reads no worker it does not weigh. Any other list (a retry without the workers already tried, a circuit on trial) gets
-        its wrappers' loads refreshed here, one pass."""
+        decision reads no worker it does not weigh. Any other list (a retry without the workers already
+        tried, a circuit on trial) gets its wrappers' loads refreshed here, one pass."""
         kv = self.kv_index
         if self._moved:
             self._settle()
