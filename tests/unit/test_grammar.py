@@ -29,12 +29,15 @@ def env(tiny_model_dir):
 
 def generate(tk, grammar, seed: int, max_tokens: int = 200, temperature: float = 1.0, prefix=()) -> list[int]:
     """Sample under `grammar` from random logits until an EOS (or max_tokens)."""
+    # NOTE: the sampler's noise from its own seeded generator too: from the default one, the tokens would
+    # depend on what the worker's earlier tests drew (a run where a forced call never ended)
     g = torch.Generator().manual_seed(seed)
-    sampler, params = Sampler(), SamplingParams(temperature=temperature, max_tokens=max_tokens)
+    sampler, params = Sampler(), SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    noise = sampler.make_generator(params)
     out = list(prefix)
     for _ in range(max_tokens):
         logits = torch.randn(1, tk.vocab_size + 64, generator=g) * 4
-        (t,) = sampler.sample(logits, [params], [None], [grammar])
+        (t,) = sampler.sample(logits, [params], [noise], [grammar])
         if t in tk.eos_token_ids:
             return out
         out.append(t)
